@@ -3,3 +3,6 @@
 //!
 //! Data path: `capture` (kernel records → typed events) → `decode` (HTTP/1 upgrades, HTTP/2 +
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).
+
+pub mod capture;
+pub mod hashring;

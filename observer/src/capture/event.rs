@@ -1,0 +1,104 @@
+//! Typed capture events: one per kernel record, with the connection's 4-tuple and process.
+
+use std::net::IpAddr;
+
+use bytes::Bytes;
+
+/// The kernel socket address: identifies a connection while it lives (the kernel may reuse the
+/// address after the connection's `TcpState` to `Close`).
+pub type ConnectionId = u64;
+
+/// Which side moved the bytes, seen from the process that connected to the gateway port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// The connecting process wrote (proxy's upgrade request, push's gRPC request).
+    Send,
+    /// The connecting process read (the gateway's answer).
+    Recv,
+}
+
+/// What the remote port carries, as configured with `--grpc-port` / `--ws-port`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PortClass {
+    Grpc,
+    #[serde(rename = "websocket")]
+    WebSocket,
+}
+
+/// Linux TCP states (include/net/tcp_states.h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TcpState {
+    Established,
+    SynSent,
+    SynRecv,
+    FinWait1,
+    FinWait2,
+    TimeWait,
+    Close,
+    CloseWait,
+    LastAck,
+    Listen,
+    Closing,
+    NewSynRecv,
+    Unknown,
+}
+
+impl TcpState {
+    pub fn from_kernel(value: u32) -> Self {
+        match value {
+            1 => Self::Established,
+            2 => Self::SynSent,
+            3 => Self::SynRecv,
+            4 => Self::FinWait1,
+            5 => Self::FinWait2,
+            6 => Self::TimeWait,
+            7 => Self::Close,
+            8 => Self::CloseWait,
+            9 => Self::LastAck,
+            10 => Self::Listen,
+            11 => Self::Closing,
+            12 => Self::NewSynRecv,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// The process entered SYN_SENT towards a watched port (the source port may still be 0:
+    /// the kernel picks it right after).
+    TcpConnect,
+    /// A later state change of the connection.
+    TcpState { old: TcpState, new: TcpState },
+    /// Bytes a syscall moved on the connection. `offset` is the stream position of the first
+    /// byte in this direction; `call_len` what the whole syscall moved; `truncated` that bytes
+    /// of this call after `payload` were not captured.
+    Data {
+        direction: Direction,
+        offset: u64,
+        call_len: u64,
+        truncated: bool,
+        payload: Bytes,
+    },
+    /// The process closed its descriptor.
+    Close,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// Wall-clock time, nanoseconds since the Unix epoch.
+    pub ts_ns: u64,
+    pub connection: ConnectionId,
+    pub pid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+    pub saddr: IpAddr,
+    pub sport: u16,
+    pub daddr: IpAddr,
+    pub dport: u16,
+    pub port_class: PortClass,
+    pub kind: EventKind,
+}

@@ -1,0 +1,202 @@
+//! A bit-exact port of the consistent hash OpenIM 3.5.1 uses (stathat.com/c/consistent v1.0.0),
+//! and the member-string templates its two routing components build their rings from.
+//!
+//! Each member owns `POINTS_PER_MEMBER` points on a 32-bit circle: point k of member m is the
+//! CRC-32 (IEEE) of the decimal text of k followed by m. A key goes to the owner of the first
+//! point strictly greater than the key's CRC-32, wrapping past the last point. When two points
+//! collide the member added later owns it, as in the Go map the library keeps.
+
+use thiserror::Error;
+
+/// stathat's `NumberOfReplicas` default, which OpenIM does not change.
+pub const POINTS_PER_MEMBER: usize = 20;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RingError {
+    #[error("the ring has no members")]
+    Empty,
+    #[error("member template {template:?} is missing the {{i}} placeholder")]
+    TemplateWithoutIndex { template: String },
+    #[error("member template {template:?} has an unknown placeholder {{{name}}}")]
+    UnknownPlaceholder { template: String, name: String },
+}
+
+/// An immutable ring: points sorted by hash, each with the index of its member.
+#[derive(Clone, Debug)]
+pub struct Ring {
+    members: Vec<String>,
+    point_hashes: Vec<u32>,
+    point_owners: Vec<u32>,
+}
+
+impl Ring {
+    /// Builds the ring as the Go library does after `Add`ing `members` in order.
+    pub fn new<I, S>(members: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut members: Vec<String> = members.into_iter().map(Into::into).collect();
+        // `Add` of a member already present re-adds the same points: the ring is unchanged,
+        // but the member must stay at its first position for index-based callers.
+        let mut seen = std::collections::HashSet::new();
+        members.retain(|member| seen.insert(member.clone()));
+
+        let mut points: Vec<(u32, u32)> = Vec::with_capacity(members.len() * POINTS_PER_MEMBER);
+        let mut text = String::new();
+        for (index, member) in members.iter().enumerate() {
+            for point in 0..POINTS_PER_MEMBER {
+                text.clear();
+                text.push_str(itoa_small(point));
+                text.push_str(member);
+                points.push((crc32fast::hash(text.as_bytes()), index as u32));
+            }
+        }
+        // Stable sort keeps insertion order among equal hashes, so the last of a run is the
+        // member added last: the one the Go map ends up holding.
+        points.sort_by_key(|&(hash, _)| hash);
+        let mut point_hashes = Vec::with_capacity(points.len());
+        let mut point_owners = Vec::with_capacity(points.len());
+        for (hash, owner) in points {
+            if point_hashes.last() == Some(&hash) {
+                *point_owners.last_mut().expect("parallel vectors") = owner;
+            } else {
+                point_hashes.push(hash);
+                point_owners.push(owner);
+            }
+        }
+        Self {
+            members,
+            point_hashes,
+            point_owners,
+        }
+    }
+
+    pub fn members(&self) -> &[String] {
+        &self.members
+    }
+
+    /// The member that holds `key`, as `consistent.Get(key)` answers.
+    pub fn get(&self, key: &str) -> Result<&str, RingError> {
+        self.get_index(key).map(|index| self.members[index].as_str())
+    }
+
+    /// Index (in `members()`) of the member that holds `key`.
+    pub fn get_index(&self, key: &str) -> Result<usize, RingError> {
+        if self.point_hashes.is_empty() {
+            return Err(RingError::Empty);
+        }
+        let hash = crc32fast::hash(key.as_bytes());
+        let position = self.point_hashes.partition_point(|&point| point <= hash);
+        let position = if position == self.point_hashes.len() {
+            0
+        } else {
+            position
+        };
+        Ok(self.point_owners[position] as usize)
+    }
+}
+
+/// Decimal text of 0..POINTS_PER_MEMBER without allocating.
+fn itoa_small(value: usize) -> &'static str {
+    const DIGITS: [&str; POINTS_PER_MEMBER] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+        "17", "18", "19",
+    ];
+    DIGITS[value]
+}
+
+/// How openim-msggateway-proxy spells a gateway in 3.5.1 (no port).
+pub const PROXY_MEMBER_TEMPLATE: &str =
+    "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local";
+/// How openim-push spells a gateway in 3.5.1 (its gRPC port appended).
+pub const PUSH_MEMBER_TEMPLATE: &str =
+    "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local:88";
+
+/// A member-string template with `{instance}`, `{i}` and `{namespace}` placeholders.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberTemplate(String);
+
+impl MemberTemplate {
+    pub fn parse(template: &str) -> Result<Self, RingError> {
+        let mut rest = template;
+        let mut has_index = false;
+        while let Some(open) = rest.find('{') {
+            let Some(close) = rest[open..].find('}') else {
+                break;
+            };
+            let name = &rest[open + 1..open + close];
+            match name {
+                "i" => has_index = true,
+                "instance" | "namespace" => {}
+                _ => {
+                    return Err(RingError::UnknownPlaceholder {
+                        template: template.to_owned(),
+                        name: name.to_owned(),
+                    });
+                }
+            }
+            rest = &rest[open + close + 1..];
+        }
+        if !has_index {
+            return Err(RingError::TemplateWithoutIndex {
+                template: template.to_owned(),
+            });
+        }
+        Ok(Self(template.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The member strings for replicas 0..replicas, in the order OpenIM adds them.
+    pub fn members(&self, instance: &str, namespace: &str, replicas: usize) -> Vec<String> {
+        (0..replicas)
+            .map(|index| {
+                self.0
+                    .replace("{instance}", instance)
+                    .replace("{namespace}", namespace)
+                    .replace("{i}", &index.to_string())
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_ring_is_an_error() {
+        assert_eq!(Ring::new(Vec::<String>::new()).get("u"), Err(RingError::Empty));
+    }
+
+    #[test]
+    fn one_member_takes_every_key() {
+        let ring = Ring::new(["only"]);
+        for key in ["", "a", "user_1", "3355700821"] {
+            assert_eq!(ring.get(key).unwrap(), "only");
+        }
+    }
+
+    #[test]
+    fn templates_expand_in_index_order() {
+        let template = MemberTemplate::parse(PUSH_MEMBER_TEMPLATE).unwrap();
+        assert_eq!(
+            template.members("demo", "chat", 2),
+            [
+                "demo-openim-msggateway-0.demo-openim-msggateway-headless.chat.svc.cluster.local:88",
+                "demo-openim-msggateway-1.demo-openim-msggateway-headless.chat.svc.cluster.local:88",
+            ]
+        );
+        assert!(matches!(
+            MemberTemplate::parse("gw.{namespace}"),
+            Err(RingError::TemplateWithoutIndex { .. })
+        ));
+        assert!(matches!(
+            MemberTemplate::parse("gw-{i}.{ns}"),
+            Err(RingError::UnknownPlaceholder { .. })
+        ));
+    }
+}
