@@ -19,8 +19,8 @@
 use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_ktime_get_ns, generated::bpf_probe_read_user as probe_read_user_raw,
-        bpf_probe_read_user,
+        bpf_ktime_get_ns, bpf_probe_read_user,
+        generated::bpf_probe_read_user as probe_read_user_raw,
     },
     macros::{map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -59,6 +59,10 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT,
 /// One entry per CPU; a program runs to completion on its CPU, so nothing else touches it.
 #[map]
 static SCRATCH: PerCpuArray<DataRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU position of the payload copy in progress (see `copy_out`). One entry per CPU.
+#[map]
+static CURSOR: PerCpuArray<CopyCursor> = PerCpuArray::with_max_entries(1, 0);
 
 /// Threads inside `connect` to a watched port (pid_tgid → pending connect). An entry lives for
 /// one syscall; LRU so a thread killed mid-call leaks nothing. Bound: concurrent connects.
@@ -144,6 +148,30 @@ struct IoCall {
     direction: u8,
     layout: u8,
     _reserved: [u8; 2],
+}
+
+/// Where `copy_out` is: the current user buffer, bytes left in it, bytes left to capture,
+/// the next iovec entry and the stream offset of the next chunk.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CopyCursor {
+    base: u64,
+    left: u64,
+    remaining: u64,
+    next_iovec: u64,
+    offset: u64,
+}
+
+impl CopyCursor {
+    fn load(&self) -> Self {
+        // SAFETY: `self` is a valid, aligned map value. Volatile: see `copy_out`.
+        unsafe { core::ptr::read_volatile(self) }
+    }
+
+    fn store(&mut self, value: Self) {
+        // SAFETY: as in `load`.
+        unsafe { core::ptr::write_volatile(self, value) }
+    }
 }
 
 #[repr(C)]
@@ -512,7 +540,12 @@ fn try_sys_exit_io(ctx: &TracePointContext) -> Result<(), i64> {
 }
 
 /// How many of the `transferred` bytes at `stream_offset` the port class's policy lets us copy.
-fn capture_allowance(state: &mut SocketState, direction: u8, stream_offset: u64, transferred: u64) -> u64 {
+fn capture_allowance(
+    state: &mut SocketState,
+    direction: u8,
+    stream_offset: u64,
+    transferred: u64,
+) -> u64 {
     if state.port_class == PortClass::WebSocket as u8 {
         // The upgrade request and its answer name the user; everything after them is chat.
         let done = if direction == DIRECTION_SEND {
@@ -536,80 +569,97 @@ fn capture_allowance(state: &mut SocketState, direction: u8, stream_offset: u64,
 /// Copies the first `capture` bytes of the call's buffers to the ring, `CHUNK_SIZE` at a time.
 ///
 /// One bounded loop walks both the iovec array and the chunks inside each entry: a step either
-/// loads the next iovec or emits one chunk. Nested loops over iovecs and chunks made the
-/// verifier explore every combination of both bounds; the flat loop keeps it linear.
-fn copy_out(call: &IoCall, mut header: RecordHeader, capture: u64, truncated: bool) {
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+/// loads the next iovec or emits one chunk.
+///
+/// Verifier: with the walk's state (`CopyCursor`) in registers, every iteration forked the
+/// paths of the previous one (min of two unknowns, error exits, …) and the verifier gave up at
+/// "processed 1000001 insns (limit 1000000)". The state therefore lives in per-CPU map memory,
+/// read and written with volatile accesses so LLVM cannot keep it in registers: the verifier
+/// does not track map contents, so the paths of one iteration converge at the loop head and
+/// are pruned, and the cost grows linearly with the bound.
+fn copy_out(call: &IoCall, header: RecordHeader, capture: u64, truncated: bool) {
+    let (Some(scratch), Some(cursor)) = (SCRATCH.get_ptr_mut(0), CURSOR.get_ptr_mut(0)) else {
         return;
     };
-    // SAFETY: this CPU's scratch entry; the program cannot be preempted by itself on a CPU.
-    let scratch = unsafe { &mut *scratch };
+    // SAFETY: this CPU's entries; a program runs to completion on its CPU, and no other
+    // program of ours uses them.
+    let (scratch, cursor) = unsafe { (&mut *scratch, &mut *cursor) };
+    scratch.header = header;
+    let plain = call.layout == BUFFER_PLAIN;
+    cursor.store(CopyCursor {
+        base: if plain { call.buffers } else { 0 },
+        left: if plain { call.count } else { 0 },
+        remaining: capture,
+        next_iovec: 0,
+        offset: header.offset,
+    });
+    let iovec_count = call.count.min(MAX_IOVECS as u64);
 
-    let mut remaining = capture;
-    let mut next_iovec: u64 = 0;
-    let (mut base, mut left) = if call.layout == BUFFER_PLAIN {
-        (call.buffers, call.count)
-    } else {
-        (0, 0)
-    };
     for _ in 0..(MAX_CHUNKS_PER_CALL + MAX_IOVECS) {
-        if remaining == 0 {
+        let mut step = cursor.load();
+        if step.remaining == 0 {
             break;
         }
-        if left == 0 {
-            if call.layout == BUFFER_PLAIN || next_iovec >= call.count.min(MAX_IOVECS as u64) {
+        if step.left == 0 {
+            if plain || step.next_iovec >= iovec_count {
                 break;
             }
-            let entry = call.buffers + next_iovec * core::mem::size_of::<Iovec>() as u64;
+            let entry = call.buffers + step.next_iovec * core::mem::size_of::<Iovec>() as u64;
             let Ok(iovec) = (unsafe { bpf_probe_read_user(entry as *const Iovec) }) else {
                 count(Counter::UserReadFailures, 1);
                 break;
             };
-            next_iovec += 1;
-            base = iovec.base;
-            left = iovec.len;
+            step.next_iovec += 1;
+            step.base = iovec.base;
+            step.left = iovec.len;
+            cursor.store(step);
             continue;
         }
-        let mut len = left.min(remaining);
-        if len > CHUNK_SIZE as u64 {
-            len = CHUNK_SIZE as u64;
-        }
-        // Re-derive the bound on the register the helper receives: without this mask LLVM
-        // hands it a copy of `len` whose range the verifier no longer knows, and the load fails
-        // with "R2 unbounded memory access".
-        let len32 = (len as u32) & (2 * CHUNK_SIZE as u32 - 1);
-        if len32 == 0 || len32 > CHUNK_SIZE as u32 {
+        let wanted = if step.left < step.remaining {
+            step.left
+        } else {
+            step.remaining
+        };
+        // Bound the size on the very register the helper receives: a plain `min` lets LLVM
+        // pass a copy whose range the verifier no longer knows ("R2 unbounded memory access").
+        let len = (wanted as u32) & (2 * CHUNK_SIZE as u32 - 1);
+        let len = if len > CHUNK_SIZE as u32 {
+            CHUNK_SIZE as u32
+        } else {
+            len
+        };
+        if len == 0 {
             break;
         }
         let read = unsafe {
             probe_read_user_raw(
                 scratch.payload.as_mut_ptr().cast(),
-                len32,
-                base as *const core::ffi::c_void,
+                len,
+                step.base as *const core::ffi::c_void,
             )
         };
         if read != 0 {
             count(Counter::UserReadFailures, 1);
-            count(Counter::BytesNotCaptured, remaining);
             break;
         }
-        remaining -= u64::from(len32);
-        left -= u64::from(len32);
-        base += u64::from(len32);
-        header.len = len32;
-        header.flags = if truncated && remaining == 0 {
+        step.remaining -= u64::from(len);
+        step.left -= u64::from(len);
+        step.base += u64::from(len);
+        scratch.header.len = len;
+        scratch.header.offset = step.offset;
+        scratch.header.flags = if truncated && step.remaining == 0 {
             FLAG_TRUNCATED
         } else {
             0
         };
-        scratch.header = header;
+        step.offset += u64::from(len);
+        cursor.store(step);
         output_data(scratch);
-        header.offset += u64::from(len32);
     }
-    if remaining > 0 {
-        // Bytes past the chunk or iovec bound. The last record sent did not know it was the
-        // last, so the gap shows as a jump in the next offset, and here.
-        count(Counter::BytesNotCaptured, remaining);
+    let left_over = cursor.load().remaining;
+    if left_over > 0 {
+        // Past the chunk or iovec bound, or unreadable: the gap shows in the next offset.
+        count(Counter::BytesNotCaptured, left_over);
     }
 }
 
@@ -664,7 +714,8 @@ fn output_data(record: &DataRecord) {
         return;
     }
     // SAFETY: `size` is within the record (checked above), which lives in the scratch map.
-    let bytes = unsafe { core::slice::from_raw_parts((record as *const DataRecord).cast::<u8>(), size) };
+    let bytes =
+        unsafe { core::slice::from_raw_parts((record as *const DataRecord).cast::<u8>(), size) };
     if EVENTS.output::<[u8]>(bytes, 0).is_err() {
         count(Counter::RingFullDrops, 1);
     }

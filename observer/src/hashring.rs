@@ -78,7 +78,8 @@ impl Ring {
 
     /// The member that holds `key`, as `consistent.Get(key)` answers.
     pub fn get(&self, key: &str) -> Result<&str, RingError> {
-        self.get_index(key).map(|index| self.members[index].as_str())
+        self.get_index(key)
+            .map(|index| self.members[index].as_str())
     }
 
     /// Index (in `members()`) of the member that holds `key`.
@@ -107,11 +108,9 @@ fn itoa_small(value: usize) -> &'static str {
 }
 
 /// How openim-msggateway-proxy spells a gateway in 3.5.1 (no port).
-pub const PROXY_MEMBER_TEMPLATE: &str =
-    "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local";
+pub const PROXY_MEMBER_TEMPLATE: &str = "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local";
 /// How openim-push spells a gateway in 3.5.1 (its gRPC port appended).
-pub const PUSH_MEMBER_TEMPLATE: &str =
-    "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local:88";
+pub const PUSH_MEMBER_TEMPLATE: &str = "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local:88";
 
 /// A member-string template with `{instance}`, `{i}` and `{namespace}` placeholders.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,7 +168,10 @@ mod tests {
 
     #[test]
     fn empty_ring_is_an_error() {
-        assert_eq!(Ring::new(Vec::<String>::new()).get("u"), Err(RingError::Empty));
+        assert_eq!(
+            Ring::new(Vec::<String>::new()).get("u"),
+            Err(RingError::Empty)
+        );
     }
 
     #[test]

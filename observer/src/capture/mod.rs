@@ -4,5 +4,9 @@
 //! kernel (`kernel`) or from a recording (`recording`).
 
 pub mod event;
+pub mod kernel;
+pub mod recording;
+mod redact;
 
 pub use event::{Direction, Event, EventKind, PortClass, TcpState};
+pub use redact::redact_secrets;

@@ -1,0 +1,485 @@
+//! Loads the kernel programs, attaches them, and turns ring-buffer records into `Event`s.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::Path,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{ProgramError, TracePoint},
+};
+use bytes::Bytes;
+use observer_ebpf::{
+    AF_INET6, COUNTER_COUNT, CaptureConfig, Counter, FLAG_TRUNCATED, RecordHeader, RecordKind,
+};
+use thiserror::Error;
+use tokio::io::unix::AsyncFd;
+
+use super::event::{Direction, Event, EventKind, PortClass, TcpState};
+
+/// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJECT"));
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Which program serves which tracepoints. One program may serve several syscalls whose
+/// arguments share a layout (write and sendto both start with fd, buf, len).
+const ATTACHMENTS: &[(&str, &str, &str)] = &[
+    ("sys_enter_connect", "syscalls", "sys_enter_connect"),
+    ("sys_exit_connect", "syscalls", "sys_exit_connect"),
+    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
+    ("sys_enter_close", "syscalls", "sys_enter_close"),
+    ("sys_enter_send_buffer", "syscalls", "sys_enter_write"),
+    ("sys_enter_send_buffer", "syscalls", "sys_enter_sendto"),
+    ("sys_enter_recv_buffer", "syscalls", "sys_enter_read"),
+    ("sys_enter_recv_buffer", "syscalls", "sys_enter_recvfrom"),
+    ("sys_enter_send_iovec", "syscalls", "sys_enter_writev"),
+    ("sys_enter_recv_iovec", "syscalls", "sys_enter_readv"),
+    ("sys_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
+    ("sys_enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
+    ("sys_exit_io", "syscalls", "sys_exit_write"),
+    ("sys_exit_io", "syscalls", "sys_exit_sendto"),
+    ("sys_exit_io", "syscalls", "sys_exit_read"),
+    ("sys_exit_io", "syscalls", "sys_exit_recvfrom"),
+    ("sys_exit_io", "syscalls", "sys_exit_writev"),
+    ("sys_exit_io", "syscalls", "sys_exit_readv"),
+    ("sys_exit_io", "syscalls", "sys_exit_sendmsg"),
+    ("sys_exit_io", "syscalls", "sys_exit_recvmsg"),
+];
+
+/// Names of our programs as the kernel lists them (truncated to 15 bytes by the kernel), so a
+/// check can tell whether any is still loaded.
+pub fn program_names() -> impl Iterator<Item = &'static str> {
+    let mut names: Vec<&str> = ATTACHMENTS.iter().map(|(program, _, _)| *program).collect();
+    names.dedup();
+    names.into_iter()
+}
+
+#[derive(Debug, Error)]
+pub enum CaptureError {
+    #[error(
+        "loading eBPF programs needs root or CAP_BPF + CAP_PERFMON (missing: {missing}); run with sudo or grant them"
+    )]
+    MissingPrivileges { missing: String },
+    #[error(
+        "tracefs is not mounted at {TRACEFS} and mounting it failed ({reason}); mount it with `mount -t tracefs tracefs {TRACEFS}`"
+    )]
+    TracefsUnavailable { reason: String },
+    #[error("this kernel has no BPF ring buffer (Linux 5.8 or newer is needed): {0}")]
+    NoRingBuffer(String),
+    #[error("tracepoint {category}/{name} is missing from this kernel ({reason})")]
+    MissingTracepoint {
+        category: String,
+        name: String,
+        reason: String,
+    },
+    #[error("the kernel rejected program {program}: {reason}")]
+    ProgramRejected { program: String, reason: String },
+    #[error("too many watched ports ({count}); at most {max}")]
+    TooManyPorts { count: usize, max: u32 },
+    #[error("port {0} is both a gRPC and a WebSocket port")]
+    PortInBothClasses(u16),
+    #[error("--ring-bytes must be a power of two multiple of the page size, got {0}")]
+    BadRingSize(u32),
+    #[error("eBPF setup failed: {0}")]
+    Setup(String),
+    #[error("reading the ring buffer failed: {0}")]
+    Read(#[from] std::io::Error),
+}
+
+/// What to watch and how much to copy.
+#[derive(Clone, Debug)]
+pub struct CaptureOptions {
+    pub grpc_ports: Vec<u16>,
+    pub websocket_ports: Vec<u16>,
+    pub grpc_budget: u32,
+    pub ring_bytes: u32,
+}
+
+/// Kernel-side counters, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct KernelCounters {
+    pub ring_full_drops: u64,
+    pub bytes_not_captured: u64,
+    pub map_insert_failures: u64,
+    pub user_read_failures: u64,
+}
+
+/// The loaded and attached programs. Dropping it detaches and unloads them all.
+pub struct KernelCapture {
+    ring: AsyncFd<RingBuf<MapData>>,
+    counters: PerCpuArray<MapData, u64>,
+    clock: MonotonicToWall,
+    log_task: tokio::task::JoinHandle<()>,
+    // Last: the programs must outlive the maps and logger taken from them.
+    _ebpf: Ebpf,
+}
+
+impl Drop for KernelCapture {
+    fn drop(&mut self) {
+        self.log_task.abort();
+    }
+}
+
+impl KernelCapture {
+    /// Checks privileges and tracefs, loads the programs, configures and attaches them.
+    /// Must run inside a tokio runtime (the ring buffer and the log reader are async).
+    pub fn start(options: &CaptureOptions) -> Result<Self, CaptureError> {
+        check_privileges()?;
+        ensure_tracefs()?;
+        validate_options(options)?;
+        raise_memlock_limit();
+
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("EVENTS", options.ring_bytes)
+            .load(EBPF_OBJECT)
+            .map_err(|err| classify_load_error(&err))?;
+        let log_task = spawn_kernel_log_reader(&mut ebpf)?;
+
+        let mut watched: HashMap<_, u16, u8> = take_map(&mut ebpf, "WATCHED_PORTS")?;
+        for (ports, class) in [
+            (&options.grpc_ports, observer_ebpf::PortClass::Grpc),
+            (
+                &options.websocket_ports,
+                observer_ebpf::PortClass::WebSocket,
+            ),
+        ] {
+            for port in ports {
+                watched
+                    .insert(port, class as u8, 0)
+                    .map_err(|err| CaptureError::Setup(format!("WATCHED_PORTS: {err}")))?;
+            }
+        }
+        let mut config: Array<_, CaptureConfig> = take_map(&mut ebpf, "CONFIG")?;
+        let capture_config = CaptureConfig {
+            grpc_budget: options.grpc_budget,
+            _reserved: 0,
+        };
+        config
+            .set(0, capture_config, 0)
+            .map_err(|err| CaptureError::Setup(format!("CONFIG: {err}")))?;
+        let counters: PerCpuArray<_, u64> = take_map(&mut ebpf, "COUNTERS")?;
+        let ring: RingBuf<MapData> = take_map(&mut ebpf, "EVENTS")?;
+
+        for (program_name, category, tracepoint) in ATTACHMENTS {
+            attach(&mut ebpf, program_name, category, tracepoint)?;
+        }
+        Ok(Self {
+            // SAFETY: the ring owns its map fd and keeps it open while the AsyncFd holds it.
+            ring: unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
+                .map_err(|err| CaptureError::Read(err.into()))?,
+            counters,
+            clock: MonotonicToWall::now(),
+            log_task,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// Waits until the kernel has produced records, then converts all that are ready.
+    /// Records that cannot be decoded (never expected: the layout is shared) are skipped and
+    /// counted in the returned number.
+    pub async fn read_batch(&mut self, events: &mut Vec<Event>) -> Result<usize, CaptureError> {
+        let mut guard = self.ring.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        let mut malformed = 0;
+        while let Some(item) = ring.next() {
+            match event_from_record(&item, &self.clock) {
+                Some(event) => events.push(event),
+                None => malformed += 1,
+            }
+        }
+        guard.clear_ready();
+        Ok(malformed)
+    }
+
+    pub fn counters(&self) -> Result<KernelCounters, CaptureError> {
+        let mut totals = [0u64; COUNTER_COUNT as usize];
+        for counter in Counter::ALL {
+            let per_cpu = self
+                .counters
+                .get(&(counter as u32), 0)
+                .map_err(|err| CaptureError::Setup(format!("COUNTERS: {err}")))?;
+            totals[counter as usize] = per_cpu.iter().sum();
+        }
+        Ok(KernelCounters {
+            ring_full_drops: totals[Counter::RingFullDrops as usize],
+            bytes_not_captured: totals[Counter::BytesNotCaptured as usize],
+            map_insert_failures: totals[Counter::MapInsertFailures as usize],
+            user_read_failures: totals[Counter::UserReadFailures as usize],
+        })
+    }
+}
+
+fn validate_options(options: &CaptureOptions) -> Result<(), CaptureError> {
+    let count = options.grpc_ports.len() + options.websocket_ports.len();
+    if count > observer_ebpf::MAX_WATCHED_PORTS as usize {
+        return Err(CaptureError::TooManyPorts {
+            count,
+            max: observer_ebpf::MAX_WATCHED_PORTS,
+        });
+    }
+    if let Some(port) = options
+        .grpc_ports
+        .iter()
+        .find(|port| options.websocket_ports.contains(port))
+    {
+        return Err(CaptureError::PortInBothClasses(*port));
+    }
+    let page = page_size();
+    if !options.ring_bytes.is_power_of_two() || options.ring_bytes < page {
+        return Err(CaptureError::BadRingSize(options.ring_bytes));
+    }
+    Ok(())
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(size).unwrap_or(4096)
+}
+
+fn take_map<M>(ebpf: &mut Ebpf, name: &str) -> Result<M, CaptureError>
+where
+    M: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| CaptureError::Setup(format!("map {name} is missing from the object")))?;
+    M::try_from(map).map_err(|err| CaptureError::Setup(format!("map {name}: {err}")))
+}
+
+fn attach(
+    ebpf: &mut Ebpf,
+    program_name: &str,
+    category: &str,
+    tracepoint: &str,
+) -> Result<(), CaptureError> {
+    let program: &mut TracePoint = ebpf
+        .program_mut(program_name)
+        .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
+        .try_into()
+        .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))?;
+    // A program serving several tracepoints is loaded once.
+    if program.fd().is_err() {
+        program
+            .load()
+            .map_err(|err| CaptureError::ProgramRejected {
+                program: program_name.to_owned(),
+                reason: verifier_summary(&err),
+            })?;
+    }
+    program
+        .attach(category, tracepoint)
+        .map_err(|err| CaptureError::MissingTracepoint {
+            category: category.to_owned(),
+            name: tracepoint.to_owned(),
+            reason: err.to_string(),
+        })?;
+    Ok(())
+}
+
+/// The verifier log can run to thousands of lines; its last lines say what went wrong.
+fn verifier_summary(err: &ProgramError) -> String {
+    let text = match err {
+        ProgramError::LoadError { verifier_log, .. } => verifier_log.to_string(),
+        other => other.to_string(),
+    };
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    let tail = &lines[lines.len().saturating_sub(3)..];
+    tail.join(" | ")
+}
+
+fn classify_load_error(err: &aya::EbpfError) -> CaptureError {
+    let text = err.to_string();
+    if let aya::EbpfError::MapError(MapError::CreateError { name, .. }) = err
+        && name == "EVENTS"
+    {
+        return CaptureError::NoRingBuffer(text);
+    }
+    CaptureError::Setup(text)
+}
+
+/// Forwards the programs' aya-log records (debug-level, off unless RUST_LOG asks) to `log`,
+/// which the tracing subscriber bridges to stderr. The logger owns the map the programs write
+/// to: it must stay alive as long as they run, so the task keeps it.
+fn spawn_kernel_log_reader(ebpf: &mut Ebpf) -> Result<tokio::task::JoinHandle<()>, CaptureError> {
+    let logger = aya_log::EbpfLogger::init(ebpf)
+        .map_err(|err| CaptureError::Setup(format!("aya-log: {err}")))?;
+    // SAFETY: the logger owns its ring fd and keeps it open while the AsyncFd holds it.
+    let mut logger =
+        unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) }
+            .map_err(|err| CaptureError::Read(err.into()))?;
+    Ok(tokio::spawn(async move {
+        while let Ok(mut guard) = logger.readable_mut().await {
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    }))
+}
+
+/// Capabilities from /proc/self/status (`CapEff`); bit numbers from linux/capability.h.
+fn check_privileges() -> Result<(), CaptureError> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let effective = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| {
+                line.strip_prefix("CapEff:")
+                    .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            })
+        })
+        .unwrap_or(0);
+    let has = |cap: u32| effective & (1u64 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .into_iter()
+        .filter(|(cap, _)| !has(*cap))
+        .map(|(_, name)| name)
+        .collect();
+    Err(CaptureError::MissingPrivileges {
+        missing: missing.join(", "),
+    })
+}
+
+/// Tracepoint attachment reads ids from tracefs. Hosts and containers often have it
+/// unmounted; as root we can mount it ourselves.
+fn ensure_tracefs() -> Result<(), CaptureError> {
+    if Path::new(TRACEFS).join("events").is_dir() {
+        return Ok(());
+    }
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "tracefs", TRACEFS])
+        .stderr(std::process::Stdio::piped())
+        .output();
+    match status {
+        Ok(output) if output.status.success() => Ok(()),
+        Ok(output) => Err(CaptureError::TracefsUnavailable {
+            reason: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        }),
+        Err(err) => Err(CaptureError::TracefsUnavailable {
+            reason: err.to_string(),
+        }),
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK, whose default is far too small for
+/// the ring buffer. Newer kernels ignore it, so a failure here is not an error.
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::debug!("could not raise RLIMIT_MEMLOCK; fine on Linux 5.11+");
+    }
+}
+
+/// Converts `bpf_ktime_get_ns` (CLOCK_MONOTONIC) to wall-clock time, measured once at start.
+struct MonotonicToWall {
+    offset_ns: i128,
+}
+
+impl MonotonicToWall {
+    fn now() -> Self {
+        let wall = clock_ns(libc::CLOCK_REALTIME);
+        let monotonic = clock_ns(libc::CLOCK_MONOTONIC);
+        Self {
+            offset_ns: wall - monotonic,
+        }
+    }
+
+    fn wall_ns(&self, monotonic_ns: u64) -> u64 {
+        u64::try_from(i128::from(monotonic_ns) + self.offset_ns).unwrap_or(0)
+    }
+}
+
+fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we own.
+    unsafe { libc::clock_gettime(clock, &mut time) };
+    i128::from(time.tv_sec) * 1_000_000_000 + i128::from(time.tv_nsec)
+}
+
+fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
+    let header_size = std::mem::size_of::<RecordHeader>();
+    if record.len() < header_size {
+        return None;
+    }
+    // SAFETY: the record starts with a RecordHeader written by our programs; the struct is
+    // plain old data, and read_unaligned makes no alignment assumption.
+    let header: RecordHeader = unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) };
+    let port_class = match observer_ebpf::PortClass::from_u8(header.port_class)? {
+        observer_ebpf::PortClass::Grpc => PortClass::Grpc,
+        observer_ebpf::PortClass::WebSocket => PortClass::WebSocket,
+    };
+    let kind = match RecordKind::from_u8(header.kind)? {
+        RecordKind::TcpConnect => EventKind::TcpConnect,
+        RecordKind::TcpState => EventKind::TcpState {
+            old: TcpState::from_kernel(header.old_state),
+            new: TcpState::from_kernel(header.new_state),
+        },
+        RecordKind::Close => EventKind::Close,
+        RecordKind::Data => {
+            let payload = record.get(header_size..header_size + header.len as usize)?;
+            let mut payload = payload.to_vec();
+            if port_class == PortClass::WebSocket {
+                super::redact::redact_secrets(&mut payload);
+            }
+            EventKind::Data {
+                direction: if header.direction == observer_ebpf::DIRECTION_SEND {
+                    Direction::Send
+                } else {
+                    Direction::Recv
+                },
+                offset: header.offset,
+                call_len: header.call_len,
+                truncated: header.flags & FLAG_TRUNCATED != 0,
+                payload: Bytes::from(payload),
+            }
+        }
+    };
+    Some(Event {
+        ts_ns: clock.wall_ns(header.ts_ns),
+        connection: header.sock,
+        pid: header.tgid,
+        comm: comm_to_string(&header.comm),
+        cgroup_id: header.cgroup_id,
+        saddr: ip_from_kernel(header.family, &header.saddr),
+        sport: header.sport,
+        daddr: ip_from_kernel(header.family, &header.daddr),
+        dport: header.dport,
+        port_class,
+        kind,
+    })
+}
+
+fn comm_to_string(comm: &[u8; 16]) -> String {
+    let end = comm
+        .iter()
+        .position(|&byte| byte == 0)
+        .unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..end]).into_owned()
+}
+
+fn ip_from_kernel(family: u16, address: &[u8; 16]) -> IpAddr {
+    if family == AF_INET6 {
+        IpAddr::V6(Ipv6Addr::from(*address))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(
+            address[0], address[1], address[2], address[3],
+        ))
+    }
+}

@@ -1,0 +1,249 @@
+//! The JSON-lines form of events: what `observer run --events` prints and what `--record`
+//! writes, so that `observer replay` can read a capture back without root.
+//!
+//! One object per line, with `kind` (`tcp_connect`, `tcp_state`, `data`, `close`), `ts`
+//! (RFC 3339) and `ts_ns` (Unix nanoseconds, exact), the process and the 4-tuple, and for data
+//! `direction`, `offset`, `len`, `call_len`, `truncated` and `payload_b64`. WebSocket
+//! payloads were scrubbed of credentials before they became events.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, UNIX_EPOCH},
+};
+
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::event::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
+
+#[derive(Debug, Error)]
+pub enum RecordingError {
+    #[error("line {line}: not an observer event ({reason})")]
+    BadLine { line: usize, reason: String },
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum LineKind {
+    TcpConnect,
+    TcpState,
+    Data,
+    Close,
+}
+
+#[derive(Serialize, Deserialize)]
+struct EventLine {
+    kind: LineKind,
+    ts: String,
+    ts_ns: u64,
+    /// Kernel socket address in hex: too large for a JSON number to carry exactly.
+    connection: String,
+    pid: u32,
+    comm: String,
+    cgroup_id: u64,
+    saddr: IpAddr,
+    sport: u16,
+    daddr: IpAddr,
+    dport: u16,
+    port_class: PortClass,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    old_state: Option<TcpState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    new_state: Option<TcpState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    direction: Option<Direction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    len: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    call_len: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    truncated: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    payload_b64: Option<String>,
+}
+
+/// The event as one line of JSON (without the newline).
+pub fn to_json_line(event: &Event) -> String {
+    let mut line = EventLine {
+        kind: LineKind::Close,
+        ts: humantime::format_rfc3339_micros(UNIX_EPOCH + Duration::from_nanos(event.ts_ns))
+            .to_string(),
+        ts_ns: event.ts_ns,
+        connection: format!("{:#x}", event.connection),
+        pid: event.pid,
+        comm: event.comm.clone(),
+        cgroup_id: event.cgroup_id,
+        saddr: event.saddr,
+        sport: event.sport,
+        daddr: event.daddr,
+        dport: event.dport,
+        port_class: event.port_class,
+        old_state: None,
+        new_state: None,
+        direction: None,
+        offset: None,
+        len: None,
+        call_len: None,
+        truncated: None,
+        payload_b64: None,
+    };
+    match &event.kind {
+        EventKind::TcpConnect => line.kind = LineKind::TcpConnect,
+        EventKind::TcpState { old, new } => {
+            line.kind = LineKind::TcpState;
+            line.old_state = Some(*old);
+            line.new_state = Some(*new);
+        }
+        EventKind::Data {
+            direction,
+            offset,
+            call_len,
+            truncated,
+            payload,
+        } => {
+            line.kind = LineKind::Data;
+            line.direction = Some(*direction);
+            line.offset = Some(*offset);
+            line.len = Some(payload.len());
+            line.call_len = Some(*call_len);
+            line.truncated = Some(*truncated);
+            line.payload_b64 = Some(BASE64.encode(payload));
+        }
+        EventKind::Close => line.kind = LineKind::Close,
+    }
+    serde_json::to_string(&line).expect("event lines contain only serialisable fields")
+}
+
+/// Parses a line written by `to_json_line`; `line_number` (1-based) goes into errors.
+pub fn from_json_line(text: &str, line_number: usize) -> Result<Event, RecordingError> {
+    let bad = |reason: String| RecordingError::BadLine {
+        line: line_number,
+        reason,
+    };
+    let line: EventLine = serde_json::from_str(text).map_err(|err| bad(err.to_string()))?;
+    let connection: ConnectionId =
+        u64::from_str_radix(line.connection.trim_start_matches("0x"), 16)
+            .map_err(|_| bad(format!("connection {:?} is not hex", line.connection)))?;
+    let kind = match line.kind {
+        LineKind::TcpConnect => EventKind::TcpConnect,
+        LineKind::TcpState => EventKind::TcpState {
+            old: line.old_state.unwrap_or(TcpState::Unknown),
+            new: line.new_state.unwrap_or(TcpState::Unknown),
+        },
+        LineKind::Close => EventKind::Close,
+        LineKind::Data => {
+            let payload = BASE64
+                .decode(line.payload_b64.as_deref().unwrap_or(""))
+                .map_err(|err| bad(format!("payload_b64: {err}")))?;
+            EventKind::Data {
+                direction: line
+                    .direction
+                    .ok_or_else(|| bad("data without direction".into()))?,
+                offset: line.offset.unwrap_or(0),
+                call_len: line.call_len.unwrap_or(payload.len() as u64),
+                truncated: line.truncated.unwrap_or(false),
+                payload: Bytes::from(payload),
+            }
+        }
+    };
+    Ok(Event {
+        ts_ns: line.ts_ns,
+        connection,
+        pid: line.pid,
+        comm: line.comm,
+        cgroup_id: line.cgroup_id,
+        saddr: line.saddr,
+        sport: line.sport,
+        daddr: line.daddr,
+        dport: line.dport,
+        port_class: line.port_class,
+        kind,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(kind: EventKind) -> Event {
+        Event {
+            ts_ns: 1_764_500_000_123_456_789,
+            connection: 0xffff_8880_1234_5678,
+            pid: 4242,
+            comm: "openim-push".into(),
+            cgroup_id: 7,
+            saddr: "10.244.0.9".parse().unwrap(),
+            sport: 40000,
+            daddr: "fd00::1".parse().unwrap(),
+            dport: 88,
+            port_class: PortClass::Grpc,
+            kind,
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        for kind in [
+            EventKind::TcpConnect,
+            EventKind::TcpState {
+                old: TcpState::SynSent,
+                new: TcpState::Established,
+            },
+            EventKind::Data {
+                direction: Direction::Recv,
+                offset: 4096,
+                call_len: 9000,
+                truncated: true,
+                payload: Bytes::from_static(b"\x00\x01PRI * HTTP/2.0"),
+            },
+            EventKind::Close,
+        ] {
+            let event = sample(kind);
+            let line = to_json_line(&event);
+            assert_eq!(from_json_line(&line, 1).unwrap(), event, "{line}");
+        }
+    }
+
+    #[test]
+    fn lines_carry_the_documented_fields() {
+        let line = to_json_line(&sample(EventKind::Data {
+            direction: Direction::Send,
+            offset: 0,
+            call_len: 3,
+            truncated: false,
+            payload: Bytes::from_static(b"abc"),
+        }));
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        for field in [
+            "kind",
+            "ts",
+            "pid",
+            "comm",
+            "saddr",
+            "sport",
+            "daddr",
+            "dport",
+            "direction",
+            "offset",
+            "len",
+            "truncated",
+            "payload_b64",
+        ] {
+            assert!(value.get(field).is_some(), "{field} missing from {line}");
+        }
+        assert_eq!(value["kind"], "data");
+        assert_eq!(value["direction"], "send");
+        assert_eq!(value["payload_b64"], "YWJj");
+        assert_eq!(value["ts"], "2025-11-30T10:53:20.123456Z");
+    }
+
+    #[test]
+    fn junk_is_one_clear_error() {
+        let err = from_json_line("{\"kind\":\"data\"}", 3).unwrap_err();
+        assert!(err.to_string().starts_with("line 3: not an observer event"));
+    }
+}
