@@ -188,7 +188,7 @@ mod pod {
 
 // No implicit padding: each size is the sum of its fields.
 const _: () = assert!(core::mem::size_of::<RecordHeader>() == 5 * 8 + 4 * 4 + 3 * 2 + 4 + 6 + 48);
-const _: () = assert!(core::mem::size_of::<RecordHeader>() % 8 == 0);
+const _: () = assert!(core::mem::size_of::<RecordHeader>().is_multiple_of(8));
 const _: () = assert!(
     core::mem::size_of::<DataRecord>() == core::mem::size_of::<RecordHeader>() + CHUNK_SIZE
 );

@@ -615,20 +615,12 @@ fn copy_out(call: &IoCall, header: RecordHeader, capture: u64, truncated: bool) 
             cursor.store(step);
             continue;
         }
-        let wanted = if step.left < step.remaining {
-            step.left
-        } else {
-            step.remaining
-        };
-        // Bound the size on the very register the helper receives: a plain `min` lets LLVM
-        // pass a copy whose range the verifier no longer knows ("R2 unbounded memory access").
+        let wanted = step.left.min(step.remaining).min(CHUNK_SIZE as u64);
+        // Bound the size again on the very register the helper receives (a no-op after the
+        // `min`): otherwise LLVM may pass a copy whose range the verifier no longer knows
+        // ("R2 unbounded memory access").
         let len = (wanted as u32) & (2 * CHUNK_SIZE as u32 - 1);
-        let len = if len > CHUNK_SIZE as u32 {
-            CHUNK_SIZE as u32
-        } else {
-            len
-        };
-        if len == 0 {
+        if len == 0 || len > CHUNK_SIZE as u32 {
             break;
         }
         let read = unsafe {

@@ -191,6 +191,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             () = &mut deadline => break,
         }
     }
+    malformed_records += capture.drain(&mut batch);
+    for event in batch.drain(..) {
+        sink.consume(&event)?;
+    }
     let counters = capture.counters()?;
     drop(capture);
     sink.flush()?;

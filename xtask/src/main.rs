@@ -1,1 +1,287 @@
-fn main() {}
+//! `cargo xtask`: builds the eBPF object with the toolchain it needs, the observer around it,
+//! and runs the checks. Every command first makes sure the toolchain is in place (`setup`).
+
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, test and run the OpenIM observer"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the eBPF build needs: rust-src for nightly, and a bpf-linker built against
+    /// nightly's own LLVM (once; later runs find it). Every other task runs this first.
+    Setup,
+    /// Build the eBPF object and the `observer` binary that embeds it.
+    Build {
+        /// Optimised build (target/release/observer).
+        #[arg(long)]
+        release: bool,
+    },
+    /// Everything CI checks: formatting, clippy -D warnings (host and eBPF crates), unit tests
+    /// and the privileged integration tests (run as root: they load the real programs).
+    Test,
+    /// Build the release observer and run it with the given arguments, e.g.
+    /// `cargo xtask run -- run --events`.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Task::Setup => setup().map(|_| ()),
+        Task::Build { release } => setup().and_then(|toolchain| build(&toolchain, release)),
+        Task::Test => setup().and_then(|toolchain| test(&toolchain)),
+        Task::Run { args } => setup().and_then(|toolchain| run(&toolchain, &args)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// What the eBPF build needs on PATH.
+struct Toolchain {
+    bpf_linker_bin: PathBuf,
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+fn setup() -> Result<Toolchain> {
+    let nightly = capture(Command::new("rustc").args(["+nightly", "-vV"])).context(
+        "the nightly toolchain is missing; install it with `rustup toolchain install nightly`",
+    )?;
+    let field = |name: &str| {
+        nightly
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(str::trim)
+            .map(str::to_owned)
+    };
+    let commit = field("commit-hash:").unwrap_or_else(|| "unknown".into());
+    let llvm_version = field("LLVM version:").context("`rustc +nightly -vV` names no LLVM")?;
+    let llvm_major = llvm_version
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+
+    let installed = capture(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))?;
+    if !installed.lines().any(|line| line.starts_with("rust-src")) {
+        eprintln!("xtask: adding rust-src to nightly (needed to build core for BPF)");
+        status(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))
+        .context("`rustup component add rust-src --toolchain nightly` failed")?;
+    }
+
+    // One linker per nightly: it must link exactly that nightly's libLLVM. The directory doubles
+    // as LLVM_PREFIX and as the linker's rpath, so it must outlive the build: keep it out of
+    // target/, where `cargo clean` would take it.
+    let data_home = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/share")))
+        .context("neither XDG_DATA_HOME nor HOME is set")?;
+    let short_commit = &commit[..commit.len().min(12)];
+    let prefix = data_home.join(format!("openim-observer/bpf-linker-{short_commit}"));
+    let bpf_linker = prefix.join("bin/bpf-linker");
+    let linker_works = Command::new(&bpf_linker)
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !linker_works {
+        install_bpf_linker(&prefix, &llvm_major)?;
+    }
+    Ok(Toolchain {
+        bpf_linker_bin: prefix.join("bin"),
+    })
+}
+
+fn install_bpf_linker(prefix: &Path, llvm_major: &str) -> Result<()> {
+    let sysroot = capture(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let lib_dir = Path::new(sysroot.trim()).join("lib");
+    let wanted = format!("libLLVM.so.{llvm_major}.");
+    let libllvm = std::fs::read_dir(&lib_dir)
+        .with_context(|| format!("reading {}", lib_dir.display()))?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name())
+        .find(|name| name.to_string_lossy().starts_with(&wanted))
+        .with_context(|| {
+            format!(
+                "nightly ships no {wanted}* in {}: is the nightly toolchain complete?",
+                lib_dir.display()
+            )
+        })?;
+    let link_dir = prefix.join("lib");
+    std::fs::create_dir_all(&link_dir)
+        .with_context(|| format!("creating {}", link_dir.display()))?;
+    for name in [OsString::from("libLLVM.so"), libllvm.clone()] {
+        let link = link_dir.join(&name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(lib_dir.join(&libllvm), &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    eprintln!(
+        "xtask: building bpf-linker against nightly's LLVM {llvm_major} into {} (once, a few minutes)",
+        prefix.display()
+    );
+    status(
+        Command::new("cargo")
+            .args([
+                "+nightly",
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--version",
+                "0.13.0",
+            ])
+            .args(["--no-default-features", "--features"])
+            .arg(format!("llvm-{llvm_major}"))
+            .arg("--root")
+            .arg(prefix)
+            .env("LLVM_PREFIX", prefix),
+    )
+    .context("building bpf-linker failed (see cargo's output above)")?;
+    Ok(())
+}
+
+fn ebpf_object() -> PathBuf {
+    workspace_root().join("target/bpfel-unknown-none/release/observer-ebpf")
+}
+
+/// `cargo +nightly …` for the eBPF crate, with the linker on PATH.
+fn nightly_cargo(toolchain: &Toolchain, subcommand: &str) -> Command {
+    let mut path = OsString::from(&toolchain.bpf_linker_bin);
+    if let Some(existing) = std::env::var_os("PATH") {
+        path.push(":");
+        path.push(existing);
+    }
+    let mut command = Command::new("cargo");
+    command
+        .current_dir(workspace_root())
+        .env("PATH", path)
+        // The stable toolchain's cargo sets these for xtask; they must not leak into nightly.
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC")
+        .env_remove("CARGO")
+        .args(["+nightly", subcommand, "-Z", "build-std=core"])
+        .args(["--target", "bpfel-unknown-none", "--release"])
+        .args(["--package", "observer-ebpf", "--bin", "observer-ebpf"]);
+    command
+}
+
+/// Host cargo with the eBPF object's path, which `observer`'s build script embeds.
+fn host_cargo(subcommand: &str) -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command
+        .current_dir(workspace_root())
+        .env("OBSERVER_EBPF_OBJECT", ebpf_object())
+        .arg(subcommand);
+    command
+}
+
+fn build_ebpf(toolchain: &Toolchain) -> Result<()> {
+    status(&mut nightly_cargo(toolchain, "build")).context("building the eBPF programs failed")
+}
+
+fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
+    build_ebpf(toolchain)?;
+    let mut command = host_cargo("build");
+    command.args(["--package", "observer"]);
+    if release {
+        command.arg("--release");
+    }
+    status(&mut command).context("building the observer failed")
+}
+
+fn test(toolchain: &Toolchain) -> Result<()> {
+    build_ebpf(toolchain)?;
+    step(
+        "cargo fmt --check",
+        host_cargo("fmt").args(["--all", "--", "--check"]),
+    )?;
+    step(
+        "clippy (eBPF crate)",
+        nightly_cargo(toolchain, "clippy").args(["--", "-D", "warnings"]),
+    )?;
+    step(
+        "clippy (host crates)",
+        host_cargo("clippy").args(["--all-targets", "--", "-D", "warnings"]),
+    )?;
+    // Integration tests load programs and share kernel state; each test file serialises its own
+    // tests, and one test binary at a time runs.
+    step(
+        "cargo test",
+        host_cargo("test").args(["--", "--test-threads=1"]),
+    )?;
+    Ok(())
+}
+
+fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
+    build(toolchain, true)?;
+    let binary = workspace_root().join("target/release/observer");
+    status(Command::new(binary).args(args)).context("observer exited with an error")
+}
+
+fn step(name: &str, command: &mut Command) -> Result<()> {
+    eprintln!("xtask: {name}");
+    status(command).with_context(|| format!("{name} failed"))
+}
+
+fn status(command: &mut Command) -> Result<()> {
+    let status = command
+        .status()
+        .with_context(|| format!("could not start {:?}", command.get_program()))?;
+    if !status.success() {
+        bail!("{:?} exited with {status}", command.get_program());
+    }
+    Ok(())
+}
+
+fn capture(command: &mut Command) -> Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("could not start {:?}", command.get_program()))?;
+    if !output.status.success() {
+        bail!(
+            "{:?} failed: {}",
+            command.get_program(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}

@@ -177,21 +177,18 @@ impl KernelCapture {
         })
     }
 
-    /// Waits until the kernel has produced records, then converts all that are ready.
-    /// Records that cannot be decoded (never expected: the layout is shared) are skipped and
-    /// counted in the returned number.
+    /// Waits until the kernel has produced records, then converts all that are ready; returns
+    /// how many records were malformed.
     pub async fn read_batch(&mut self, events: &mut Vec<Event>) -> Result<usize, CaptureError> {
         let mut guard = self.ring.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        let mut malformed = 0;
-        while let Some(item) = ring.next() {
-            match event_from_record(&item, &self.clock) {
-                Some(event) => events.push(event),
-                None => malformed += 1,
-            }
-        }
+        let malformed = drain_ring(guard.get_inner_mut(), &self.clock, events);
         guard.clear_ready();
         Ok(malformed)
+    }
+
+    /// Converts the records already in the ring without waiting: the last ones before a stop.
+    pub fn drain(&mut self, events: &mut Vec<Event>) -> usize {
+        drain_ring(self.ring.get_mut(), &self.clock, events)
     }
 
     pub fn counters(&self) -> Result<KernelCounters, CaptureError> {
@@ -411,6 +408,23 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
     // SAFETY: clock_gettime writes the timespec we own.
     unsafe { libc::clock_gettime(clock, &mut time) };
     i128::from(time.tv_sec) * 1_000_000_000 + i128::from(time.tv_nsec)
+}
+
+/// Converts every record in the ring; returns how many could not be (never expected: the
+/// layout is shared with the kernel side).
+fn drain_ring(
+    ring: &mut RingBuf<MapData>,
+    clock: &MonotonicToWall,
+    events: &mut Vec<Event>,
+) -> usize {
+    let mut malformed = 0;
+    while let Some(item) = ring.next() {
+        match event_from_record(&item, clock) {
+            Some(event) => events.push(event),
+            None => malformed += 1,
+        }
+    }
+    malformed
 }
 
 fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {

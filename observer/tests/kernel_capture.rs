@@ -1,0 +1,485 @@
+//! The kernel side, for real: each test starts the `observer` binary (which loads and attaches
+//! the eBPF programs), makes real loopback connections, and checks what comes out.
+//!
+//! Needs root (or CAP_BPF + CAP_PERFMON); without it these tests fail rather than skip, so a CI
+//! that cannot load the programs is red. Tests share kernel state (attached programs), so they
+//! take `SERIAL` and run one at a time; each uses ports of its own.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{TcpListener, TcpStream},
+    os::fd::AsRawFd,
+    process::{Child, ChildStdout, Command, Stdio},
+    sync::{
+        Mutex,
+        mpsc::{self, Receiver},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A running `observer run --events`, its stdout read line by line on a thread.
+struct Observer {
+    child: Child,
+    lines: Receiver<Value>,
+    seen: Vec<Value>,
+}
+
+impl Observer {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+            .args(["run", "--events"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start observer");
+        let stdout: ChildStdout = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let value: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|err| panic!("stdout line is not JSON ({err}): {line}"));
+                if sender.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut observer = Self {
+            child,
+            lines,
+            seen: Vec::new(),
+        };
+        if observer
+            .wait_for(|line| line["kind"] == "observer_started")
+            .is_none()
+        {
+            let stderr = observer.stop_with_stderr();
+            panic!("observer did not start (is this root with BPF?): {stderr}");
+        }
+        observer
+    }
+
+    /// Reads lines until one matches, or `WAIT` passes.
+    fn wait_for(&mut self, mut predicate: impl FnMut(&Value) -> bool) -> Option<Value> {
+        if let Some(found) = self.seen.iter().find(|line| predicate(line)) {
+            return Some(found.clone());
+        }
+        let deadline = Instant::now() + WAIT;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let matched = predicate(&line);
+                    self.seen.push(line.clone());
+                    if matched {
+                        return Some(line);
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// SIGINT, wait for exit 0, and return everything seen plus the stderr text.
+    fn stop(mut self) -> (Vec<Value>, String) {
+        let stderr = self.stop_with_stderr();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            self.seen.push(line);
+        }
+        (self.seen, stderr)
+    }
+
+    fn stop_with_stderr(&mut self) -> String {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().expect("wait for observer");
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            let _ = pipe.read_to_string(&mut stderr);
+        }
+        assert!(status.success(), "observer exited with {status}: {stderr}");
+        stderr
+    }
+}
+
+fn events_on_port(lines: &[Value], port: u16) -> Vec<&Value> {
+    lines
+        .iter()
+        .filter(|line| line["dport"] == u64::from(port))
+        .collect()
+}
+
+/// Reassembles one direction of captured data, checking that chunks are in stream order.
+fn captured_stream(lines: &[&Value], direction: &str) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for line in lines
+        .iter()
+        .filter(|line| line["kind"] == "data" && line["direction"] == direction)
+    {
+        let offset = line["offset"].as_u64().unwrap();
+        assert_eq!(offset, bytes.len() as u64, "chunks out of order: {line}");
+        let payload = BASE64
+            .decode(line["payload_b64"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(payload.len() as u64, line["len"].as_u64().unwrap());
+        bytes.extend_from_slice(&payload);
+    }
+    bytes
+}
+
+fn thread_comm() -> String {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+fn listen(port: u16) -> TcpListener {
+    TcpListener::bind(("127.0.0.1", port)).unwrap_or_else(|err| panic!("bind {port}: {err}"))
+}
+
+fn check(ret: isize, what: &str) -> usize {
+    assert!(ret >= 0, "{what}: {}", std::io::Error::last_os_error());
+    ret as usize
+}
+
+fn iovecs(parts: &mut [&mut [u8]]) -> Vec<libc::iovec> {
+    parts
+        .iter_mut()
+        .map(|part| libc::iovec {
+            iov_base: part.as_mut_ptr().cast(),
+            iov_len: part.len(),
+        })
+        .collect()
+}
+
+fn msghdr(iov: &mut [libc::iovec]) -> libc::msghdr {
+    // SAFETY: an all-zero msghdr is valid (no name, no control data).
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = iov.as_mut_ptr();
+    header.msg_iovlen = iov.len();
+    header
+}
+
+#[test]
+fn a_watched_connect_reports_its_lifecycle_with_process_and_ports() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18801;
+    let listener = listen(port);
+    let mut observer = Observer::start(&["--grpc-port", &port.to_string()]);
+
+    let client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let local_port = client.local_addr().unwrap().port();
+    let (server_side, _) = listener.accept().unwrap();
+    drop(client);
+    drop(server_side);
+    let comm = thread_comm();
+
+    let closed = observer.wait_for(|line| {
+        line["kind"] == "tcp_state" && line["new_state"] == "CLOSE" && line["dport"] == port
+    });
+    assert!(closed.is_some(), "no CLOSE state seen");
+    let (lines, _) = observer.stop();
+    let ours = events_on_port(&lines, port);
+
+    let connect = ours
+        .iter()
+        .find(|line| line["kind"] == "tcp_connect")
+        .expect("tcp_connect");
+    assert_eq!(connect["pid"], std::process::id());
+    assert_eq!(connect["comm"], comm.as_str());
+    assert_eq!(connect["daddr"], "127.0.0.1");
+    let established = ours
+        .iter()
+        .find(|line| line["kind"] == "tcp_state" && line["new_state"] == "ESTABLISHED")
+        .expect("ESTABLISHED");
+    assert_eq!(established["old_state"], "SYN_SENT");
+    assert_eq!(established["sport"], local_port);
+    assert_eq!(established["pid"], std::process::id());
+    assert_eq!(established["comm"], comm.as_str());
+    assert_eq!(established["connection"], connect["connection"]);
+    let close = ours
+        .iter()
+        .find(|line| line["kind"] == "close")
+        .expect("descriptor close");
+    assert_eq!(close["sport"], local_port);
+}
+
+#[test]
+fn an_unwatched_port_produces_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let (watched, unwatched) = (18811, 18812);
+    let listener = listen(unwatched);
+    let _watched_listener = listen(watched);
+    let observer = Observer::start(&["--grpc-port", &watched.to_string()]);
+
+    let mut client = TcpStream::connect(("127.0.0.1", unwatched)).unwrap();
+    let (mut server_side, _) = listener.accept().unwrap();
+    client.write_all(b"not for us").unwrap();
+    let mut buffer = [0u8; 10];
+    server_side.read_exact(&mut buffer).unwrap();
+    drop(client);
+    // A watched connection afterwards proves the observer was live all along.
+    let probe = TcpStream::connect(("127.0.0.1", watched)).unwrap();
+    drop(probe);
+    let mut observer = observer;
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "tcp_connect" && line["dport"] == watched)
+            .is_some()
+    );
+    let (lines, _) = observer.stop();
+    assert!(
+        events_on_port(&lines, unwatched).is_empty(),
+        "events for an unwatched port"
+    );
+}
+
+#[test]
+fn every_send_and_receive_syscall_is_captured_byte_exact_and_in_order() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18821;
+    let listener = listen(port);
+    let mut observer = Observer::start(&["--grpc-port", &port.to_string()]);
+
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut request = vec![0u8; 4 + 6 + 10 + 8];
+        socket.read_exact(&mut request).unwrap();
+        for answer in [&b"one-"[..], b"two-", b"three-", b"four"] {
+            socket.write_all(answer).unwrap();
+            thread::sleep(Duration::from_millis(50));
+        }
+        request
+    });
+
+    let client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let fd = client.as_raw_fd();
+    // SAFETY (all calls below): plain syscalls on our socket with buffers we own.
+    unsafe {
+        check(libc::write(fd, b"wrt|".as_ptr().cast(), 4), "write");
+        check(libc::send(fd, b"send()".as_ptr().cast(), 6, 0), "send");
+        let (mut a, mut b, mut c) = (*b"msg", *b"-three", *b"|");
+        let mut iov = iovecs(&mut [&mut a, &mut b, &mut c]);
+        let header = msghdr(&mut iov);
+        check(libc::sendmsg(fd, &header, 0), "sendmsg");
+        let (mut d, mut e) = (*b"writ", *b"ev()");
+        let iov = iovecs(&mut [&mut d, &mut e]);
+        check(libc::writev(fd, iov.as_ptr(), 2), "writev");
+
+        let mut buffer = [0u8; 4];
+        check(libc::read(fd, buffer.as_mut_ptr().cast(), 4), "read");
+        let mut buffer = [0u8; 4];
+        check(
+            libc::recv(fd, buffer.as_mut_ptr().cast(), 4, libc::MSG_WAITALL),
+            "recv",
+        );
+        let (mut f, mut g) = ([0u8; 3], [0u8; 3]);
+        let mut iov = iovecs(&mut [&mut f, &mut g]);
+        let mut header = msghdr(&mut iov);
+        check(libc::recvmsg(fd, &mut header, libc::MSG_WAITALL), "recvmsg");
+        let (mut h, mut i) = ([0u8; 2], [0u8; 2]);
+        let iov = iovecs(&mut [&mut h, &mut i]);
+        check(libc::readv(fd, iov.as_ptr(), 2), "readv");
+    }
+    let request = server.join().unwrap();
+    assert_eq!(request, b"wrt|send()msg-three|writev()");
+    drop(client);
+
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+            .is_some()
+    );
+    let (lines, _) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    assert_eq!(
+        captured_stream(&ours, "send"),
+        b"wrt|send()msg-three|writev()"
+    );
+    assert_eq!(captured_stream(&ours, "recv"), b"one-two-three-four");
+    // The three-part sendmsg arrives as one call of 10 bytes in three records.
+    let sendmsg_records: Vec<_> = ours
+        .iter()
+        .filter(|line| line["direction"] == "send" && line["call_len"] == 10)
+        .collect();
+    assert_eq!(sendmsg_records.len(), 3, "{sendmsg_records:?}");
+}
+
+#[test]
+fn a_large_grpc_write_arrives_in_ordered_chunks_up_to_the_budget() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18831;
+    let budget: usize = 64 * 1024;
+    let listener = listen(port);
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port.to_string(),
+        "--grpc-budget",
+        &budget.to_string(),
+    ]);
+    let payload: Vec<u8> = (0..100 * 1024).map(|index| (index % 251) as u8).collect();
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut received = Vec::new();
+        socket.read_to_end(&mut received).unwrap();
+        received.len()
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.write_all(&payload).unwrap();
+    drop(client);
+    assert_eq!(server.join().unwrap(), payload.len());
+
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+            .is_some()
+    );
+    let (lines, _) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    let captured = captured_stream(&ours, "send");
+    assert_eq!(captured.len(), budget);
+    assert_eq!(captured, payload[..budget]);
+    let chunks: Vec<_> = ours.iter().filter(|line| line["kind"] == "data").collect();
+    assert!(chunks.len() >= budget / 4096, "{} chunks", chunks.len());
+    assert!(
+        chunks
+            .iter()
+            .all(|line| line["len"].as_u64().unwrap() <= 4096)
+    );
+    assert_eq!(chunks.last().unwrap()["truncated"], true);
+    assert!(
+        chunks[..chunks.len() - 1]
+            .iter()
+            .all(|line| line["truncated"] == false || line["call_len"] != chunks[0]["call_len"]),
+        "only the last record of the call is marked truncated"
+    );
+}
+
+#[test]
+fn a_websocket_port_captures_only_the_upgrade_and_its_answer_without_the_token() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18841;
+    let secret = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LWNhbmFyeQ.Zm9vYmFy";
+    let listener = listen(port);
+    let mut observer = Observer::start(&["--grpc-port", "18842", "--ws-port", &port.to_string()]);
+    let request = format!(
+        "GET /?sendID=3355700821&token={secret}&platformID=2 HTTP/1.1\r\nHost: gw-0:80\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    );
+    let answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut buffer = [0u8; 4096];
+        let _ = socket.read(&mut buffer).unwrap();
+        socket.write_all(answer).unwrap();
+        for _ in 0..3 {
+            let _ = socket.read(&mut buffer).unwrap();
+            socket
+                .write_all(b"private chat frame from gateway")
+                .unwrap();
+        }
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.write_all(request.as_bytes()).unwrap();
+    let mut buffer = [0u8; 4096];
+    let read = client.read(&mut buffer).unwrap();
+    assert_eq!(&buffer[..read], answer);
+    for _ in 0..3 {
+        client.write_all(b"private chat frame from client").unwrap();
+        let _ = client.read(&mut buffer).unwrap();
+    }
+    server.join().unwrap();
+    drop(client);
+
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+            .is_some()
+    );
+    let (lines, stderr) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    let sent = captured_stream(&ours, "send");
+    let expected = request.replace(secret, &"*".repeat(secret.len()));
+    assert_eq!(String::from_utf8_lossy(&sent), expected);
+    assert_eq!(captured_stream(&ours, "recv"), answer);
+    let everything = format!("{lines:?}{stderr}");
+    assert!(!everything.contains("private chat"), "chat frames captured");
+    assert!(!everything.contains("c2VjcmV0LWNhbmFyeQ"), "token leaked");
+}
+
+#[test]
+fn a_full_ring_counts_its_drops() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18851;
+    let listener = listen(port);
+    // One page cannot hold a single full data record (header + 4 KiB), so every full chunk
+    // is dropped, and must be counted.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.to_string();
+    let mut observer = Observer::start(&["--grpc-port", &port.to_string(), "--ring-bytes", &page]);
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut sink = Vec::new();
+        socket.read_to_end(&mut sink).unwrap();
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    for _ in 0..20 {
+        client.write_all(&[7u8; 4096]).unwrap();
+    }
+    drop(client);
+    server.join().unwrap();
+    let _ = observer.wait_for(|line| line["kind"] == "close" && line["dport"] == port);
+    let (_, stderr) = observer.stop();
+    let stopped: Value = stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|value| value["kind"] == "observer_stopped")
+        .unwrap_or_else(|| panic!("no observer_stopped line in: {stderr}"));
+    let drops = stopped["kernel"]["ring_full_drops"].as_u64().unwrap();
+    assert!(drops >= 20, "{stopped}");
+}
+
+#[test]
+fn stopping_leaves_no_program_loaded() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let observer = Observer::start(&["--grpc-port", "18861"]);
+    let ours = |name: &str| {
+        observer::capture::kernel::program_names()
+            .any(|program| program.starts_with(name) || name.starts_with(program))
+    };
+    let loaded = || -> Vec<String> {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .filter_map(|info| info.name_as_str().map(str::to_owned))
+            .filter(|name| !name.is_empty() && ours(name))
+            .collect()
+    };
+    assert!(
+        !loaded().is_empty(),
+        "the running observer's programs are not listed"
+    );
+    observer.stop();
+    assert_eq!(loaded(), Vec::<String>::new());
+}
+
+#[test]
+fn usage_errors_are_one_line_with_exit_code_two() {
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["run", "--grpc-port", "70000"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("70000"), "{stderr}");
+}
