@@ -188,32 +188,46 @@ fn on_a_collision_the_member_added_last_owns_the_point() {
 }
 
 /// OpenIM's proxy ring spells gateways without a port and its push ring with `:88`, so the two
-/// place users independently: about 1 - 1/n of them end up on different gateways. NOTES.md
-/// measured 46%, 57%, 72%, 78%, 86% for 2, 3, 4, 5, 8 replicas over 300 ids with the Go code.
+/// place users independently: about 1 - 1/n of them end up on different gateways. That is an
+/// average over deployments: with 20 points per member, one deployment's arcs are uneven and its
+/// share can sit 10+ points off (demo/chat splits 62% at 2 replicas, 81% at 3). NOTES.md measured
+/// 46%, 57%, 72%, 78%, 86% for 2, 3, 4, 5, 8 replicas over 300 ids with the Go code.
 #[test]
 fn proxy_and_push_rings_split_about_one_minus_one_over_n_of_users() {
     let proxy = MemberTemplate::parse(PROXY_MEMBER_TEMPLATE).unwrap();
     let push = MemberTemplate::parse(PUSH_MEMBER_TEMPLATE).unwrap();
-    let users = SplitMix64(6).users(5_000);
+    let users = SplitMix64(6).users(1_000);
+    let instances: Vec<String> = (0..40).map(|index| format!("inst{index}")).collect();
     for replicas in [1, 2, 3, 4, 5, 8] {
-        let proxy_ring = Ring::new(proxy.members("demo", "chat", replicas));
-        let push_ring = Ring::new(push.members("demo", "chat", replicas));
-        let split = users
-            .iter()
-            .filter(|user| {
-                proxy_ring.get_index(user).unwrap() != push_ring.get_index(user).unwrap()
-            })
-            .count();
-        let share = split as f64 / users.len() as f64;
         let expected = 1.0 - 1.0 / replicas as f64;
+        let mut share_sum = 0.0;
+        for instance in &instances {
+            let proxy_ring = Ring::new(proxy.members(instance, "chat", replicas));
+            let push_ring = Ring::new(push.members(instance, "chat", replicas));
+            let split = users
+                .iter()
+                .filter(|user| {
+                    proxy_ring.get_index(user).unwrap() != push_ring.get_index(user).unwrap()
+                })
+                .count();
+            if replicas == 1 {
+                assert_eq!(split, 0, "a single gateway cannot disagree with itself");
+            }
+            let share = split as f64 / users.len() as f64;
+            assert!(
+                (share - expected).abs() <= 0.25,
+                "{instance}, {replicas} replicas: {:.1}% split, expected about {:.1}%",
+                share * 100.0,
+                expected * 100.0
+            );
+            share_sum += share;
+        }
+        let mean_share = share_sum / instances.len() as f64;
         assert!(
-            (share - expected).abs() <= 0.15,
-            "{replicas} replicas: {:.1}% split, expected about {:.1}%",
-            share * 100.0,
+            (mean_share - expected).abs() <= 0.05,
+            "{replicas} replicas: {:.1}% split on average, expected about {:.1}%",
+            mean_share * 100.0,
             expected * 100.0
         );
-        if replicas == 1 {
-            assert_eq!(split, 0, "a single gateway cannot disagree with itself");
-        }
     }
 }
