@@ -6,3 +6,4 @@
 
 pub mod capture;
 pub mod hashring;
+pub mod tools;
