@@ -6,6 +6,8 @@
 //! point strictly greater than the key's CRC-32, wrapping past the last point. When two points
 //! collide the member added later owns it, as in the Go map the library keeps.
 
+use std::collections::HashMap;
+
 use thiserror::Error;
 
 /// stathat's `NumberOfReplicas` default, which OpenIM does not change.
@@ -30,41 +32,43 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// Builds the ring as the Go library does after `Add`ing `members` in order.
-    pub fn new<I, S>(members: I) -> Self
+    /// Builds the ring as the Go library does after `Add`ing each of `members_in_add_order`.
+    pub fn new<I, S>(members_in_add_order: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let mut members: Vec<String> = members.into_iter().map(Into::into).collect();
-        // `Add` of a member already present re-adds the same points: the ring is unchanged,
-        // but the member must stay at its first position for index-based callers.
-        let mut seen = std::collections::HashSet::new();
-        members.retain(|member| seen.insert(member.clone()));
-
-        let mut points: Vec<(u32, u32)> = Vec::with_capacity(members.len() * POINTS_PER_MEMBER);
+        // `Add` of a member already present keeps it at its first position (index-based callers
+        // rely on that) but re-stamps its points, so it wins collisions against members added in
+        // between: the points are generated for every `Add`, duplicates included.
+        let mut members: Vec<String> = Vec::new();
+        let mut first_index: HashMap<String, u32> = HashMap::new();
+        let mut points: Vec<(u32, u32)> = Vec::new();
         let mut text = String::new();
-        for (index, member) in members.iter().enumerate() {
+        for member in members_in_add_order {
+            let member: String = member.into();
+            let index = *first_index.entry(member.clone()).or_insert_with(|| {
+                members.push(member.clone());
+                (members.len() - 1) as u32
+            });
             for point in 0..POINTS_PER_MEMBER {
                 text.clear();
                 text.push_str(itoa_small(point));
-                text.push_str(member);
-                points.push((crc32fast::hash(text.as_bytes()), index as u32));
+                text.push_str(&member);
+                points.push((crc32fast::hash(text.as_bytes()), index));
             }
         }
         // Stable sort keeps insertion order among equal hashes, so the last of a run is the
         // member added last: the one the Go map ends up holding.
         points.sort_by_key(|&(hash, _)| hash);
-        let mut point_hashes = Vec::with_capacity(points.len());
-        let mut point_owners = Vec::with_capacity(points.len());
-        for (hash, owner) in points {
-            if point_hashes.last() == Some(&hash) {
-                *point_owners.last_mut().expect("parallel vectors") = owner;
-            } else {
-                point_hashes.push(hash);
-                point_owners.push(owner);
+        points.dedup_by(|later, kept| {
+            let same_hash = later.0 == kept.0;
+            if same_hash {
+                kept.1 = later.1;
             }
-        }
+            same_hash
+        });
+        let (point_hashes, point_owners) = points.into_iter().unzip();
         Self {
             members,
             point_hashes,

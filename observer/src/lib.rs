@@ -7,3 +7,4 @@
 pub mod capture;
 pub mod daemon;
 pub mod hashring;
+pub mod tools;

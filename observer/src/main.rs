@@ -1,12 +1,16 @@
 //! The `observer` command: a thin shell over the library.
 
+use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use observer::daemon;
+use observer::{
+    daemon,
+    tools::{self, ToolError},
+};
 
-/// Catches the moment OpenIM's WebSocket placement and its push delivery disagree about which
-/// msggateway holds a user, by watching their traffic with eBPF.
+/// Catches the moment OpenIM's WebSocket placement (msggateway-proxy) and its push delivery
+/// disagree about which msggateway holds a user, by watching their traffic with eBPF.
 #[derive(Parser, Debug)]
 #[command(name = "observer", version)]
 struct Cli {
@@ -21,6 +25,12 @@ enum Command {
     Run(daemon::RunArgs),
     /// Read a capture written by `observer run --record` (no root needed).
     Replay(daemon::ReplayArgs),
+    /// Print the ring's pick for each user id as JSON lines {"user":…,"member":…}
+    Ring(tools::RingArgs),
+    /// Measure, for 1..=N gateways, the share of users that proxy and push route apart
+    Audit(tools::AuditArgs),
+    /// Show where proxy and push send one user, and why they differ
+    Explain(tools::ExplainArgs),
 }
 
 fn main() -> ExitCode {
@@ -28,9 +38,8 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) if err.use_stderr() => {
             // Usage errors in one line, like every other error a user can cause.
-            let message = err.kind().to_string();
             let detail = err.to_string();
-            let first = detail.lines().next().unwrap_or(&message);
+            let first = detail.lines().next().unwrap_or_default();
             eprintln!("observer: {}", first.trim_start_matches("error: "));
             return ExitCode::from(2);
         }
@@ -40,8 +49,8 @@ fn main() -> ExitCode {
         }
     };
     tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(io::stderr)
+        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -49,8 +58,10 @@ fn main() -> ExitCode {
         .init();
     match execute(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("observer: {err:#}");
+        // `observer ring … | head` closes the pipe early: that ends the output, not an error.
+        Err(error) if reader_went_away(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("observer: {error:#}");
             ExitCode::from(2)
         }
     }
@@ -65,6 +76,25 @@ fn execute(command: Command) -> anyhow::Result<()> {
             runtime.block_on(daemon::run(args))?;
         }
         Command::Replay(args) => daemon::replay(args)?,
+        Command::Ring(args) => print_with(|out| args.run(out))?,
+        Command::Audit(args) => print_with(|out| args.run(out))?,
+        Command::Explain(args) => print_with(|out| args.run(out))?,
     }
     Ok(())
+}
+
+/// Runs an offline tool with a buffered stdout, flushed at the end.
+fn print_with(
+    tool: impl FnOnce(&mut BufWriter<io::StdoutLock<'static>>) -> Result<(), ToolError>,
+) -> Result<(), ToolError> {
+    let mut out = BufWriter::new(io::stdout().lock());
+    tool(&mut out)?;
+    out.flush().map_err(ToolError::Write)
+}
+
+fn reader_went_away(error: &anyhow::Error) -> bool {
+    matches!(
+        error.downcast_ref::<ToolError>(),
+        Some(ToolError::Write(reason)) if reason.kind() == io::ErrorKind::BrokenPipe
+    )
 }

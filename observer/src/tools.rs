@@ -1,0 +1,840 @@
+//! Offline subcommands that answer routing questions without a cluster: which member a ring
+//! picks for each user (`ring`), how many users OpenIM's two rings send to different gateways
+//! (`audit`), and why one user is split (`explain`).
+//!
+//! OpenIM's msggateway-proxy places a user's WebSocket with a ring over member strings of one
+//! spelling, and push delivers with a ring over another spelling of the same gateways. Gateways
+//! are compared by index (`{i}` in the templates), since the two rings never share a string.
+
+use std::fs;
+use std::io::{self, BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::hashring::{
+    MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring, RingError,
+};
+
+/// Errors a user of the tools can cause; each displays as one self-contained line.
+#[derive(Debug, Error)]
+pub enum ToolError {
+    #[error("cannot read {}: {reason}", path.display())]
+    ReadFile { path: PathBuf, reason: io::Error },
+    #[error("cannot read user ids from standard input: {reason}")]
+    ReadStdin { reason: io::Error },
+    #[error("{} lists no members (expected one member string per line)", path.display())]
+    NoMembers { path: PathBuf },
+    #[error("{} lists no user ids (expected one user id per line)", path.display())]
+    NoUsers { path: PathBuf },
+    #[error("--sample must be at least 1")]
+    EmptySample,
+    #[error("--replicas must be at least 1: OpenIM runs one msggateway or more")]
+    NoReplicas,
+    #[error("bad {flag}: {reason}")]
+    BadTemplate {
+        flag: &'static str,
+        reason: RingError,
+    },
+    #[error("cannot write output: {0}")]
+    Write(io::Error),
+}
+
+/// Pick a member for each user id, as the Go library would, over members listed in a file.
+#[derive(Args, Debug)]
+pub struct RingArgs {
+    /// File with the ring's member strings, one per line, in the order they are added
+    /// (blank lines and trailing whitespace are ignored)
+    #[arg(long, value_name = "FILE")]
+    pub members_file: PathBuf,
+    /// File with user ids, one per line [default: standard input]
+    #[arg(long, value_name = "FILE")]
+    pub users_file: Option<PathBuf>,
+}
+
+impl RingArgs {
+    /// Prints one `{"user":…,"member":…}` JSON object per line, in input order.
+    pub fn run(self, out: &mut impl Write) -> Result<(), ToolError> {
+        let members = read_nonblank_lines(&self.members_file)?;
+        if members.is_empty() {
+            return Err(ToolError::NoMembers {
+                path: self.members_file,
+            });
+        }
+        let ring = Ring::new(members);
+        // Stream the users so that a pipeline sees each pick as soon as its id arrives.
+        match &self.users_file {
+            Some(path) => {
+                let file = fs::File::open(path).map_err(|reason| ToolError::ReadFile {
+                    path: path.clone(),
+                    reason,
+                })?;
+                self.pick_each_user(&ring, io::BufReader::new(file), out, |reason| {
+                    ToolError::ReadFile {
+                        path: path.clone(),
+                        reason,
+                    }
+                })
+            }
+            None => self.pick_each_user(&ring, io::stdin().lock(), out, |reason| {
+                ToolError::ReadStdin { reason }
+            }),
+        }
+    }
+
+    fn pick_each_user(
+        &self,
+        ring: &Ring,
+        users: impl BufRead,
+        out: &mut impl Write,
+        read_error: impl Fn(io::Error) -> ToolError,
+    ) -> Result<(), ToolError> {
+        for line in users.lines() {
+            let line = line.map_err(&read_error)?;
+            let user = line.trim_end();
+            if user.is_empty() {
+                continue;
+            }
+            let member = ring.get(user).map_err(|_| ToolError::NoMembers {
+                path: self.members_file.clone(),
+            })?;
+            write_json_line(out, &RingPick { user, member })?;
+        }
+        Ok(())
+    }
+}
+
+/// The contract other tools parse: exactly these two keys.
+#[derive(Serialize)]
+struct RingPick<'a> {
+    user: &'a str,
+    member: &'a str,
+}
+
+/// One OpenIM deployment: how many gateways, and how each routing component spells them.
+#[derive(Args, Debug)]
+pub struct DeploymentArgs {
+    /// Number of msggateway replicas (MY_MSGGATEWAY_REPLICACOUNT)
+    #[arg(long, value_name = "N")]
+    pub replicas: usize,
+    /// OpenIM instance name: the pod name up to its first '-' (e.g. "demo" for
+    /// demo-openim-push-7d9f…)
+    #[arg(long, value_name = "NAME")]
+    pub instance: String,
+    /// Kubernetes namespace of the OpenIM pods
+    #[arg(long, value_name = "NS")]
+    pub namespace: String,
+    /// How msggateway-proxy spells gateway {i}; placeholders {instance}, {namespace}, {i}
+    #[arg(long, value_name = "TEMPLATE", default_value = PROXY_MEMBER_TEMPLATE)]
+    pub proxy_template: String,
+    /// How push spells gateway {i}; placeholders {instance}, {namespace}, {i}
+    #[arg(long, value_name = "TEMPLATE", default_value = PUSH_MEMBER_TEMPLATE)]
+    pub push_template: String,
+}
+
+/// The parsed templates of a deployment, ready to build rings of any size.
+struct Templates {
+    proxy: MemberTemplate,
+    push: MemberTemplate,
+    instance: String,
+    namespace: String,
+}
+
+impl DeploymentArgs {
+    fn templates(&self) -> Result<Templates, ToolError> {
+        if self.replicas == 0 {
+            return Err(ToolError::NoReplicas);
+        }
+        let parse = |flag, template: &str| {
+            MemberTemplate::parse(template)
+                .map_err(|reason| ToolError::BadTemplate { flag, reason })
+        };
+        Ok(Templates {
+            proxy: parse("--proxy-template", &self.proxy_template)?,
+            push: parse("--push-template", &self.push_template)?,
+            instance: self.instance.clone(),
+            namespace: self.namespace.clone(),
+        })
+    }
+}
+
+impl Templates {
+    fn rings(&self, replicas: usize) -> GatewayRings {
+        let members =
+            |template: &MemberTemplate| template.members(&self.instance, &self.namespace, replicas);
+        GatewayRings {
+            proxy: Ring::new(members(&self.proxy)),
+            push: Ring::new(members(&self.push)),
+        }
+    }
+
+    /// The plain-words difference between the two spellings of gateway 0.
+    fn difference(&self) -> (bool, String) {
+        let members = |template: &MemberTemplate| {
+            template
+                .members(&self.instance, &self.namespace, 1)
+                .pop()
+                .unwrap_or_default()
+        };
+        let (proxy, push) = (members(&self.proxy), members(&self.push));
+        (proxy != push, describe_member_difference(&proxy, &push))
+    }
+}
+
+/// OpenIM's two rings over the same gateways.
+struct GatewayRings {
+    proxy: Ring,
+    push: Ring,
+}
+
+impl GatewayRings {
+    /// Gateway indexes (proxy, push) for `user`.
+    fn gateways(&self, user: &str) -> Result<(usize, usize), ToolError> {
+        let pick = |ring: &Ring| ring.get_index(user).map_err(|_| ToolError::NoReplicas);
+        Ok((pick(&self.proxy)?, pick(&self.push)?))
+    }
+}
+
+/// For each replica count up to N, the share of users the proxy and push rings split.
+#[derive(Args, Debug)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    pub deployment: DeploymentArgs,
+    /// File with user ids, one per line, to audit instead of a synthetic sample
+    #[arg(long, value_name = "FILE", conflicts_with = "sample")]
+    pub users_file: Option<PathBuf>,
+    /// Number of synthetic numeric user ids to audit (always the same ids for a given K)
+    #[arg(long, value_name = "K", default_value_t = 10_000)]
+    pub sample: usize,
+    /// Print one JSON object per replica count (replicas, users, split, share = split/users)
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One row of the audit, also its JSON line.
+#[derive(Serialize, Debug)]
+struct AuditRow {
+    replicas: usize,
+    users: usize,
+    /// Users whose WebSocket gateway (proxy) differs from their delivery gateway (push).
+    split: usize,
+    /// `split / users`, from 0 to 1.
+    share: f64,
+}
+
+impl AuditArgs {
+    /// Prints a table for replica counts 1..=N with a one-line explanation, or JSON lines.
+    pub fn run(self, out: &mut impl Write) -> Result<(), ToolError> {
+        let templates = self.deployment.templates()?;
+        let (users, users_origin) = match &self.users_file {
+            Some(path) => {
+                let users = read_nonblank_lines(path)?;
+                if users.is_empty() {
+                    return Err(ToolError::NoUsers { path: path.clone() });
+                }
+                let origin = format!("user ids from {}", path.display());
+                (users, origin)
+            }
+            None if self.sample == 0 => return Err(ToolError::EmptySample),
+            None => (
+                synthetic_user_ids(self.sample),
+                "synthetic numeric user ids".to_owned(),
+            ),
+        };
+
+        let mut rows = Vec::with_capacity(self.deployment.replicas);
+        for replicas in 1..=self.deployment.replicas {
+            let rings = templates.rings(replicas);
+            let mut split = 0;
+            for user in &users {
+                let (proxy_gateway, push_gateway) = rings.gateways(user)?;
+                split += usize::from(proxy_gateway != push_gateway);
+            }
+            rows.push(AuditRow {
+                replicas,
+                users: users.len(),
+                split,
+                share: split as f64 / users.len() as f64,
+            });
+        }
+
+        if self.json {
+            return rows.iter().try_for_each(|row| write_json_line(out, row));
+        }
+        let (spellings_differ, difference) = templates.difference();
+        let mut text = format!(
+            "Proxy (WebSocket placement) vs push (online delivery) rings, {} {}:\n",
+            users.len(),
+            users_origin
+        );
+        text.push_str("replicas  users split   share\n");
+        for row in &rows {
+            text.push_str(&format!(
+                "{:>8}  {:>11}  {:>5.1}%\n",
+                row.replicas,
+                row.split,
+                row.share * 100.0
+            ));
+        }
+        text.push_str(&if spellings_differ {
+            format!(
+                "Why: {difference}; the ring hashes the member text, so the two rings place \
+                 users independently and about 1 - 1/n of them land on different gateways.\n"
+            )
+        } else {
+            format!("Why: {difference}, so both rings agree for every user.\n")
+        });
+        out.write_all(text.as_bytes()).map_err(ToolError::Write)
+    }
+}
+
+/// Where both rings send one user, and why they differ.
+#[derive(Args, Debug)]
+pub struct ExplainArgs {
+    /// The user id to place (OpenIM's sendID / recipient id)
+    #[arg(long, value_name = "ID")]
+    pub user: String,
+    #[command(flatten)]
+    pub deployment: DeploymentArgs,
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Debug)]
+struct Pick<'a> {
+    gateway: usize,
+    member: &'a str,
+}
+
+#[derive(Serialize, Debug)]
+struct Explanation<'a> {
+    user: &'a str,
+    replicas: usize,
+    proxy: Pick<'a>,
+    push: Pick<'a>,
+    agree: bool,
+    difference: &'a str,
+}
+
+impl ExplainArgs {
+    pub fn run(self, out: &mut impl Write) -> Result<(), ToolError> {
+        let templates = self.deployment.templates()?;
+        let replicas = self.deployment.replicas;
+        let rings = templates.rings(replicas);
+        let (proxy_gateway, push_gateway) = rings.gateways(&self.user)?;
+        let (spellings_differ, difference) = templates.difference();
+        let explanation = Explanation {
+            user: &self.user,
+            replicas,
+            proxy: Pick {
+                gateway: proxy_gateway,
+                member: &rings.proxy.members()[proxy_gateway],
+            },
+            push: Pick {
+                gateway: push_gateway,
+                member: &rings.push.members()[push_gateway],
+            },
+            agree: proxy_gateway == push_gateway,
+            difference: &difference,
+        };
+        if self.json {
+            return write_json_line(out, &explanation);
+        }
+        let text = explanation_text(&explanation, spellings_differ);
+        out.write_all(text.as_bytes()).map_err(ToolError::Write)
+    }
+}
+
+fn explanation_text(explanation: &Explanation, spellings_differ: bool) -> String {
+    let Explanation {
+        user,
+        replicas,
+        proxy,
+        push,
+        agree,
+        difference,
+    } = explanation;
+    let mut text = format!(
+        "User {user} with {replicas} gateway{}:\n\
+         \x20 proxy (WebSocket placement) picks gateway {}: {}\n\
+         \x20 push  (online delivery)     picks gateway {}: {}\n",
+        if *replicas == 1 { "" } else { "s" },
+        proxy.gateway,
+        proxy.member,
+        push.gateway,
+        push.member,
+    );
+    let verdict = if !agree {
+        format!(
+            "They disagree: push delivers to gateway {} but the user's WebSocket is on gateway \
+             {}, which answers \"not online\", so the message falls back to offline push.\n\
+             Why: {difference}; the ring hashes the member text, so the two rings place this \
+             user independently.\n",
+            push.gateway, proxy.gateway
+        )
+    } else if *replicas == 1 {
+        format!(
+            "They agree: with a single gateway every user is on gateway {}.\n",
+            proxy.gateway
+        )
+    } else if spellings_differ {
+        format!(
+            "They agree: both send the user to gateway {}, so pushes reach the WebSocket.\n\
+             Why they could differ: {difference}; the rings place users independently and \
+             agree for this user by chance (about 1 user in {replicas}).\n",
+            proxy.gateway
+        )
+    } else {
+        format!(
+            "They agree: both send the user to gateway {}.\nWhy: {difference}, so both rings \
+             agree for every user.\n",
+            proxy.gateway
+        )
+    };
+    text.push_str(&verdict);
+    text
+}
+
+/// Says in plain words what separates two spellings of the same gateway, given one member of
+/// the proxy ring and the matching member of the push ring.
+///
+/// An insertion reads "push members carry ':88', proxy members do not"; a substitution names
+/// whole words ("proxy members carry '80' where push members carry '88'"); spellings with
+/// nothing in common are quoted in full.
+pub fn describe_member_difference(proxy: &str, push: &str) -> String {
+    if proxy == push {
+        return format!("proxy and push spell a gateway the same way ('{proxy}')");
+    }
+    let prefix_len = common_prefix_len(proxy, push);
+    let suffix_len = common_suffix_len(&proxy[prefix_len..], &push[prefix_len..]);
+    if prefix_len == 0 && suffix_len == 0 {
+        return format!("proxy spells the same gateway as '{proxy}', push as '{push}'");
+    }
+    let proxy_part = &proxy[prefix_len..proxy.len() - suffix_len];
+    let push_part = &push[prefix_len..push.len() - suffix_len];
+    if proxy_part.is_empty() {
+        return format!("push members carry '{push_part}', proxy members do not");
+    }
+    if push_part.is_empty() {
+        return format!("proxy members carry '{proxy_part}', push members do not");
+    }
+    // A substitution cut at the first differing character can split a word ('0' vs '8' out of
+    // ':80' vs ':88'); widening to whole alphanumeric words reads better.
+    let start = word_start(proxy, prefix_len);
+    let proxy_end = word_end(proxy, proxy.len() - suffix_len);
+    let push_end = word_end(push, push.len() - suffix_len);
+    format!(
+        "proxy members carry '{}' where push members carry '{}'",
+        &proxy[start..proxy_end],
+        &push[start..push_end]
+    )
+}
+
+/// Byte length of the longest common prefix, on a character boundary of both.
+fn common_prefix_len(left: &str, right: &str) -> usize {
+    left.chars()
+        .zip(right.chars())
+        .take_while(|(left, right)| left == right)
+        .map(|(same, _)| same.len_utf8())
+        .sum()
+}
+
+/// Byte length of the longest common suffix, on a character boundary of both.
+fn common_suffix_len(left: &str, right: &str) -> usize {
+    left.chars()
+        .rev()
+        .zip(right.chars().rev())
+        .take_while(|(left, right)| left == right)
+        .map(|(same, _)| same.len_utf8())
+        .sum()
+}
+
+/// Moves `at` back to the start of the alphanumeric word it falls inside.
+fn word_start(text: &str, at: usize) -> usize {
+    let word_before = text[..at]
+        .chars()
+        .rev()
+        .take_while(|c| c.is_alphanumeric())
+        .map(char::len_utf8)
+        .sum::<usize>();
+    if text[at..].starts_with(char::is_alphanumeric) {
+        at - word_before
+    } else {
+        at
+    }
+}
+
+/// Moves `at` forward to the end of the alphanumeric word it falls inside.
+fn word_end(text: &str, at: usize) -> usize {
+    let word_after = text[at..]
+        .chars()
+        .take_while(|c| c.is_alphanumeric())
+        .map(char::len_utf8)
+        .sum::<usize>();
+    if text[..at].ends_with(char::is_alphanumeric) {
+        at + word_after
+    } else {
+        at
+    }
+}
+
+/// Lines of a text file with trailing whitespace (and CR) removed, blank lines skipped.
+fn read_nonblank_lines(path: &Path) -> Result<Vec<String>, ToolError> {
+    let text = fs::read_to_string(path).map_err(|reason| ToolError::ReadFile {
+        path: path.to_owned(),
+        reason,
+    })?;
+    Ok(text
+        .lines()
+        .map(str::trim_end)
+        .filter(|line| !line.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// `count` numeric user ids shaped like OpenIM's (ten digits), the same ones on every run so
+/// audits are comparable; SplitMix64 from a fixed seed.
+fn synthetic_user_ids(count: usize) -> Vec<String> {
+    let mut state: u64 = 0x0F3E_11A1_2023_0351;
+    (0..count)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut mixed = state;
+            mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            mixed ^= mixed >> 31;
+            (1_000_000_000 + mixed % 9_000_000_000).to_string()
+        })
+        .collect()
+}
+
+fn write_json_line(out: &mut impl Write, value: &impl Serialize) -> Result<(), ToolError> {
+    serde_json::to_writer(&mut *out, value).map_err(|error| ToolError::Write(error.into()))?;
+    out.write_all(b"\n").map_err(ToolError::Write)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file under the system temp folder, removed when the test ends.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn with_text(name: &str, text: &str) -> Self {
+            let path =
+                std::env::temp_dir().join(format!("observer-tools-{}-{name}", std::process::id()));
+            fs::write(&path, text).expect("temp folder is writable");
+            Self(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = fs::remove_file(&self.0);
+        }
+    }
+
+    fn deployment(replicas: usize) -> DeploymentArgs {
+        DeploymentArgs {
+            replicas,
+            instance: "demo".to_owned(),
+            namespace: "chat".to_owned(),
+            proxy_template: PROXY_MEMBER_TEMPLATE.to_owned(),
+            push_template: PUSH_MEMBER_TEMPLATE.to_owned(),
+        }
+    }
+
+    fn audit(deployment: DeploymentArgs, json: bool) -> AuditArgs {
+        AuditArgs {
+            deployment,
+            users_file: None,
+            sample: 2_000,
+            json,
+        }
+    }
+
+    fn output_of(run: impl FnOnce(&mut Vec<u8>) -> Result<(), ToolError>) -> String {
+        let mut out = Vec::new();
+        run(&mut out).expect("the tool succeeds");
+        String::from_utf8(out).expect("the tools print UTF-8")
+    }
+
+    fn error_of(run: impl FnOnce(&mut Vec<u8>) -> Result<(), ToolError>) -> String {
+        run(&mut Vec::new())
+            .expect_err("the tool refuses")
+            .to_string()
+    }
+
+    #[test]
+    fn ring_prints_one_user_member_object_per_user() {
+        let members = TempFile::with_text("ring-members", "gw-a\r\n\n  \ngw-b  \ngw-c\n");
+        let users = TempFile::with_text("ring-users", "3355700821\n\nuser_7\r\n12877\n");
+        let args = RingArgs {
+            members_file: members.0.clone(),
+            users_file: Some(users.0.clone()),
+        };
+        let output = output_of(|out| args.run(out));
+
+        let ring = Ring::new(["gw-a", "gw-b", "gw-c"]);
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), 3);
+        for (line, user) in lines.iter().zip(["3355700821", "user_7", "12877"]) {
+            let expected = serde_json::json!({"user": user, "member": ring.get(user).unwrap()});
+            let actual: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(actual, expected, "{line}");
+        }
+    }
+
+    #[test]
+    fn ring_names_the_file_it_cannot_use() {
+        let missing = RingArgs {
+            members_file: PathBuf::from("/nonexistent/members.txt"),
+            users_file: None,
+        };
+        let message = error_of(|out| missing.run(out));
+        assert!(
+            message.starts_with("cannot read /nonexistent/members.txt: "),
+            "{message}"
+        );
+
+        let blank = TempFile::with_text("ring-blank", "\n  \r\n");
+        let no_members = RingArgs {
+            members_file: blank.0.clone(),
+            users_file: None,
+        };
+        let message = error_of(|out| no_members.run(out));
+        assert!(message.contains("lists no members"), "{message}");
+
+        let members = TempFile::with_text("ring-one", "gw-a\n");
+        let missing_users = RingArgs {
+            members_file: members.0.clone(),
+            users_file: Some(PathBuf::from("/nonexistent/users.txt")),
+        };
+        let message = error_of(|out| missing_users.run(out));
+        assert!(message.contains("/nonexistent/users.txt"), "{message}");
+    }
+
+    #[test]
+    fn audit_table_has_a_row_per_replica_count_and_says_why() {
+        let output = output_of(|out| audit(deployment(4), false).run(out));
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), 7, "{output}");
+        assert!(lines[0].contains("2000 synthetic"), "{output}");
+        assert_eq!(lines[1], "replicas  users split   share");
+        assert_eq!(lines[2], "       1            0    0.0%");
+        for (row, replicas) in lines[2..6].iter().zip(1..) {
+            assert!(row.starts_with(&format!("{replicas:>8}  ")), "{row}");
+            assert_eq!(row.len(), lines[1].len(), "{row}");
+        }
+        assert!(
+            lines[6].starts_with("Why: push members carry ':88', proxy members do not;"),
+            "{output}"
+        );
+    }
+
+    #[test]
+    fn audit_json_matches_the_rings() {
+        let users = TempFile::with_text("audit-users", "3355700821\n12877\nuser_7\n39365\n");
+        let mut args = audit(deployment(3), true);
+        args.users_file = Some(users.0.clone());
+        let output = output_of(|out| args.run(out));
+
+        let ids = ["3355700821", "12877", "user_7", "39365"];
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), 3);
+        for (line, replicas) in lines.iter().zip(1..) {
+            let proxy = Ring::new(
+                MemberTemplate::parse(PROXY_MEMBER_TEMPLATE)
+                    .unwrap()
+                    .members("demo", "chat", replicas),
+            );
+            let push = Ring::new(
+                MemberTemplate::parse(PUSH_MEMBER_TEMPLATE)
+                    .unwrap()
+                    .members("demo", "chat", replicas),
+            );
+            let split = ids
+                .iter()
+                .filter(|id| proxy.get_index(id).unwrap() != push.get_index(id).unwrap())
+                .count();
+            let expected = serde_json::json!({
+                "replicas": replicas,
+                "users": 4,
+                "split": split,
+                "share": split as f64 / 4.0,
+            });
+            let actual: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(actual, expected, "{line}");
+        }
+    }
+
+    #[test]
+    fn audit_of_matching_spellings_splits_nobody() {
+        let mut same = deployment(5);
+        same.proxy_template = PUSH_MEMBER_TEMPLATE.to_owned();
+        let output = output_of(|out| audit(same, true).run(out));
+        for line in output.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(row["split"], 0, "{line}");
+        }
+    }
+
+    #[test]
+    fn audit_and_explain_refuse_bad_settings_with_one_clear_message() {
+        assert_eq!(
+            error_of(|out| audit(deployment(0), false).run(out)),
+            "--replicas must be at least 1: OpenIM runs one msggateway or more"
+        );
+        let mut empty_sample = audit(deployment(2), false);
+        empty_sample.sample = 0;
+        assert_eq!(
+            error_of(|out| empty_sample.run(out)),
+            "--sample must be at least 1"
+        );
+        let mut bad_push = deployment(2);
+        bad_push.push_template = "gw.{namespace}:88".to_owned();
+        assert_eq!(
+            error_of(|out| audit(bad_push, false).run(out)),
+            "bad --push-template: member template \"gw.{namespace}:88\" is missing the {i} placeholder"
+        );
+        let no_users = TempFile::with_text("audit-no-users", "\n");
+        let mut args = audit(deployment(2), false);
+        args.users_file = Some(no_users.0.clone());
+        assert!(
+            error_of(|out| args.run(out))
+                .ends_with("lists no user ids (expected one user id per line)")
+        );
+
+        let mut bad_proxy = deployment(2);
+        bad_proxy.proxy_template = "gw-{i}.{ns}".to_owned();
+        let explain = ExplainArgs {
+            user: "1".to_owned(),
+            deployment: bad_proxy,
+            json: false,
+        };
+        assert!(error_of(|out| explain.run(out)).starts_with("bad --proxy-template: "));
+    }
+
+    #[test]
+    fn explain_shows_both_picks_and_why_they_differ() {
+        let proxy = Ring::new(
+            MemberTemplate::parse(PROXY_MEMBER_TEMPLATE)
+                .unwrap()
+                .members("demo", "chat", 3),
+        );
+        let push = Ring::new(
+            MemberTemplate::parse(PUSH_MEMBER_TEMPLATE)
+                .unwrap()
+                .members("demo", "chat", 3),
+        );
+        let users = synthetic_user_ids(100);
+        let gateways = |user: &str| {
+            (
+                proxy.get_index(user).unwrap(),
+                push.get_index(user).unwrap(),
+            )
+        };
+        let split_user = users
+            .iter()
+            .find(|user| gateways(user).0 != gateways(user).1)
+            .unwrap();
+        let agreeing_user = users
+            .iter()
+            .find(|user| gateways(user).0 == gateways(user).1)
+            .unwrap();
+
+        let explain = |user: &str, json| ExplainArgs {
+            user: user.to_owned(),
+            deployment: deployment(3),
+            json,
+        };
+        let text = output_of(|out| explain(split_user, false).run(out));
+        let (proxy_gateway, push_gateway) = gateways(split_user);
+        assert!(
+            text.contains(&format!(
+                "picks gateway {proxy_gateway}: {}",
+                proxy.members()[proxy_gateway]
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "picks gateway {push_gateway}: {}",
+                push.members()[push_gateway]
+            )),
+            "{text}"
+        );
+        assert!(text.contains("They disagree"), "{text}");
+        assert!(
+            text.contains("push members carry ':88', proxy members do not"),
+            "{text}"
+        );
+
+        let text = output_of(|out| explain(agreeing_user, false).run(out));
+        assert!(text.contains("They agree"), "{text}");
+        assert!(text.contains("by chance"), "{text}");
+
+        let json = output_of(|out| explain(split_user, true).run(out));
+        let explanation: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(explanation["user"], split_user.as_str());
+        assert_eq!(explanation["agree"], false);
+        assert_eq!(explanation["proxy"]["gateway"], proxy_gateway);
+        assert_eq!(
+            explanation["push"]["member"],
+            push.members()[push_gateway].as_str()
+        );
+        assert_eq!(
+            explanation["difference"],
+            "push members carry ':88', proxy members do not"
+        );
+    }
+
+    #[test]
+    fn member_differences_read_as_plain_words() {
+        let proxy =
+            "demo-openim-msggateway-0.demo-openim-msggateway-headless.chat.svc.cluster.local";
+        let push = format!("{proxy}:88");
+        assert_eq!(
+            describe_member_difference(proxy, &push),
+            "push members carry ':88', proxy members do not"
+        );
+        assert_eq!(
+            describe_member_difference(&push, proxy),
+            "proxy members carry ':88', push members do not"
+        );
+        assert_eq!(
+            describe_member_difference("gw-0.chat:80", "gw-0.chat:88"),
+            "proxy members carry '80' where push members carry '88'"
+        );
+        assert_eq!(
+            describe_member_difference("gw-0.chat.svc", "gw-0.im.svc"),
+            "proxy members carry 'chat' where push members carry 'im'"
+        );
+        assert_eq!(
+            describe_member_difference("10.0.0.7", "gw-0:88"),
+            "proxy spells the same gateway as '10.0.0.7', push as 'gw-0:88'"
+        );
+        assert_eq!(
+            describe_member_difference("gw-0:88", "gw-0:88"),
+            "proxy and push spell a gateway the same way ('gw-0:88')"
+        );
+        assert_eq!(
+            describe_member_difference("gw-é0", "gw-é1"),
+            "proxy members carry 'é0' where push members carry 'é1'"
+        );
+    }
+
+    #[test]
+    fn synthetic_ids_are_stable_ten_digit_numbers() {
+        let ids = synthetic_user_ids(1_000);
+        assert_eq!(ids, synthetic_user_ids(1_000));
+        assert!(
+            ids.iter()
+                .all(|id| id.len() == 10 && id.bytes().all(|b| b.is_ascii_digit()))
+        );
+    }
+}
