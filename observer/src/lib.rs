@@ -4,7 +4,9 @@
 //! Data path: `capture` (kernel records → typed events) → `decode` (HTTP/1 upgrades, HTTP/2 +
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).
 
+pub mod alert;
 pub mod capture;
+pub mod correlate;
 pub mod daemon;
 pub mod hashring;
 pub mod tools;
