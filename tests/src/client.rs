@@ -64,6 +64,7 @@ pub async fn connect(
     let request = url.into_client_request()?;
     let open = async {
         let stream = TcpStream::connect(proxy).await?;
+        stream.set_nodelay(true)?;
         let (websocket, _) = tokio_tungstenite::client_async(request, stream).await?;
         anyhow::Ok(websocket)
     };

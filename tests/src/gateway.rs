@@ -118,11 +118,13 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         .add_service(MsgGatewayServer::new(GatewayService {
             sessions: sessions.clone(),
         }))
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc));
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)));
     let websocket_server = async {
         loop {
             match websocket.accept().await {
                 Ok((stream, _)) => {
+                    // Go (the real gateway) sets TCP_NODELAY on every TCP connection.
+                    let _ = stream.set_nodelay(true);
                     tokio::spawn(serve_websocket(stream, sessions.clone()));
                 }
                 Err(error) => eprintln!("msggateway {}: accept: {error}", args.index),

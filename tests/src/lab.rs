@@ -323,12 +323,13 @@ impl Lab {
     pub async fn scale_to(&mut self, replicas: usize) -> anyhow::Result<()> {
         ensure!(replicas >= self.gateways.len(), "the lab only scales out");
         ensure!(replicas <= MAX_REPLICAS, "at most {MAX_REPLICAS} replicas");
-        for index in self.gateways.len()..replicas {
+        let existing = self.gateways.len();
+        for index in existing..replicas {
             let gateway =
                 start_gateway(&mut self.network, &self.binary, index, &self.observations)?;
             self.gateways.push(gateway);
         }
-        for gateway in &mut self.gateways {
+        for gateway in &mut self.gateways[existing..] {
             gateway.process.wait_ready().await?;
         }
         self.generation += 1;
@@ -473,6 +474,7 @@ impl Lab {
             realtime_timeout_ms: u64::try_from(self.config.realtime_timeout.as_millis())?,
             ..Summary::default()
         };
+        summary.push_calls = observed.push_calls.len();
         summary.authority_mismatches = observed
             .push_calls
             .iter()

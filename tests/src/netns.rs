@@ -130,6 +130,7 @@ pub struct Network {
     subnet: u8,
     bridge: String,
     namespaces: Vec<String>,
+    veths: Vec<String>,
 }
 
 impl Network {
@@ -144,6 +145,7 @@ impl Network {
             subnet,
             bridge,
             namespaces: Vec::new(),
+            veths: Vec::new(),
         };
         ip(&[
             "addr",
@@ -194,7 +196,11 @@ impl Network {
 
 impl Drop for Network {
     fn drop(&mut self) {
-        // Deleting a namespace destroys its veth end, which takes the bridge-side end with it.
+        // Deleting a veth end removes its peer at once; a deleted namespace would take its links
+        // along too, but only later, in the kernel's asynchronous namespace cleanup.
+        for veth in self.veths.drain(..).rev() {
+            let _ = ip(&["link", "del", &veth]);
+        }
         for netns in self.namespaces.drain(..).rev() {
             let _ = ip(&["netns", "del", &netns]);
         }

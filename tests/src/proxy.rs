@@ -104,6 +104,8 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((client, _)) => {
+                    // As Go's net package does for every TCP connection.
+                    let _ = client.set_nodelay(true);
                     tokio::spawn(serve_client(client, router.clone(), names.clone()));
                 }
                 Err(error) => eprintln!("msggw-proxy: accept: {error}"),
@@ -213,6 +215,7 @@ async fn dial_gateway(
     let request = format!("ws://{}{target}", route.dial).into_client_request()?;
     let dial = async {
         let stream = TcpStream::connect(address).await?;
+        stream.set_nodelay(true)?;
         let (gateway, _) = tokio_tungstenite::client_async(request, stream).await?;
         anyhow::Ok(gateway)
     };

@@ -80,6 +80,8 @@ pub struct Summary {
     pub users_missing: usize,
     /// Connected users whose push went to a different gateway than their WebSocket.
     pub users_misrouted: usize,
+    /// Push calls the gateways answered.
+    pub push_calls: usize,
     /// Push calls whose `:authority` at the gateway differed from the push member string.
     pub authority_mismatches: usize,
     pub realtime_timeout_ms: u64,
