@@ -118,7 +118,9 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         .add_service(MsgGatewayServer::new(GatewayService {
             sessions: sessions.clone(),
         }))
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)));
+        .serve_with_incoming(
+            tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)),
+        );
     let websocket_server = async {
         loop {
             match websocket.accept().await {

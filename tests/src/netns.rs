@@ -177,6 +177,7 @@ impl Network {
         ip(&[
             "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &netns,
         ])?;
+        self.veths.push(veth.clone());
         ip(&["link", "set", &veth, "master", &self.bridge])?;
         ip(&["link", "set", &veth, "up"])?;
         ip(&[
