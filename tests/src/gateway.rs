@@ -194,6 +194,10 @@ fn read_upgrade(request: &Request) -> Result<Upgrade, String> {
 
 async fn serve_websocket(stream: TcpStream, sessions: Sessions) {
     let mut upgrade = None;
+    #[expect(
+        clippy::result_large_err,
+        reason = "tungstenite's handshake callback fixes the error type"
+    )]
     let accept = |request: &Request, response: Response| match read_upgrade(request) {
         Ok(found) => {
             upgrade = Some(found);
@@ -340,5 +344,59 @@ impl MsgGateway for GatewayService {
         request: GrpcRequest<OnlineBatchPushOneMsgReq>,
     ) -> Result<GrpcResponse<OnlineBatchPushOneMsgResp>, Status> {
         self.batch_push("SuperGroupOnlineBatchPushOneMsg", request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(users: &[&str]) -> GrpcRequest<OnlineBatchPushOneMsgReq> {
+        GrpcRequest::new(OnlineBatchPushOneMsgReq {
+            msg_data: Some(MsgData {
+                client_msg_id: "m1".to_owned(),
+                seq: 1,
+                ..Default::default()
+            }),
+            push_to_user_ids: users.iter().map(|user| (*user).to_owned()).collect(),
+        })
+    }
+
+    #[tokio::test]
+    async fn delivers_only_to_users_connected_here() {
+        let sessions = Sessions::default();
+        let (_, mut android) = sessions.open("alice", 2);
+        let (_, mut web) = sessions.open("alice", 5);
+        let service = GatewayService {
+            sessions: sessions.clone(),
+        };
+        let results = service
+            .super_group_online_batch_push_one_msg(batch(&["alice", "bob"]))
+            .await
+            .expect("push answered")
+            .into_inner()
+            .single_push_result;
+        assert_eq!(results.len(), 2);
+        assert!(results[0].online_push);
+        let platforms: Vec<i32> = results[0].resp.iter().map(|r| r.recv_platform_id).collect();
+        assert_eq!(platforms, [2, 5]);
+        assert!(results[0].resp.iter().all(|r| r.result_code == RESULT_OK));
+        // Not connected here: only the user id, as 3.5.1 answers.
+        assert_eq!(
+            results[1],
+            SingleMsgToUserResults {
+                user_id: "bob".to_owned(),
+                ..Default::default()
+            }
+        );
+        for frames in [&mut android, &mut web] {
+            let frame = frames.try_recv().expect("frame written");
+            assert!(
+                frame
+                    .to_text()
+                    .expect("text")
+                    .contains("\"clientMsgID\":\"m1\"")
+            );
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! End-to-end lab scenarios. They need root (network namespaces, veth, bridge); run them one at
-//! a time: `cargo test -p tests --test lab -- --test-threads=1`.
+//! End-to-end lab scenarios. They need root (network namespaces, veth, bridge) and take turns
+//! (a lock below); `cargo test -p tests --test lab -- --test-threads=1` keeps their output tidy.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -25,7 +25,11 @@ fn config(mode: ProxyMode, replicas: usize, users: usize) -> LabConfig {
     }
 }
 
+/// Labs run one at a time even without `--test-threads=1`: two cores, and timing matters.
+static ONE_LAB_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn bounded<T>(work: impl Future<Output = anyhow::Result<T>>) -> T {
+    let _turn = ONE_LAB_AT_A_TIME.lock().await;
     match tokio::time::timeout(TEST_TIMEOUT, work).await {
         Ok(Ok(value)) => value,
         Ok(Err(error)) => panic!("lab failed: {error:#}"),
