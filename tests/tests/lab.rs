@@ -142,14 +142,23 @@ async fn scale_out_keeps_websockets_where_they_were_placed() {
     .await;
     assert_eq!(truth.replicas_final, 5);
     assert_eq!(truth.summary.connected, 100, "{:?}", truth.summary);
-    let early = truth
+    let early: Vec<_> = truth
         .users
         .iter()
-        .filter(|user| !user.connected_after_scale);
-    for user in early {
+        .filter(|user| !user.connected_after_scale)
+        .collect();
+    for user in &early {
         let placement = user.websocket.as_ref().expect("connected");
         assert_eq!(placement.gateway_index, 0, "user {}", user.user_id);
     }
+    // Early users still hear from gateway 0 through the drained proxy's relays.
+    assert!(
+        early
+            .iter()
+            .flat_map(|user| &user.pushes)
+            .any(|push| push.gateway_index == Some(0) && push.arrived_in_time),
+        "no early user received a message after the proxy restart"
+    );
     let late_gateways: std::collections::HashSet<usize> = truth
         .users
         .iter()
