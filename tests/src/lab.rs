@@ -29,9 +29,13 @@ const FIRST_GATEWAY_HOST: u8 = 10;
 const PUSH_REPLY_TIMEOUT: Duration = Duration::from_secs(20);
 const SESSION_SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_BATCH: usize = 100;
-/// First lab user id; ids look like OpenIM's numeric user ids and are the same every run, so a
-/// given configuration always splits users over gateways the same way.
-const FIRST_USER_ID: u64 = 3_355_700_000;
+/// Lab user ids look like OpenIM's random 10-digit user ids, yet are the same every run, so a
+/// given configuration always splits users over gateways the same way: index × a prime (odd,
+/// not dividing the modulus, so ids never repeat) scattered over 10-digit numbers. Sequential
+/// ids would hash in clumps.
+const USER_ID_BASE: u64 = 1_000_000_000;
+const USER_ID_SPAN: u64 = 9_000_000_000;
+const USER_ID_STRIDE: u64 = 2_654_435_761;
 const SENDER_ID: &str = "3355699999";
 
 /// How the proxy spells and dials its members.
@@ -260,7 +264,7 @@ impl Lab {
     }
 
     fn user_id(index: usize) -> String {
-        (FIRST_USER_ID + index as u64).to_string()
+        (USER_ID_BASE + (index as u64 * USER_ID_STRIDE) % USER_ID_SPAN).to_string()
     }
 
     /// Platforms cycle iOS, Android, Windows, OSX, Web.
