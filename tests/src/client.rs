@@ -57,7 +57,7 @@ pub async fn connect(
     arrivals: Arrivals,
 ) -> anyhow::Result<Client> {
     let url = format!(
-        "ws://{proxy}/?sendID={user_id}&token={}&platformID={platform_id}&operationID={}",
+        "ws://{proxy}/?sendID={user_id}&token={}&platformID={platform_id}&operationID={}&isBackground=false",
         token()?,
         operation_id()?
     );

@@ -478,16 +478,17 @@ impl Lab {
             realtime_timeout_ms: u64::try_from(self.config.realtime_timeout.as_millis())?,
             ..Summary::default()
         };
-        summary.push_calls = observed.push_calls.len();
+        summary.push_calls = observed.push_calls.values().sum();
         summary.authority_mismatches = observed
             .push_calls
             .iter()
-            .filter(|(index, authority)| {
+            .filter(|((index, authority), _)| {
                 gateways
                     .get(*index)
                     .is_none_or(|gateway| gateway.push_member != *authority)
             })
-            .count();
+            .map(|(_, calls)| calls)
+            .sum();
         let mut users = Vec::new();
         for (index, user_id) in recipients.iter().enumerate() {
             let websocket = observed

@@ -44,8 +44,9 @@ pub enum PodError {
 pub struct Observations {
     /// user → (gateway index, Host header of the upgrade).
     pub sessions: HashMap<String, (usize, String)>,
-    /// (gateway index, `:authority`) of every push call a gateway answered.
-    pub push_calls: Vec<(usize, String)>,
+    /// Push calls the gateways answered, counted by (gateway index, `:authority`); counts, not
+    /// a list, so that a long push flood needs no more memory.
+    pub push_calls: HashMap<(usize, String), usize>,
     /// user → the proxy's relay error, for users whose WebSocket the proxy could not open.
     pub relay_failures: HashMap<String, String>,
 }
@@ -246,7 +247,7 @@ fn record(
             }
         }
         (PodEvent::PushServed { authority, .. }, Some(index)) => {
-            observed.push_calls.push((index, authority));
+            *observed.push_calls.entry((index, authority)).or_default() += 1;
         }
         (PodEvent::RelayFailed { user_id, error, .. }, _) => {
             observed.relay_failures.insert(user_id, error);
