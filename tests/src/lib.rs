@@ -1,1 +1,36 @@
+//! openim-lab: a stand-in for an OpenIM 3.5.1 msggateway cluster, built from real parts.
+//!
+//! Every pod is a network namespace with its own address on a bridge the lab creates, and runs
+//! one role as a separate process of the `openim-lab` binary (`ip netns exec <ns> openim-lab
+//! <role>`): `msggateway` (WebSocket :80, gRPC :88), `msggw-proxy` (WebSocket :80, consistent
+//! hash on `sendID`) and `openim-push` (consistent hash on recipients, one new gRPC connection per
+//! call). Clients run in the lab process and reach the proxy over the bridge. Traffic between
+//! them is real TCP with real protocols (HTTP/1.1 upgrade + WebSocket, HTTP/2 + gRPC + protobuf),
+//! so a system-wide observer sees what it would see on a Kubernetes node.
+//!
+//! Entry points: [`Lab::start`], [`Lab::run_scenario`], [`Lab::push_flood`]; the `openim-lab`
+//! binary wraps them (`openim-lab run`, `openim-lab push-loop`).
 
+pub mod client;
+pub mod control;
+pub mod gateway;
+pub mod lab;
+pub mod names;
+pub mod netns;
+pub mod pod;
+pub mod proxy;
+pub mod push;
+pub mod truth;
+
+pub use lab::{Lab, LabConfig, ProxyMode};
+pub use truth::{FloodReport, GroundTruth, Summary, UserTruth};
+
+/// Code generated from `proto/*.proto` (OpenIM's field numbers and gRPC names).
+pub mod proto {
+    pub mod sdkws {
+        tonic::include_proto!("open_im_server.sdkws");
+    }
+    pub mod msggateway {
+        tonic::include_proto!("open_im_server.msggateway");
+    }
+}

@@ -1,0 +1,200 @@
+//! `openim-lab`: run a stand-in OpenIM 3.5.1 msggateway cluster in network namespaces.
+//!
+//! `openim-lab run --mode v3.5.1 --replicas 5 --users 50 [--scale-from 1] [--truth-file F]`
+//! `openim-lab push-loop --duration 10 [--replicas 5] [--users 20]`
+//! The `gateway`, `proxy` and `push` subcommands are the pod roles the lab starts itself.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tests::gateway::GatewayArgs;
+use tests::proxy::ProxyArgs;
+use tests::push::PushArgs;
+use tests::{Lab, LabConfig, ProxyMode};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "openim-lab",
+    about = "A stand-in OpenIM 3.5.1 msggateway cluster in network namespaces"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the scenario and print the ground truth (JSON lines) on stdout.
+    Run(RunArgs),
+    /// Push at full speed and print pushes/s and call latency percentiles.
+    PushLoop(PushLoopArgs),
+    #[command(hide = true)]
+    Gateway(GatewayArgs),
+    #[command(hide = true)]
+    Proxy(ProxyArgs),
+    #[command(hide = true)]
+    Push(PushArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ClusterArgs {
+    #[arg(long, value_enum, default_value = "v3.5.1")]
+    mode: ProxyMode,
+    /// Gateway replicas (after the scale-out, if any).
+    #[arg(long, default_value_t = 5)]
+    replicas: usize,
+    #[arg(long, default_value = "demo")]
+    instance: String,
+    #[arg(long, default_value = "chat")]
+    namespace: String,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[arg(long, default_value_t = 50)]
+    users: usize,
+    /// Start with this many replicas, connect the users, then scale out to --replicas.
+    #[arg(long)]
+    scale_from: Option<usize>,
+    /// Users that connect after the scale-out.
+    #[arg(long, default_value_t = 0)]
+    late_users: usize,
+    #[arg(long, default_value_t = 1)]
+    messages: usize,
+    /// Real-time window for a message, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    timeout_ms: u64,
+    /// Also write the ground truth (JSON lines) here.
+    #[arg(long)]
+    truth_file: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct PushLoopArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Seconds to push for.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    #[arg(long, default_value_t = 20)]
+    users: usize,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Gateway(args) => run_role("msggateway", tests::gateway::run(args)),
+        Command::Proxy(args) => run_role("msggw-proxy", tests::proxy::run(args)),
+        Command::Push(args) => run_role("openim-push", tests::push::run(args)),
+        Command::Run(args) => run_lab(scenario(args)),
+        Command::PushLoop(args) => run_lab(push_loop(args)),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("openim-lab: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a pod role under its OpenIM process name, so per-process observers see `msggateway`,
+/// `msggw-proxy` and `openim-push` (every thread carries the name, as comm is per thread).
+fn run_role(
+    name: &'static str,
+    role: impl Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<ExitCode> {
+    let comm = std::ffi::CString::new(name)?;
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes, which `comm` is.
+    unsafe { libc::prctl(libc::PR_SET_NAME, comm.as_ptr()) };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(role)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs lab work until it ends or Ctrl-C/SIGTERM arrives; either way the lab's guards remove
+/// every namespace, link and process it created before this returns.
+fn run_lab(work: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(async {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            done = work => done.map(|()| ExitCode::SUCCESS),
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("openim-lab: interrupted, cleaned up");
+                Ok(ExitCode::from(130))
+            }
+            _ = terminate.recv() => {
+                eprintln!("openim-lab: terminated, cleaned up");
+                Ok(ExitCode::from(143))
+            }
+        }
+    })
+}
+
+fn config(cluster: &ClusterArgs, users: usize) -> LabConfig {
+    LabConfig {
+        mode: cluster.mode,
+        instance: cluster.instance.clone(),
+        namespace: cluster.namespace.clone(),
+        replicas_initial: cluster.replicas,
+        replicas_final: cluster.replicas,
+        users,
+        progress: true,
+        ..LabConfig::default()
+    }
+}
+
+async fn scenario(args: RunArgs) -> anyhow::Result<()> {
+    let config = LabConfig {
+        replicas_initial: args.scale_from.unwrap_or(args.cluster.replicas),
+        late_users: args.late_users,
+        messages_per_user: args.messages,
+        realtime_timeout: Duration::from_millis(args.timeout_ms),
+        ..config(&args.cluster, args.users)
+    };
+    let mut lab = Lab::start(config).await?;
+    let truth = lab.run_scenario().await?;
+    drop(lab);
+    if let Some(path) = &args.truth_file {
+        truth
+            .write_file(path)
+            .with_context(|| format!("write {}", path.display()))?;
+    }
+    truth.write_json_lines(std::io::stdout().lock())?;
+    Ok(())
+}
+
+async fn push_loop(args: PushLoopArgs) -> anyhow::Result<()> {
+    let mut lab = Lab::start(config(&args.cluster, args.users)).await?;
+    lab.connect_users(0..args.users, false).await;
+    eprintln!("openim-lab: pushing for {} s", args.duration);
+    let report = lab.push_flood(Duration::from_secs(args.duration)).await?;
+    drop(lab);
+    println!(
+        "pushes: {} in {:.1} s, {:.0} pushes/s, p50 {} us, p99 {} us, max {} us, errors {}",
+        report.calls,
+        report.seconds,
+        report.pushes_per_second,
+        report.p50_us,
+        report.p99_us,
+        report.max_us,
+        report.errors
+    );
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! Lab clients: users that connect through the proxy with the OpenIM SDK's query and note when
+//! each pushed message arrives on their WebSocket.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use futures_util::StreamExt;
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::names::random_bytes;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// (user id, clientMsgID) → when the message arrived.
+pub type Arrivals = Arc<Mutex<HashMap<(String, String), Instant>>>;
+
+/// A connected user; dropping it closes the WebSocket.
+pub struct Client {
+    pub user_id: String,
+    reader: JoinHandle<()>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// A fresh secret-looking JWT-shaped token (random; never logged or stored by the lab).
+fn token() -> anyhow::Result<String> {
+    let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
+    let claims = URL_SAFE_NO_PAD.encode(random_bytes::<48>()?);
+    let signature = URL_SAFE_NO_PAD.encode(random_bytes::<32>()?);
+    Ok(format!("{header}.{claims}.{signature}"))
+}
+
+fn operation_id() -> anyhow::Result<String> {
+    Ok(random_bytes::<8>()?
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect())
+}
+
+/// Opens the user's WebSocket through the proxy at `proxy`, as the SDK does.
+pub async fn connect(
+    proxy: SocketAddr,
+    user_id: &str,
+    platform_id: i32,
+    arrivals: Arrivals,
+) -> anyhow::Result<Client> {
+    let url = format!(
+        "ws://{proxy}/?sendID={user_id}&token={}&platformID={platform_id}&operationID={}&isBackground=false",
+        token()?,
+        operation_id()?
+    );
+    let request = url.into_client_request()?;
+    let open = async {
+        let stream = TcpStream::connect(proxy).await?;
+        stream.set_nodelay(true)?;
+        let (websocket, _) = tokio_tungstenite::client_async(request, stream).await?;
+        anyhow::Ok(websocket)
+    };
+    let mut websocket = tokio::time::timeout(CONNECT_TIMEOUT, open)
+        .await
+        .context("WebSocket connect timed out")??;
+    let owner = user_id.to_owned();
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(message)) = websocket.next().await {
+            let Message::Text(text) = message else {
+                continue;
+            };
+            let arrived = Instant::now();
+            let Ok(frame) = serde_json::from_str::<serde_json::Value>(text.as_str()) else {
+                continue;
+            };
+            if let Some(client_msg_id) = frame["clientMsgID"].as_str()
+                && let Ok(mut arrivals) = arrivals.lock()
+            {
+                arrivals
+                    .entry((owner.clone(), client_msg_id.to_owned()))
+                    .or_insert(arrived);
+            }
+        }
+    });
+    Ok(Client {
+        user_id: user_id.to_owned(),
+        reader,
+    })
+}

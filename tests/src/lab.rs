@@ -1,0 +1,732 @@
+//! The lab: builds the pods, runs a scenario, collects ground truth, and removes everything it
+//! created when dropped (also when a scenario fails or its future is dropped on Ctrl-C).
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use observer::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
+use serde::{Deserialize, Serialize};
+
+use crate::client::{self, Arrivals, Client};
+use crate::control::{PodEvent, PushCommand, PushOutcome};
+use crate::names::{NameTable, random_bytes};
+use crate::netns::{self, Network, PodNet};
+use crate::pod::{Observations, PodProcess, SharedObservations};
+use crate::proxy::PROXY_PORT;
+use crate::truth::{
+    FloodReport, GatewayTruth, GroundTruth, Placement, PushTruth, Summary, UserTruth,
+};
+
+/// Pod addresses are 10.244.X.(10 + index): keep the last octet in range.
+pub const MAX_REPLICAS: usize = 200;
+const PROXY_HOST: u8 = 2;
+const PUSH_HOST: u8 = 3;
+const FIRST_GATEWAY_HOST: u8 = 10;
+const PUSH_REPLY_TIMEOUT: Duration = Duration::from_secs(20);
+const SESSION_SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_BATCH: usize = 100;
+/// Lab user ids look like OpenIM's random 10-digit user ids, yet are the same every run, so a
+/// given configuration always splits users over gateways the same way: index × a prime (odd,
+/// not dividing the modulus, so ids never repeat) scattered over 10-digit numbers. Sequential
+/// ids would hash in clumps.
+const USER_ID_BASE: u64 = 1_000_000_000;
+const USER_ID_SPAN: u64 = 9_000_000_000;
+const USER_ID_STRIDE: u64 = 2_654_435_761;
+const SENDER_ID: &str = "3355699999";
+
+/// How the proxy spells and dials its members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize, Deserialize)]
+pub enum ProxyMode {
+    /// As shipped: hash on members without port, dial port 80.
+    #[value(name = "v3.5.1")]
+    #[serde(rename = "v3.5.1")]
+    V351,
+    /// The incident report's fix: hash on `…:88` and dial it, hitting the gRPC port.
+    #[value(name = "report-fix")]
+    #[serde(rename = "report-fix")]
+    ReportFix,
+    /// Hash on `…:88` (same ring as push) but dial the WebSocket port.
+    #[value(name = "correct")]
+    #[serde(rename = "correct")]
+    Correct,
+}
+
+impl ProxyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V351 => "v3.5.1",
+            Self::ReportFix => "report-fix",
+            Self::Correct => "correct",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LabConfig {
+    pub mode: ProxyMode,
+    /// OpenIM instance name (pod-name prefix), e.g. `demo`.
+    pub instance: String,
+    /// Kubernetes namespace, e.g. `chat`.
+    pub namespace: String,
+    /// Gateways when the users connect.
+    pub replicas_initial: usize,
+    /// Gateways after the scale-out (equal to `replicas_initial` for no scale-out).
+    pub replicas_final: usize,
+    /// Users that connect before the scale-out.
+    pub users: usize,
+    /// Users that connect after the scale-out.
+    pub late_users: usize,
+    /// Group messages pushed to every user.
+    pub messages_per_user: usize,
+    /// A message is real-time if it arrives within this long after push was asked to send it.
+    pub realtime_timeout: Duration,
+    /// The `openim-lab` binary pods run from; `None` finds it (see [`find_lab_binary`]).
+    pub lab_binary: Option<PathBuf>,
+    /// Print progress on stderr.
+    pub progress: bool,
+}
+
+impl Default for LabConfig {
+    fn default() -> Self {
+        Self {
+            mode: ProxyMode::V351,
+            instance: "demo".to_owned(),
+            namespace: "chat".to_owned(),
+            replicas_initial: 5,
+            replicas_final: 5,
+            users: 50,
+            late_users: 0,
+            messages_per_user: 1,
+            realtime_timeout: Duration::from_secs(2),
+            lab_binary: None,
+            progress: false,
+        }
+    }
+}
+
+/// The `openim-lab` binary: `$OPENIM_LAB_BIN`, else this executable if it is `openim-lab`, else
+/// `openim-lab` next to this executable or its parent directory (cargo puts test binaries in
+/// `target/<profile>/deps/` and `openim-lab` in `target/<profile>/`).
+pub fn find_lab_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("OPENIM_LAB_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let current = std::env::current_exe().context("current executable")?;
+    if current.file_name().is_some_and(|name| name == "openim-lab") {
+        return Ok(current);
+    }
+    current
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("openim-lab"))
+        .find(|candidate| candidate.is_file())
+        .context("openim-lab binary not found: build it or set OPENIM_LAB_BIN")
+}
+
+struct GatewayPod {
+    net: PodNet,
+    process: PodProcess,
+}
+
+/// A running lab. Fields drop in order: clients, pods, then the network.
+pub struct Lab {
+    clients: Vec<Client>,
+    push: PodProcess,
+    proxy: PodProcess,
+    /// Replaced proxies that keep relaying the WebSockets they accepted.
+    draining_proxies: Vec<PodProcess>,
+    gateways: Vec<GatewayPod>,
+    network: Network,
+    config: LabConfig,
+    binary: PathBuf,
+    proxy_net: PodNet,
+    push_net: PodNet,
+    observations: SharedObservations,
+    arrivals: Arrivals,
+    connect_errors: HashMap<String, String>,
+    late_users: HashSet<String>,
+    generation: usize,
+}
+
+impl Lab {
+    /// Creates the network and the pods with `replicas_initial` gateways, and waits until every
+    /// pod listens.
+    pub async fn start(config: LabConfig) -> anyhow::Result<Self> {
+        ensure!(config.replicas_initial >= 1, "at least one gateway replica");
+        ensure!(
+            config.replicas_final >= config.replicas_initial,
+            "replicas_final must be at least replicas_initial"
+        );
+        ensure!(
+            config.replicas_final <= MAX_REPLICAS,
+            "at most {MAX_REPLICAS} replicas"
+        );
+        netns::require_root()?;
+        netns::sweep_leftovers();
+        let binary = match &config.lab_binary {
+            Some(path) => path.clone(),
+            None => find_lab_binary()?,
+        };
+        let mut network = Network::create(&netns::new_prefix())?;
+        let proxy_net = network.add_pod("proxy", PROXY_HOST)?;
+        let push_net = network.add_pod("push", PUSH_HOST)?;
+        let observations: SharedObservations = Arc::new(Mutex::new(Observations::default()));
+        let mut gateways = Vec::new();
+        for index in 0..config.replicas_initial {
+            gateways.push(start_gateway(&mut network, &binary, index, &observations)?);
+        }
+        for gateway in &mut gateways {
+            gateway.process.wait_ready().await?;
+        }
+        let names = name_table(&config, &gateways);
+        let mut proxy = spawn_proxy(
+            &config,
+            &binary,
+            &proxy_net,
+            &names,
+            0,
+            gateways.len(),
+            &observations,
+        )?;
+        let mut push = spawn_push(
+            &config,
+            &binary,
+            &push_net,
+            &names,
+            0,
+            gateways.len(),
+            &observations,
+        )?;
+        proxy.wait_ready().await?;
+        push.wait_ready().await?;
+        let lab = Self {
+            clients: Vec::new(),
+            push,
+            proxy,
+            draining_proxies: Vec::new(),
+            gateways,
+            network,
+            config,
+            binary,
+            proxy_net,
+            push_net,
+            observations,
+            arrivals: Arrivals::default(),
+            connect_errors: HashMap::new(),
+            late_users: HashSet::new(),
+            generation: 0,
+        };
+        lab.progress(format!(
+            "lab {}: {} gateway(s), proxy {} ({}), push {}",
+            lab.prefix(),
+            lab.gateways.len(),
+            lab.proxy_addr(),
+            lab.config.mode.as_str(),
+            lab.push_net.ip
+        ));
+        Ok(lab)
+    }
+
+    fn progress(&self, line: String) {
+        if self.config.progress {
+            eprintln!("openim-lab: {line}");
+        }
+    }
+
+    /// The name prefix of everything this lab created (`ip netns list`, `ip link`).
+    pub fn prefix(&self) -> &str {
+        self.network.prefix()
+    }
+
+    /// Where clients connect: the proxy pod's WebSocket port.
+    pub fn proxy_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.proxy_net.ip, PROXY_PORT))
+    }
+
+    /// Pids of every pod process (gateways, proxies including draining ones, push).
+    pub fn pod_pids(&self) -> Vec<u32> {
+        self.gateways
+            .iter()
+            .map(|gateway| &gateway.process)
+            .chain(self.draining_proxies.iter())
+            .chain([&self.proxy, &self.push])
+            .filter_map(PodProcess::pid)
+            .collect()
+    }
+
+    pub fn replicas(&self) -> usize {
+        self.gateways.len()
+    }
+
+    fn user_id(index: usize) -> String {
+        (USER_ID_BASE + (index as u64 * USER_ID_STRIDE) % USER_ID_SPAN).to_string()
+    }
+
+    /// Platforms cycle iOS, Android, Windows, OSX, Web.
+    fn platform_id(index: usize) -> i32 {
+        (index % 5) as i32 + 1
+    }
+
+    /// Connects users `range` through the proxy; failures are remembered, not fatal.
+    pub async fn connect_users(&mut self, range: std::ops::Range<usize>, late: bool) {
+        let proxy = self.proxy_addr();
+        let indices: Vec<usize> = range.collect();
+        for batch in indices.chunks(CONNECT_BATCH) {
+            let attempts = batch.iter().map(|&index| {
+                let user_id = Self::user_id(index);
+                let arrivals = self.arrivals.clone();
+                async move {
+                    let result =
+                        client::connect(proxy, &user_id, Self::platform_id(index), arrivals).await;
+                    (user_id, result)
+                }
+            });
+            for (user_id, result) in futures_util::future::join_all(attempts).await {
+                if late {
+                    self.late_users.insert(user_id.clone());
+                }
+                match result {
+                    Ok(client) => self.clients.push(client),
+                    Err(error) => {
+                        self.connect_errors.insert(user_id, format!("{error:#}"));
+                    }
+                }
+            }
+        }
+        self.settle_sessions().await;
+        self.progress(format!(
+            "{} user(s) connected, {} failed",
+            self.clients.len(),
+            self.connect_errors.len()
+        ));
+    }
+
+    /// Waits (bounded) until the gateways have reported a session for every connected client.
+    async fn settle_sessions(&self) {
+        let deadline = Instant::now() + SESSION_SETTLE_TIMEOUT;
+        while Instant::now() < deadline {
+            let registered = self
+                .observations
+                .lock()
+                .map_or(0, |observed| observed.sessions.len());
+            if registered >= self.clients.len() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Scales the gateways to `replicas` the way a StatefulSet does: new pods appear with the
+    /// next ordinals; the proxy (drained, not killed) and push restart with the new member
+    /// count. Existing WebSockets stay where they are.
+    pub async fn scale_to(&mut self, replicas: usize) -> anyhow::Result<()> {
+        ensure!(replicas >= self.gateways.len(), "the lab only scales out");
+        ensure!(replicas <= MAX_REPLICAS, "at most {MAX_REPLICAS} replicas");
+        let existing = self.gateways.len();
+        for index in existing..replicas {
+            let gateway =
+                start_gateway(&mut self.network, &self.binary, index, &self.observations)?;
+            self.gateways.push(gateway);
+        }
+        for gateway in &mut self.gateways[existing..] {
+            gateway.process.wait_ready().await?;
+        }
+        self.generation += 1;
+        let names = name_table(&self.config, &self.gateways);
+        self.proxy.terminate();
+        self.proxy
+            .wait_for("listener closed", Duration::from_secs(10), |event| {
+                matches!(event, PodEvent::ListenerClosed).then_some(())
+            })
+            .await?;
+        let proxy = spawn_proxy(
+            &self.config,
+            &self.binary,
+            &self.proxy_net,
+            &names,
+            self.generation,
+            replicas,
+            &self.observations,
+        )?;
+        let drained = std::mem::replace(&mut self.proxy, proxy);
+        self.draining_proxies.push(drained);
+        self.proxy.wait_ready().await?;
+        let push = spawn_push(
+            &self.config,
+            &self.binary,
+            &self.push_net,
+            &names,
+            self.generation,
+            replicas,
+            &self.observations,
+        )?;
+        // The old push process goes away with its leaked connections, as a replaced pod does.
+        drop(std::mem::replace(&mut self.push, push));
+        self.push.wait_ready().await?;
+        self.progress(format!("scaled out to {replicas} gateway(s)"));
+        Ok(())
+    }
+
+    /// Asks push to deliver one group message to `recipients` and waits for its account.
+    pub async fn push_message(
+        &mut self,
+        client_msg_id: &str,
+        seq: i64,
+        recipients: Vec<String>,
+    ) -> anyhow::Result<PushOutcome> {
+        self.push
+            .send(&PushCommand::Push {
+                client_msg_id: client_msg_id.to_owned(),
+                seq,
+                send_id: SENDER_ID.to_owned(),
+                recipients,
+            })
+            .await?;
+        let outcome = self
+            .push
+            .wait_for("push outcome", PUSH_REPLY_TIMEOUT, |event| match event {
+                PodEvent::PushDone(outcome) if outcome.client_msg_id == client_msg_id => {
+                    Some(outcome)
+                }
+                _ => None,
+            })
+            .await?;
+        Ok(outcome)
+    }
+
+    /// The scenario: connect users, scale out if configured, connect late users, push every
+    /// message to every user, and report what happened.
+    pub async fn run_scenario(&mut self) -> anyhow::Result<GroundTruth> {
+        let scenario_started = Instant::now();
+        self.connect_users(0..self.config.users, false).await;
+        if self.config.replicas_final > self.gateways.len() {
+            self.scale_to(self.config.replicas_final).await?;
+        }
+        let all_users = self.config.users + self.config.late_users;
+        if self.config.late_users > 0 {
+            self.connect_users(self.config.users..all_users, true).await;
+        }
+        let recipients: Vec<String> = (0..all_users).map(Self::user_id).collect();
+        let run_tag: String = random_bytes::<4>()?
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let mut sent = Vec::new();
+        for round in 0..self.config.messages_per_user {
+            let client_msg_id = format!("lab-{run_tag}-{round}");
+            let seq = i64::try_from(round)? + 1;
+            let sent_at = Instant::now();
+            let outcome = self
+                .push_message(&client_msg_id, seq, recipients.clone())
+                .await?;
+            sent.push((seq, sent_at, outcome));
+        }
+        self.await_arrivals(&sent).await;
+        let truth = self.ground_truth(&recipients, &sent)?;
+        self.progress(format!(
+            "{} users, {} deliveries, {} real-time misses ({} users), {} connect failures, {:.1}s",
+            truth.summary.users,
+            truth.summary.deliveries,
+            truth.summary.realtime_misses,
+            truth.summary.users_missing,
+            truth.summary.connect_failures,
+            scenario_started.elapsed().as_secs_f64()
+        ));
+        Ok(truth)
+    }
+
+    /// Waits until every connected user has every message, or the real-time window closed.
+    async fn await_arrivals(&self, sent: &[(i64, Instant, PushOutcome)]) {
+        let Some((_, last_sent, _)) = sent.last() else {
+            return;
+        };
+        let expected = self.clients.len() * sent.len();
+        let deadline = *last_sent + self.config.realtime_timeout;
+        while Instant::now() < deadline {
+            let arrived = self.arrivals.lock().map_or(0, |arrivals| arrivals.len());
+            if arrived >= expected {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn ground_truth(
+        &self,
+        recipients: &[String],
+        sent: &[(i64, Instant, PushOutcome)],
+    ) -> anyhow::Result<GroundTruth> {
+        let Ok(observed) = self.observations.lock() else {
+            bail!("observations lock poisoned");
+        };
+        let Ok(arrivals) = self.arrivals.lock() else {
+            bail!("arrivals lock poisoned");
+        };
+        let gateways = self.gateway_truth()?;
+        let gateway_by_push_member: HashMap<&str, &GatewayTruth> = gateways
+            .iter()
+            .map(|gateway| (gateway.push_member.as_str(), gateway))
+            .collect();
+        let mut summary = Summary {
+            users: recipients.len(),
+            messages: sent.len(),
+            realtime_timeout_ms: u64::try_from(self.config.realtime_timeout.as_millis())?,
+            ..Summary::default()
+        };
+        summary.push_calls = observed.push_calls.values().sum();
+        summary.authority_mismatches = observed
+            .push_calls
+            .iter()
+            .filter(|((index, authority), _)| {
+                gateways
+                    .get(*index)
+                    .is_none_or(|gateway| gateway.push_member != *authority)
+            })
+            .map(|(_, calls)| calls)
+            .sum();
+        let mut users = Vec::new();
+        for (index, user_id) in recipients.iter().enumerate() {
+            let websocket = observed
+                .sessions
+                .get(user_id)
+                .map(|(gateway, host)| Placement {
+                    gateway_index: *gateway,
+                    gateway_ip: gateways
+                        .get(*gateway)
+                        .map(|truth| truth.ip.clone())
+                        .unwrap_or_default(),
+                    host_header: host.clone(),
+                });
+            let connect_error = self.connect_errors.get(user_id).map(|error| {
+                match observed.relay_failures.get(user_id) {
+                    Some(relay) => format!("{error}; proxy: {relay}"),
+                    None => error.clone(),
+                }
+            });
+            let mut pushes = Vec::new();
+            for (seq, sent_at, outcome) in sent {
+                let call = outcome
+                    .calls
+                    .iter()
+                    .find(|call| call.recipients.contains(user_id));
+                let gateway =
+                    call.and_then(|call| gateway_by_push_member.get(call.member.as_str()));
+                let result = call.and_then(|call| {
+                    call.results
+                        .iter()
+                        .find(|result| result.user_id == *user_id)
+                });
+                let latency = arrivals
+                    .get(&(user_id.clone(), outcome.client_msg_id.clone()))
+                    .map(|arrived| arrived.saturating_duration_since(*sent_at));
+                let arrived_in_time =
+                    latency.is_some_and(|latency| latency <= self.config.realtime_timeout);
+                pushes.push(PushTruth {
+                    client_msg_id: outcome.client_msg_id.clone(),
+                    seq: *seq,
+                    member: call.map(|call| call.member.clone()),
+                    gateway_index: gateway.map(|gateway| gateway.index),
+                    gateway_ip: gateway.map(|gateway| gateway.ip.clone()),
+                    online_push: result.is_some_and(|result| result.online_push),
+                    arrived_in_time,
+                    latency_ms: latency.map(|latency| latency.as_secs_f64() * 1000.0),
+                    error: call.and_then(|call| call.error.clone()),
+                });
+            }
+            summary.deliveries += pushes.len();
+            let misses = pushes.iter().filter(|push| !push.arrived_in_time).count();
+            summary.realtime_misses += misses;
+            summary.users_missing += usize::from(misses > 0);
+            if let Some(placement) = &websocket {
+                summary.connected += 1;
+                summary.users_misrouted += usize::from(
+                    pushes
+                        .iter()
+                        .any(|push| push.gateway_index != Some(placement.gateway_index)),
+                );
+            }
+            summary.connect_failures += usize::from(connect_error.is_some());
+            users.push(UserTruth {
+                user_id: user_id.clone(),
+                platform_id: Self::platform_id(index),
+                connected_after_scale: self.late_users.contains(user_id),
+                websocket,
+                connect_error,
+                pushes,
+            });
+        }
+        Ok(GroundTruth {
+            mode: self.config.mode.as_str().to_owned(),
+            instance: self.config.instance.clone(),
+            namespace: self.config.namespace.clone(),
+            replicas_initial: self.config.replicas_initial,
+            replicas_final: self.gateways.len(),
+            proxy_addr: self.proxy_addr().to_string(),
+            gateways,
+            users,
+            summary,
+        })
+    }
+
+    fn gateway_truth(&self) -> anyhow::Result<Vec<GatewayTruth>> {
+        let replicas = self.gateways.len();
+        let proxy_members = MemberTemplate::parse(PROXY_MEMBER_TEMPLATE)?.members(
+            &self.config.instance,
+            &self.config.namespace,
+            replicas,
+        );
+        let push_members = MemberTemplate::parse(PUSH_MEMBER_TEMPLATE)?.members(
+            &self.config.instance,
+            &self.config.namespace,
+            replicas,
+        );
+        Ok(self
+            .gateways
+            .iter()
+            .zip(proxy_members.into_iter().zip(push_members))
+            .enumerate()
+            .map(
+                |(index, (gateway, (proxy_member, push_member)))| GatewayTruth {
+                    index,
+                    ip: gateway.net.ip.to_string(),
+                    netns: gateway.net.netns.clone(),
+                    pid: gateway.process.pid(),
+                    proxy_member,
+                    push_member,
+                },
+            )
+            .collect())
+    }
+
+    /// Push at full speed for `duration` to every connected user (connect some first), one new
+    /// gRPC connection per call; latency per call in the report.
+    pub async fn push_flood(&mut self, duration: Duration) -> anyhow::Result<FloodReport> {
+        let recipients: Vec<String> = self
+            .clients
+            .iter()
+            .map(|client| client.user_id.clone())
+            .collect();
+        ensure!(!recipients.is_empty(), "connect users before a push flood");
+        let duration_ms = u64::try_from(duration.as_millis())?;
+        self.push
+            .send(&PushCommand::Flood {
+                duration_ms,
+                recipients,
+            })
+            .await?;
+        let report = self
+            .push
+            .wait_for(
+                "flood report",
+                duration + PUSH_REPLY_TIMEOUT,
+                |event| match event {
+                    PodEvent::FloodDone(report) => Some(report),
+                    _ => None,
+                },
+            )
+            .await?;
+        Ok(report)
+    }
+}
+
+fn start_gateway(
+    network: &mut Network,
+    binary: &std::path::Path,
+    index: usize,
+    observations: &SharedObservations,
+) -> anyhow::Result<GatewayPod> {
+    let host = FIRST_GATEWAY_HOST + u8::try_from(index).context("gateway index")?;
+    let net = network.add_pod(&format!("gw{index}"), host)?;
+    let process = PodProcess::spawn(
+        binary,
+        &net.netns,
+        &[
+            "gateway".to_owned(),
+            "--index".to_owned(),
+            index.to_string(),
+        ],
+        &format!("msggateway-{index}"),
+        Some(index),
+        observations.clone(),
+    )?;
+    Ok(GatewayPod { net, process })
+}
+
+/// The cluster-DNS stand-in: each gateway's headless-service name → its pod address.
+fn name_table(config: &LabConfig, gateways: &[GatewayPod]) -> NameTable {
+    let mut names = NameTable::default();
+    let hosts = MemberTemplate::parse(PROXY_MEMBER_TEMPLATE)
+        .map(|template| template.members(&config.instance, &config.namespace, gateways.len()))
+        .unwrap_or_default();
+    for (host, gateway) in hosts.into_iter().zip(gateways) {
+        names.insert(host, gateway.net.ip);
+    }
+    names
+}
+
+fn spawn_proxy(
+    config: &LabConfig,
+    binary: &std::path::Path,
+    net: &PodNet,
+    names: &NameTable,
+    generation: usize,
+    replicas: usize,
+    observations: &SharedObservations,
+) -> anyhow::Result<PodProcess> {
+    let args = vec![
+        "proxy".to_owned(),
+        "--mode".to_owned(),
+        config.mode.as_str().to_owned(),
+        "--instance".to_owned(),
+        config.instance.clone(),
+        "--namespace".to_owned(),
+        config.namespace.clone(),
+        "--replicas".to_owned(),
+        replicas.to_string(),
+        "--names".to_owned(),
+        names.to_arg(),
+    ];
+    Ok(PodProcess::spawn(
+        binary,
+        &net.netns,
+        &args,
+        &format!("msggw-proxy-gen{generation}"),
+        None,
+        observations.clone(),
+    )?)
+}
+
+fn spawn_push(
+    config: &LabConfig,
+    binary: &std::path::Path,
+    net: &PodNet,
+    names: &NameTable,
+    generation: usize,
+    replicas: usize,
+    observations: &SharedObservations,
+) -> anyhow::Result<PodProcess> {
+    let args = vec![
+        "push".to_owned(),
+        "--instance".to_owned(),
+        config.instance.clone(),
+        "--namespace".to_owned(),
+        config.namespace.clone(),
+        "--replicas".to_owned(),
+        replicas.to_string(),
+        "--names".to_owned(),
+        names.to_arg(),
+    ];
+    Ok(PodProcess::spawn(
+        binary,
+        &net.netns,
+        &args,
+        &format!("openim-push-gen{generation}"),
+        None,
+        observations.clone(),
+    )?)
+}

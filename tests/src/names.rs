@@ -1,0 +1,107 @@
+//! The lab's own name table: member host names → pod addresses. Pods get it on the command line
+//! instead of using the machine's resolver, so nothing outside the lab is consulted or changed.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum NameError {
+    #[error("name table entry {0:?} is not host=ipv4")]
+    BadEntry(String),
+    #[error("no lab address for host {0:?}")]
+    Unknown(String),
+    #[error("bad port in {0:?}")]
+    BadPort(String),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NameTable {
+    hosts: HashMap<String, Ipv4Addr>,
+}
+
+impl NameTable {
+    pub fn insert(&mut self, host: impl Into<String>, ip: Ipv4Addr) {
+        self.hosts.insert(host.into(), ip);
+    }
+
+    /// `host=ip,host=ip`, the form pods receive with `--names`.
+    pub fn to_arg(&self) -> String {
+        let mut entries: Vec<String> = self
+            .hosts
+            .iter()
+            .map(|(host, ip)| format!("{host}={ip}"))
+            .collect();
+        entries.sort();
+        entries.join(",")
+    }
+
+    pub fn parse_arg(arg: &str) -> Result<Self, NameError> {
+        let mut table = Self::default();
+        for entry in arg.split(',').filter(|entry| !entry.is_empty()) {
+            let (host, ip) = entry
+                .split_once('=')
+                .ok_or_else(|| NameError::BadEntry(entry.to_owned()))?;
+            let ip = ip
+                .parse()
+                .map_err(|_| NameError::BadEntry(entry.to_owned()))?;
+            table.insert(host, ip);
+        }
+        Ok(table)
+    }
+
+    /// Resolves `host` or `host:port` (as a dialer would: no port means `default_port`).
+    pub fn resolve(&self, authority: &str, default_port: u16) -> Result<SocketAddr, NameError> {
+        let (host, port) = split_port(authority, default_port)?;
+        let ip = self
+            .hosts
+            .get(host)
+            .ok_or_else(|| NameError::Unknown(host.to_owned()))?;
+        Ok(SocketAddr::from((*ip, port)))
+    }
+}
+
+/// Splits `host:port`; a name without `:` uses `default_port`.
+pub fn split_port(authority: &str, default_port: u16) -> Result<(&str, u16), NameError> {
+    match authority.rsplit_once(':') {
+        Some((host, port)) => port
+            .parse()
+            .map(|port| (host, port))
+            .map_err(|_| NameError::BadPort(authority.to_owned())),
+        None => Ok((authority, default_port)),
+    }
+}
+
+/// Random bytes from the kernel, for credentials and ids that must not repeat across runs.
+pub fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    use std::io::Read;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_round_trips_and_resolves_with_default_port() {
+        let mut table = NameTable::default();
+        table.insert("gw-0.svc", Ipv4Addr::new(10, 244, 7, 10));
+        let parsed = NameTable::parse_arg(&table.to_arg()).expect("parses");
+        assert_eq!(parsed, table);
+        assert_eq!(
+            parsed.resolve("gw-0.svc", 80).expect("known").to_string(),
+            "10.244.7.10:80"
+        );
+        assert_eq!(
+            parsed
+                .resolve("gw-0.svc:88", 80)
+                .expect("known")
+                .to_string(),
+            "10.244.7.10:88"
+        );
+        assert!(parsed.resolve("elsewhere", 80).is_err());
+    }
+}

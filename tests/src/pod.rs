@@ -1,0 +1,259 @@
+//! Pod processes: `ip netns exec <ns> <openim-lab binary> <role> ...`, so each pod is a separate
+//! process in its own namespace (as in Kubernetes), observable with its own pid and comm.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::control::{PodEvent, PushCommand};
+
+#[derive(Debug, Error)]
+pub enum PodError {
+    #[error("could not start pod {label}: {source}")]
+    Spawn {
+        label: String,
+        source: std::io::Error,
+    },
+    #[error("pod {label} exited while the lab waited for {waiting_for}")]
+    Exited { label: String, waiting_for: String },
+    #[error("pod {label} did not report {waiting_for} within {timeout:?}")]
+    Timeout {
+        label: String,
+        waiting_for: String,
+        timeout: Duration,
+    },
+    #[error("pod {label} refused: {error}")]
+    Refused { label: String, error: String },
+    #[error("could not send a command to pod {label}: {source}")]
+    Command {
+        label: String,
+        source: std::io::Error,
+    },
+}
+
+/// What the gateways and the proxy report while the lab runs (its raw ground truth).
+#[derive(Debug, Default)]
+pub struct Observations {
+    /// user → (gateway index, Host header of the upgrade).
+    pub sessions: HashMap<String, (usize, String)>,
+    /// Push calls the gateways answered, counted by (gateway index, `:authority`); counts, not
+    /// a list, so that a long push flood needs no more memory.
+    pub push_calls: HashMap<(usize, String), usize>,
+    /// user → the proxy's relay error, for users whose WebSocket the proxy could not open.
+    pub relay_failures: HashMap<String, String>,
+}
+
+pub type SharedObservations = Arc<Mutex<Observations>>;
+
+pub struct PodProcess {
+    label: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    replies: mpsc::UnboundedReceiver<PodEvent>,
+    reader: JoinHandle<()>,
+}
+
+impl PodProcess {
+    /// Starts `binary role_args...` inside `netns`. `gateway_index` tags the gateway's reports.
+    pub fn spawn(
+        binary: &Path,
+        netns: &str,
+        role_args: &[String],
+        label: &str,
+        gateway_index: Option<usize>,
+        observations: SharedObservations,
+    ) -> Result<Self, PodError> {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", netns])
+            .arg(binary)
+            .args(role_args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; it only sets this child's parent-death signal, so
+        // a lab killed with SIGKILL (no Drop) takes its pods with it. `ip netns exec` execs the
+        // pod binary in place, and the setting survives exec.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let mut child = command.spawn().map_err(|source| PodError::Spawn {
+            label: label.to_owned(),
+            source,
+        })?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or_else(|| PodError::Spawn {
+            label: label.to_owned(),
+            source: std::io::Error::other("no stdout pipe"),
+        })?;
+        let (reply_tx, replies) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(event) = serde_json::from_str::<PodEvent>(&line) else {
+                    continue;
+                };
+                if let Some(reply) = record(event, gateway_index, &observations) {
+                    let _ = reply_tx.send(reply);
+                }
+            }
+        });
+        Ok(Self {
+            label: label.to_owned(),
+            child,
+            stdin,
+            replies,
+            reader,
+        })
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Waits for the first reply `accept` takes, skipping others.
+    pub async fn wait_for<T>(
+        &mut self,
+        waiting_for: &str,
+        timeout: Duration,
+        mut accept: impl FnMut(PodEvent) -> Option<T>,
+    ) -> Result<T, PodError> {
+        let label = self.label.clone();
+        let wait = async {
+            loop {
+                match self.replies.recv().await {
+                    Some(PodEvent::CommandFailed { error }) => {
+                        return Err(PodError::Refused {
+                            label: label.clone(),
+                            error,
+                        });
+                    }
+                    Some(event) => {
+                        if let Some(found) = accept(event) {
+                            return Ok(found);
+                        }
+                    }
+                    None => {
+                        return Err(PodError::Exited {
+                            label: label.clone(),
+                            waiting_for: waiting_for.to_owned(),
+                        });
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or_else(|_| {
+                Err(PodError::Timeout {
+                    label: self.label.clone(),
+                    waiting_for: waiting_for.to_owned(),
+                    timeout,
+                })
+            })
+    }
+
+    pub async fn wait_ready(&mut self) -> Result<(), PodError> {
+        self.wait_for("ready", Duration::from_secs(10), |event| {
+            matches!(event, PodEvent::Ready).then_some(())
+        })
+        .await
+    }
+
+    pub async fn send(&mut self, command: &PushCommand) -> Result<(), PodError> {
+        let command_error = |source| PodError::Command {
+            label: self.label.clone(),
+            source,
+        };
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| command_error(std::io::Error::other("stdin closed")))?;
+        let mut line = serde_json::to_vec(command)
+            .map_err(|error| command_error(std::io::Error::other(error)))?;
+        line.push(b'\n');
+        let written = async {
+            stdin.write_all(&line).await?;
+            stdin.flush().await
+        };
+        written.await.map_err(|source| PodError::Command {
+            label: self.label.clone(),
+            source,
+        })
+    }
+
+    /// SIGTERM: a proxy stops accepting and keeps its relays; other roles exit.
+    pub fn terminate(&self) {
+        if let Some(pid) = self.child.id().and_then(|pid| i32::try_from(pid).ok()) {
+            // SAFETY: kill has no memory effects; the pid is our own unreaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    }
+}
+
+impl Drop for PodProcess {
+    fn drop(&mut self) {
+        self.reader.abort();
+        let _ = self.child.start_kill();
+        // Reap it so no zombie or straggler outlives the lab; bounded, SIGKILL is quick.
+        for _ in 0..400 {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+}
+
+/// Files an observation; hands back events the lab waits for.
+fn record(
+    event: PodEvent,
+    gateway_index: Option<usize>,
+    observations: &SharedObservations,
+) -> Option<PodEvent> {
+    let Ok(mut observed) = observations.lock() else {
+        return Some(event);
+    };
+    match (event, gateway_index) {
+        (PodEvent::SessionOpened { user_id, host, .. }, Some(index)) => {
+            observed.sessions.insert(user_id, (index, host));
+        }
+        (PodEvent::SessionClosed { user_id, .. }, Some(index)) => {
+            if observed
+                .sessions
+                .get(&user_id)
+                .is_some_and(|(at, _)| *at == index)
+            {
+                observed.sessions.remove(&user_id);
+            }
+        }
+        (PodEvent::PushServed { authority, .. }, Some(index)) => {
+            *observed.push_calls.entry((index, authority)).or_default() += 1;
+        }
+        (PodEvent::RelayFailed { user_id, error, .. }, _) => {
+            observed.relay_failures.insert(user_id, error);
+        }
+        (PodEvent::RelayOpened { .. }, _) => {}
+        (event, _) => return Some(event),
+    }
+    None
+}

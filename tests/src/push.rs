@@ -1,0 +1,266 @@
+//! The push pod, as OpenIM 3.5.1 push in Kubernetes mode: hashes every recipient over the
+//! `…:88` members, groups recipients by member, and for each member opens a **new** gRPC
+//! connection (`:authority` = member string) and calls `SuperGroupOnlineBatchPushOneMsg`.
+//! The connections are never closed (3.5.1's leak): the channels stay in a Vec.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use hyper_util::rt::TokioIo;
+use observer::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::control::{PodEvent, PushCall, PushCommand, PushOutcome, UserPushResult, emit};
+use crate::gateway::GRPC_PORT;
+use crate::names::NameTable;
+use crate::proto::msggateway::OnlineBatchPushOneMsgReq;
+use crate::proto::msggateway::msg_gateway_client::MsgGatewayClient;
+use crate::proto::sdkws::MsgData;
+use crate::truth::FloodReport;
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// OpenIM's SuperGroupChatType.
+const SUPER_GROUP_SESSION: i32 = 3;
+/// OpenIM's Text content type.
+const TEXT_CONTENT: i32 = 101;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct PushArgs {
+    #[arg(long)]
+    pub instance: String,
+    #[arg(long)]
+    pub namespace: String,
+    /// MY_MSGGATEWAY_REPLICACOUNT.
+    #[arg(long)]
+    pub replicas: usize,
+    /// The lab's name table, `host=ip,...`.
+    #[arg(long)]
+    pub names: String,
+}
+
+struct Pusher {
+    ring: Ring,
+    names: NameTable,
+    /// Every channel ever opened, kept open like 3.5.1 push does.
+    leaked: Vec<Channel>,
+}
+
+pub async fn run(args: PushArgs) -> anyhow::Result<()> {
+    let members = MemberTemplate::parse(PUSH_MEMBER_TEMPLATE)?.members(
+        &args.instance,
+        &args.namespace,
+        args.replicas,
+    );
+    let mut pusher = Pusher {
+        ring: Ring::new(members),
+        names: NameTable::parse_arg(&args.names)?,
+        leaked: Vec::new(),
+    };
+    emit(&PodEvent::Ready);
+    let mut commands = BufReader::new(tokio::io::stdin()).lines();
+    // The lab closing stdin means it is done with this pod.
+    while let Some(line) = commands.next_line().await.context("read command")? {
+        let event = match serde_json::from_str::<PushCommand>(&line) {
+            Ok(PushCommand::Push {
+                client_msg_id,
+                seq,
+                send_id,
+                recipients,
+            }) => {
+                let msg = message(client_msg_id, seq, send_id);
+                match pusher.push(msg, &recipients).await {
+                    Ok(outcome) => PodEvent::PushDone(outcome),
+                    Err(error) => PodEvent::CommandFailed {
+                        error: format!("{error:#}"),
+                    },
+                }
+            }
+            Ok(PushCommand::Flood {
+                duration_ms,
+                recipients,
+            }) => match pusher
+                .flood(Duration::from_millis(duration_ms), &recipients)
+                .await
+            {
+                Ok(report) => PodEvent::FloodDone(report),
+                Err(error) => PodEvent::CommandFailed {
+                    error: format!("{error:#}"),
+                },
+            },
+            Err(error) => PodEvent::CommandFailed {
+                error: format!("bad command: {error}"),
+            },
+        };
+        emit(&event);
+    }
+    Ok(())
+}
+
+fn message(client_msg_id: String, seq: i64, send_id: String) -> MsgData {
+    let content = serde_json::json!({ "content": format!("lab message {seq}") }).to_string();
+    MsgData {
+        send_id,
+        group_id: "lab-group".to_owned(),
+        client_msg_id,
+        sender_platform_id: 5,
+        session_type: SUPER_GROUP_SESSION,
+        content_type: TEXT_CONTENT,
+        content: content.into_bytes(),
+        seq,
+        send_time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| {
+                i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+            }),
+        ..Default::default()
+    }
+}
+
+/// A new connection to `member`: `:authority` is the member string, while the TCP connection
+/// goes to the pod address from the lab's name table (the cluster DNS stand-in).
+async fn connect(member: &str, address: SocketAddr) -> anyhow::Result<Channel> {
+    let endpoint = Endpoint::from_shared(format!("http://{member}"))?
+        .connect_timeout(CALL_TIMEOUT)
+        .timeout(CALL_TIMEOUT);
+    // Without TCP_NODELAY the HTTP/2 handshake stalls on delayed ACKs (~40 ms per call); Go's
+    // gRPC sets it too.
+    let connector = tower::service_fn(move |_: http::Uri| async move {
+        let stream = TcpStream::connect(address).await?;
+        stream.set_nodelay(true)?;
+        std::io::Result::Ok(TokioIo::new(stream))
+    });
+    endpoint
+        .connect_with_connector(connector)
+        .await
+        .with_context(|| format!("connect {member} at {address}"))
+}
+
+impl Pusher {
+    /// Recipients grouped by ring member, in member order.
+    fn group(&self, recipients: &[String]) -> anyhow::Result<BTreeMap<usize, Vec<String>>> {
+        let mut groups: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        for user in recipients {
+            groups
+                .entry(self.ring.get_index(user)?)
+                .or_default()
+                .push(user.clone());
+        }
+        Ok(groups)
+    }
+
+    async fn push(&mut self, msg: MsgData, recipients: &[String]) -> anyhow::Result<PushOutcome> {
+        let mut calls = Vec::new();
+        for (index, users) in self.group(recipients)? {
+            let member = self.ring.members()[index].clone();
+            let address = self.names.resolve(&member, GRPC_PORT)?;
+            let recipients = users.clone();
+            let call = match self.call(&member, address, &msg, users).await {
+                Ok(results) => PushCall {
+                    member,
+                    gateway_addr: address.to_string(),
+                    recipients,
+                    results,
+                    error: None,
+                },
+                Err(error) => PushCall {
+                    member,
+                    gateway_addr: address.to_string(),
+                    recipients,
+                    results: Vec::new(),
+                    error: Some(format!("{error:#}")),
+                },
+            };
+            calls.push(call);
+        }
+        Ok(PushOutcome {
+            client_msg_id: msg.client_msg_id,
+            calls,
+        })
+    }
+
+    async fn call(
+        &mut self,
+        member: &str,
+        address: SocketAddr,
+        msg: &MsgData,
+        users: Vec<String>,
+    ) -> anyhow::Result<Vec<UserPushResult>> {
+        let channel = connect(member, address).await?;
+        self.leaked.push(channel.clone());
+        let response = MsgGatewayClient::new(channel)
+            .super_group_online_batch_push_one_msg(OnlineBatchPushOneMsgReq {
+                msg_data: Some(msg.clone()),
+                push_to_user_ids: users,
+            })
+            .await?;
+        Ok(response
+            .into_inner()
+            .single_push_result
+            .into_iter()
+            .map(|result| UserPushResult {
+                user_id: result.user_id,
+                online_push: result.online_push,
+                platform_results: result.resp.len(),
+            })
+            .collect())
+    }
+
+    /// Pushes round-robin over the member groups at full speed. Each call opens a new
+    /// connection, as in 3.5.1, but drops it afterwards so a long benchmark stays within the
+    /// file-descriptor limit.
+    async fn flood(
+        &self,
+        duration: Duration,
+        recipients: &[String],
+    ) -> anyhow::Result<FloodReport> {
+        let groups: Vec<(String, SocketAddr, Vec<String>)> = self
+            .group(recipients)?
+            .into_iter()
+            .map(|(index, users)| {
+                let member = self.ring.members()[index].clone();
+                let address = self.names.resolve(&member, GRPC_PORT)?;
+                anyhow::Ok((member, address, users))
+            })
+            .collect::<Result<_, _>>()?;
+        anyhow::ensure!(!groups.is_empty(), "flood needs recipients");
+        let mut latencies = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+        let mut report = FloodReport::default();
+        let started = Instant::now();
+        let mut seq = 0i64;
+        while started.elapsed() < duration {
+            let (member, address, users) = &groups[usize::try_from(seq)? % groups.len()];
+            seq += 1;
+            let msg = message(format!("flood-{seq}"), seq, "lab-sender".to_owned());
+            let call_started = Instant::now();
+            let called = async {
+                let channel = connect(member, *address).await?;
+                MsgGatewayClient::new(channel)
+                    .super_group_online_batch_push_one_msg(OnlineBatchPushOneMsgReq {
+                        msg_data: Some(msg),
+                        push_to_user_ids: users.clone(),
+                    })
+                    .await?;
+                anyhow::Ok(())
+            };
+            match called.await {
+                Ok(()) => {
+                    let micros = u64::try_from(call_started.elapsed().as_micros())?;
+                    latencies.saturating_record(micros.max(1));
+                    report.calls += 1;
+                }
+                Err(_) => report.errors += 1,
+            }
+        }
+        report.seconds = started.elapsed().as_secs_f64();
+        report.pushes_per_second = report.calls as f64 / report.seconds.max(f64::EPSILON);
+        report.p50_us = latencies.value_at_quantile(0.50);
+        report.p99_us = latencies.value_at_quantile(0.99);
+        report.max_us = latencies.max();
+        Ok(report)
+    }
+}
