@@ -2,7 +2,7 @@
 //!
 //! Every pod is a network namespace with its own address on a bridge the lab creates, and runs
 //! one role as a separate process of the `openim-lab` binary (`ip netns exec <ns> openim-lab
-//! <role>`): `msggateway` (WebSocket :80, gRPC :88), `msggw-proxy` (WebSocket :80, consistent
+//! <role>`): `msggateway` (WebSocket :80, gRPC :88), `msggw-proxy` (WebSocket :10002, consistent
 //! hash on `sendID`) and `openim-push` (consistent hash on recipients, one new gRPC connection per
 //! call). Clients run in the lab process and reach the proxy over the bridge. Traffic between
 //! them is real TCP with real protocols (HTTP/1.1 upgrade + WebSocket, HTTP/2 + gRPC + protobuf),

@@ -1,4 +1,4 @@
-//! The msggateway-proxy pod: accepts client WebSockets on :80, hashes `sendID` over its member
+//! The msggateway-proxy pod: accepts client WebSockets on its own port (10002), hashes `sendID` over its member
 //! list and relays the client to `ws://<member><original path and query>` with `Host: <member>`.
 //!
 //! Restarts (scale-out) follow a graceful drain: on SIGTERM the proxy closes its listener, says
@@ -19,10 +19,13 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::control::{PodEvent, emit};
+use crate::gateway::WEBSOCKET_PORT;
 use crate::lab::ProxyMode;
 use crate::names::{NameTable, split_port};
 
-pub const PROXY_PORT: u16 = 80;
+/// Where clients reach the proxy. Not a gateway port: the observer watches gateway ports only,
+/// and a client's upgrade to the proxy is no placement on a gateway.
+pub const PROXY_PORT: u16 = 10002;
 const HEAD_LIMIT: usize = 16 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 const DIAL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -81,7 +84,7 @@ impl Router {
             // 3.5.1 and the report's fix dial the member string as it is.
             ProxyMode::V351 | ProxyMode::ReportFix => member.clone(),
             // The correct fix hashes on `…:88` but dials the WebSocket port.
-            ProxyMode::Correct => split_port(&member, PROXY_PORT)?.0.to_owned(),
+            ProxyMode::Correct => split_port(&member, WEBSOCKET_PORT)?.0.to_owned(),
         };
         Ok(Route { member, dial })
     }
@@ -97,7 +100,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let names = std::sync::Arc::new(NameTable::parse_arg(&args.names)?);
     let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], PROXY_PORT)))
         .await
-        .context("bind proxy port 80")?;
+        .context("bind the proxy port")?;
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     emit(&PodEvent::Ready);
     loop {
@@ -210,7 +213,7 @@ async fn dial_gateway(
     target: &str,
     names: &NameTable,
 ) -> anyhow::Result<tokio_tungstenite::WebSocketStream<TcpStream>> {
-    let address = names.resolve(&route.dial, PROXY_PORT)?;
+    let address = names.resolve(&route.dial, WEBSOCKET_PORT)?;
     // The URL's authority becomes the Host header: exactly the member string as dialed.
     let request = format!("ws://{}{target}", route.dial).into_client_request()?;
     let dial = async {
