@@ -5,4 +5,5 @@
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).
 
 pub mod capture;
+pub mod decode;
 pub mod hashring;
