@@ -20,7 +20,11 @@ fuzz_target!(|data: &[u8]| {
     for (index, chunk) in bytes.chunks(chunk_len).enumerate() {
         // Bit i of `chunking` picks the direction of chunk i (cycling).
         let side = usize::from((chunking >> (index % 8)) & 1);
-        let direction = if side == 0 { Direction::Send } else { Direction::Recv };
+        let direction = if side == 0 {
+            Direction::Send
+        } else {
+            Direction::Recv
+        };
         decoder.feed(direction, offsets[side], chunk);
         offsets[side] += chunk.len() as u64;
     }

@@ -11,7 +11,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // Most inputs get the real preface so the fuzzer spends its time on frames.
-    let mut send = if control & 1 == 0 { CLIENT_PREFACE.to_vec() } else { Vec::new() };
+    let mut send = if control & 1 == 0 {
+        CLIENT_PREFACE.to_vec()
+    } else {
+        Vec::new()
+    };
     let split = usize::from(*split) * rest.len() / 255;
     send.extend_from_slice(&rest[..split]);
     let recv = &rest[split..];
@@ -31,12 +35,22 @@ fuzz_target!(|data: &[u8]| {
     let mut offsets = [0u64; 2];
     for round in 0usize.. {
         let side = (usize::from(*control) >> (2 + round % 6)) & 1;
-        let chunk = if side == 0 { send_chunks.next() } else { recv_chunks.next() };
-        let Some(chunk) = chunk.or_else(|| send_chunks.next()).or_else(|| recv_chunks.next())
+        let chunk = if side == 0 {
+            send_chunks.next()
+        } else {
+            recv_chunks.next()
+        };
+        let Some(chunk) = chunk
+            .or_else(|| send_chunks.next())
+            .or_else(|| recv_chunks.next())
         else {
             break;
         };
-        let direction = if side == 0 { Direction::Send } else { Direction::Recv };
+        let direction = if side == 0 {
+            Direction::Send
+        } else {
+            Direction::Recv
+        };
         let skip = u64::from(with_gaps && round % 7 == 6);
         let side_offset = &mut offsets[side];
         decoder.feed(direction, *side_offset + skip, chunk);

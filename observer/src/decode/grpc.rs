@@ -79,7 +79,8 @@ pub enum BodyError {
 }
 
 /// Decodes one push → gateway connection. Feed every `Data` event of the connection in order,
-/// then call `finish` when the connection closes.
+/// then call `finish` when the connection closes. A `Data` event marked `truncated` needs no
+/// special care: the next event's offset shows the gap, and `finish` reports a cut at the end.
 #[derive(Clone, Debug)]
 pub struct GrpcConnectionDecoder {
     limits: Limits,

@@ -739,3 +739,65 @@ fn random_and_mutated_bytes_never_panic() {
         decoder.finish();
     }
 }
+
+#[test]
+fn trailers_only_answer_and_single_push() {
+    let path = "/OpenIMServer.msggateway.msgGateway/OnlinePushMsg";
+    let request = super::protobuf::OnlinePushMsgReq {
+        msg_data: Some(super::protobuf::MsgData {
+            client_msg_id: "c1".into(),
+            seq: 5,
+            ..Default::default()
+        }),
+        push_to_user_id: "frank".into(),
+    };
+    let send = request_stream(
+        1,
+        &first_request_headers(path),
+        &grpc_message(0, &request.encode_to_vec()),
+        16384,
+    );
+    let answer = header_block(&[
+        Field::Indexed(8),
+        Field::Literal {
+            name_index: 0,
+            name: "grpc-status",
+            value: "14",
+        },
+        Field::Literal {
+            name_index: 0,
+            name: "grpc-message",
+            value: "no connection",
+        },
+    ]);
+    let recv = frame(HEADERS, END_HEADERS | END_STREAM, 1, &answer);
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let mut facts = decoder.feed(Direction::Send, 0, &send);
+    facts.extend(decoder.feed(Direction::Recv, 0, &recv));
+    facts.extend(decoder.finish());
+    let call = PushCall {
+        message: super::protobuf::MessageIds {
+            client_msg_id: "c1".into(),
+            seq: 5,
+            ..Default::default()
+        },
+        recipients: vec!["frank".into()],
+        ..PushCall::default()
+    };
+    assert_eq!(
+        facts,
+        vec![
+            GrpcFact::Request {
+                stream_id: 1,
+                method: path.into(),
+                authority: Some(AUTHORITY.into()),
+                body: RequestBody::Push(call),
+            },
+            GrpcFact::Trailers {
+                stream_id: 1,
+                grpc_status: Some(14),
+                grpc_message: Some("no connection".into()),
+            },
+        ]
+    );
+}

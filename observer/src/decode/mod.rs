@@ -18,8 +18,8 @@ pub mod http1;
 pub mod http2;
 pub mod protobuf;
 
-pub use grpc::{GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
-pub use http1::{UpgradeRequest, WebSocketDecoder, WebSocketFact, redact_secrets};
+pub use grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
+pub use http1::{Http1Error, UpgradeRequest, WebSocketDecoder, WebSocketFact, redact_secrets};
 pub use http2::Undecodable;
 pub use protobuf::{MessageIds, PlatformResult, PushCall, UserResult};
 
