@@ -8,5 +8,6 @@ pub mod alert;
 pub mod capture;
 pub mod correlate;
 pub mod daemon;
+pub mod decode;
 pub mod hashring;
 pub mod tools;

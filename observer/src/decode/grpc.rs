@@ -1,0 +1,639 @@
+//! gRPC calls of one HTTP/2 client connection (push → gateway): the method and authority of
+//! each stream, its first request message decoded as a push call, the first response message
+//! as per-user results, and the trailers.
+//!
+//! The calls are unary, so only the first message per direction and stream is read.
+
+use std::collections::BTreeMap;
+
+use crate::capture::Direction;
+
+use super::hpack::HeaderField;
+use super::http2::{Http2Direction, StreamEvent, Undecodable};
+use super::protobuf::{self, ProtobufError, PushCall, PushMethod, UserResult};
+use super::{DecodeCounters, Limits};
+
+/// 1 byte compressed flag and 4 bytes big-endian length.
+const MESSAGE_HEADER_LEN: usize = 5;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GrpcFact {
+    /// A call and its request body. Reported once per stream, when its first message is
+    /// complete or the capture lost it.
+    Request {
+        stream_id: u32,
+        method: String,
+        authority: Option<String>,
+        body: RequestBody,
+    },
+    /// The first response message of a push call.
+    Response {
+        stream_id: u32,
+        http_status: Option<u16>,
+        body: ResponseBody,
+    },
+    Trailers {
+        stream_id: u32,
+        grpc_status: Option<i32>,
+        grpc_message: Option<String>,
+    },
+    /// The connection (send side cut or not HTTP/2 from its start) or one direction stops
+    /// decoding here; facts reported before stay valid.
+    Undecodable(Undecodable),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestBody {
+    /// A push method's request: complete, or what the captured prefix says for sure (see
+    /// `PushCall::recipients_truncated`).
+    Push(PushCall),
+    /// Not a push method: the body is not read.
+    OtherMethod,
+    /// The message has the compressed flag: it can't be read without the codec.
+    Compressed,
+    /// The request stream ended without a message.
+    Missing,
+    Malformed(BodyError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResponseBody {
+    /// Per-user results; `truncated` when the capture ended inside the message and only the
+    /// users whose entries are complete are listed.
+    Push {
+        results: Vec<UserResult>,
+        truncated: bool,
+    },
+    Compressed,
+    Malformed(BodyError),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    #[error("protobuf: {0}")]
+    Protobuf(#[from] ProtobufError),
+    #[error("gRPC compressed flag {0} is neither 0 nor 1")]
+    InvalidCompressedFlag(u8),
+    #[error("stream ended inside a gRPC message")]
+    EndedInsideMessage,
+}
+
+/// Decodes one push → gateway connection. Feed every `Data` event of the connection in order,
+/// then call `finish` when the connection closes. A `Data` event marked `truncated` needs no
+/// special care: the next event's offset shows the gap, and `finish` reports a cut at the end.
+#[derive(Clone, Debug)]
+pub struct GrpcConnectionDecoder {
+    limits: Limits,
+    send: Http2Direction,
+    recv: Http2Direction,
+    /// Set when the send side was not decodable from its start: nothing is reported then.
+    connection_undecodable: bool,
+    streams: BTreeMap<u32, StreamState>,
+    counters: DecodeCounters,
+    events: Vec<StreamEvent>,
+}
+
+impl GrpcConnectionDecoder {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            send: Http2Direction::new(Direction::Send, limits),
+            recv: Http2Direction::new(Direction::Recv, limits),
+            connection_undecodable: false,
+            streams: BTreeMap::new(),
+            counters: DecodeCounters::default(),
+            events: Vec::new(),
+        }
+    }
+
+    /// Feeds one captured chunk that starts at stream position `offset` of `direction`.
+    pub fn feed(&mut self, direction: Direction, offset: u64, payload: &[u8]) -> Vec<GrpcFact> {
+        let mut facts = Vec::new();
+        if self.connection_undecodable {
+            return facts;
+        }
+        let mut events = std::mem::take(&mut self.events);
+        match direction {
+            Direction::Send => self.send.feed(offset, payload, &mut events),
+            Direction::Recv => self.recv.feed(offset, payload, &mut events),
+        }
+        self.handle_events(direction, &mut events, &mut facts);
+        self.events = events;
+        facts
+    }
+
+    /// The capture of the connection ended: requests and responses still incomplete are
+    /// reported as cut.
+    pub fn finish(&mut self) -> Vec<GrpcFact> {
+        let mut facts = Vec::new();
+        if self.connection_undecodable {
+            return facts;
+        }
+        let mut events = std::mem::take(&mut self.events);
+        self.send.finish(&mut events);
+        self.handle_events(Direction::Send, &mut events, &mut facts);
+        self.recv.finish(&mut events);
+        self.handle_events(Direction::Recv, &mut events, &mut facts);
+        self.events = events;
+        self.report_cut_requests(&mut facts);
+        self.report_cut_responses(&mut facts);
+        self.streams.clear();
+        facts
+    }
+
+    pub fn counters(&self) -> &DecodeCounters {
+        &self.counters
+    }
+
+    fn handle_events(
+        &mut self,
+        direction: Direction,
+        events: &mut Vec<StreamEvent>,
+        facts: &mut Vec<GrpcFact>,
+    ) {
+        for event in events.drain(..) {
+            match (direction, event) {
+                (_, StreamEvent::Lost(reason)) => self.handle_lost(direction, reason, facts),
+                (_, StreamEvent::Reset { stream_id }) => {
+                    if let Some(mut stream) = self.streams.remove(&stream_id) {
+                        stream.report_request_at_end(stream_id, facts, &mut self.counters);
+                    }
+                }
+                (
+                    Direction::Send,
+                    StreamEvent::Headers {
+                        stream_id,
+                        fields,
+                        end_stream,
+                    },
+                ) => {
+                    self.handle_request_headers(stream_id, &fields, end_stream, facts);
+                }
+                (
+                    Direction::Send,
+                    StreamEvent::Data {
+                        stream_id,
+                        data,
+                        end_stream,
+                    },
+                ) => {
+                    self.handle_request_data(stream_id, &data, facts);
+                    if end_stream && let Some(stream) = self.streams.get_mut(&stream_id) {
+                        stream.report_request_at_end(stream_id, facts, &mut self.counters);
+                    }
+                    self.remove_if_done(stream_id);
+                }
+                (Direction::Send, StreamEvent::DataCut { stream_id, data }) => {
+                    self.handle_request_data(stream_id, &data, facts);
+                }
+                (
+                    Direction::Recv,
+                    StreamEvent::Headers {
+                        stream_id,
+                        fields,
+                        end_stream,
+                    },
+                ) => {
+                    self.handle_response_headers(stream_id, &fields, end_stream, facts);
+                }
+                (
+                    Direction::Recv,
+                    StreamEvent::Data {
+                        stream_id, data, ..
+                    },
+                )
+                | (Direction::Recv, StreamEvent::DataCut { stream_id, data }) => {
+                    self.handle_response_data(stream_id, &data, facts);
+                }
+            }
+        }
+    }
+
+    fn handle_lost(
+        &mut self,
+        direction: Direction,
+        reason: Undecodable,
+        facts: &mut Vec<GrpcFact>,
+    ) {
+        match &reason {
+            Undecodable::JoinedMidStream { .. } => self.counters.undecodable_joined_mid_stream += 1,
+            Undecodable::NoClientPreface => self.counters.undecodable_no_client_preface += 1,
+            Undecodable::Gap { .. } => self.counters.lost_sync_gap += 1,
+            Undecodable::BufferOverflow { .. } => self.counters.buffer_overflow += 1,
+            Undecodable::Framing { .. } => self.counters.http2_failures += 1,
+            Undecodable::Hpack { .. } => self.counters.hpack_failures += 1,
+        }
+        let joined_late = matches!(
+            reason,
+            Undecodable::JoinedMidStream { .. } | Undecodable::NoClientPreface
+        );
+        if direction == Direction::Send && joined_late && self.streams.is_empty() {
+            self.connection_undecodable = true;
+        }
+        facts.push(GrpcFact::Undecodable(reason));
+        match direction {
+            Direction::Send => self.report_cut_requests(facts),
+            Direction::Recv => self.report_cut_responses(facts),
+        }
+    }
+
+    fn handle_request_headers(
+        &mut self,
+        stream_id: u32,
+        fields: &[HeaderField],
+        end_stream: bool,
+        facts: &mut Vec<GrpcFact>,
+    ) {
+        if !self.streams.contains_key(&stream_id) {
+            let Some(method) = header_value(fields, ":path") else {
+                self.counters.grpc_failures += 1;
+                return;
+            };
+            if self.streams.len() >= self.limits.max_streams {
+                self.counters.streams_over_limit += 1;
+                return;
+            }
+            let stream = StreamState::new(method, header_value(fields, ":authority"));
+            if stream.push_method.is_none() {
+                facts.push(stream.request_fact(stream_id, RequestBody::OtherMethod));
+            }
+            self.streams.insert(stream_id, stream);
+        }
+        if end_stream && let Some(stream) = self.streams.get_mut(&stream_id) {
+            stream.report_request_at_end(stream_id, facts, &mut self.counters);
+        }
+        self.remove_if_done(stream_id);
+    }
+
+    fn handle_request_data(&mut self, stream_id: u32, data: &[u8], facts: &mut Vec<GrpcFact>) {
+        let cap = self.message_cap(Direction::Send, stream_id);
+        let Some(stream) = self.streams.get_mut(&stream_id) else {
+            return;
+        };
+        if stream.request_reported {
+            return;
+        }
+        match stream.request.push(data, cap) {
+            Some(ReadMessage::Complete { flag, body }) => {
+                let body = match (flag, stream.push_method) {
+                    (0, Some(method)) => match protobuf::decode_request(method, &body) {
+                        Ok(call) => RequestBody::Push(call),
+                        Err(error) => {
+                            self.counters.protobuf_failures += 1;
+                            RequestBody::Malformed(error.into())
+                        }
+                    },
+                    _ => request_body_for_flag(flag, &mut self.counters),
+                };
+                stream.report_request(stream_id, body, facts);
+            }
+            Some(ReadMessage::Cut) => {
+                self.counters.buffer_overflow += 1;
+                stream.report_request_cut(stream_id, facts, &mut self.counters);
+            }
+            None => {}
+        }
+    }
+
+    fn handle_response_headers(
+        &mut self,
+        stream_id: u32,
+        fields: &[HeaderField],
+        end_stream: bool,
+        facts: &mut Vec<GrpcFact>,
+    ) {
+        let Some(stream) = self.streams.get_mut(&stream_id) else {
+            return;
+        };
+        if let Some(status) = header_value(fields, ":status") {
+            stream.http_status = status.parse().ok();
+        }
+        let grpc_status = header_value(fields, "grpc-status");
+        if grpc_status.is_some() || end_stream {
+            facts.push(GrpcFact::Trailers {
+                stream_id,
+                grpc_status: grpc_status.and_then(|status| status.parse().ok()),
+                grpc_message: header_value(fields, "grpc-message"),
+            });
+        }
+        if end_stream {
+            if stream.response.has_partial_message() {
+                self.counters.grpc_failures += 1;
+                let body = ResponseBody::Malformed(BodyError::EndedInsideMessage);
+                stream.report_response(stream_id, body, facts);
+            }
+            stream.response.done = true;
+            stream.response_ended = true;
+        }
+        self.remove_if_done(stream_id);
+    }
+
+    fn handle_response_data(&mut self, stream_id: u32, data: &[u8], facts: &mut Vec<GrpcFact>) {
+        let cap = self.message_cap(Direction::Recv, stream_id);
+        let Some(stream) = self.streams.get_mut(&stream_id) else {
+            return;
+        };
+        let Some(method) = stream.push_method else {
+            return;
+        };
+        match stream.response.push(data, cap) {
+            Some(ReadMessage::Complete { flag: 0, body }) => {
+                let body = match protobuf::decode_response(method, &body) {
+                    Ok(results) => ResponseBody::Push {
+                        results,
+                        truncated: false,
+                    },
+                    Err(error) => {
+                        self.counters.protobuf_failures += 1;
+                        ResponseBody::Malformed(error.into())
+                    }
+                };
+                stream.report_response(stream_id, body, facts);
+            }
+            Some(ReadMessage::Complete { flag, .. }) => {
+                let body = response_body_for_flag(flag, &mut self.counters);
+                stream.report_response(stream_id, body, facts);
+            }
+            Some(ReadMessage::Cut) => {
+                self.counters.buffer_overflow += 1;
+                stream.report_response_cut(stream_id, facts, &mut self.counters);
+            }
+            None => {}
+        }
+    }
+
+    /// The capture lost the rest of the send side: every request not yet reported is cut.
+    fn report_cut_requests(&mut self, facts: &mut Vec<GrpcFact>) {
+        for (&stream_id, stream) in &mut self.streams {
+            if !stream.request_reported {
+                stream.report_request_cut(stream_id, facts, &mut self.counters);
+            }
+        }
+    }
+
+    fn report_cut_responses(&mut self, facts: &mut Vec<GrpcFact>) {
+        for (&stream_id, stream) in &mut self.streams {
+            if stream.response.has_partial_message() {
+                stream.report_response_cut(stream_id, facts, &mut self.counters);
+            }
+            stream.response.done = true;
+        }
+    }
+
+    fn remove_if_done(&mut self, stream_id: u32) {
+        if self
+            .streams
+            .get(&stream_id)
+            .is_some_and(|stream| stream.request_reported && stream.response_ended)
+        {
+            self.streams.remove(&stream_id);
+        }
+    }
+
+    /// How many bytes `stream_id`'s message in `direction` may hold: what is left of the
+    /// direction's buffer budget after the frame buffer's worst case and the other streams.
+    fn message_cap(&self, direction: Direction, stream_id: u32) -> usize {
+        let others: usize = self
+            .streams
+            .iter()
+            .filter(|&(&id, _)| id != stream_id)
+            .map(|(_, stream)| match direction {
+                Direction::Send => stream.request.pending.len(),
+                Direction::Recv => stream.response.pending.len(),
+            })
+            .sum();
+        self.limits.max_buffered_bytes.saturating_sub(others)
+    }
+}
+
+fn request_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> RequestBody {
+    match flag {
+        0 => RequestBody::OtherMethod,
+        1 => {
+            counters.compressed_messages += 1;
+            RequestBody::Compressed
+        }
+        other => {
+            counters.grpc_failures += 1;
+            RequestBody::Malformed(BodyError::InvalidCompressedFlag(other))
+        }
+    }
+}
+
+fn response_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> ResponseBody {
+    if flag == 1 {
+        counters.compressed_messages += 1;
+        ResponseBody::Compressed
+    } else {
+        counters.grpc_failures += 1;
+        ResponseBody::Malformed(BodyError::InvalidCompressedFlag(flag))
+    }
+}
+
+fn header_value(fields: &[HeaderField], name: &str) -> Option<String> {
+    fields
+        .iter()
+        .find(|field| field.name == name.as_bytes())
+        .map(|field| String::from_utf8_lossy(&field.value).into_owned())
+}
+
+#[derive(Clone, Debug)]
+struct StreamState {
+    method: String,
+    authority: Option<String>,
+    push_method: Option<PushMethod>,
+    request: MessageReader,
+    request_reported: bool,
+    http_status: Option<u16>,
+    response: MessageReader,
+    response_ended: bool,
+}
+
+impl StreamState {
+    fn new(method: String, authority: Option<String>) -> Self {
+        let push_method = PushMethod::from_path(&method);
+        Self {
+            push_method,
+            request_reported: push_method.is_none(),
+            response: MessageReader {
+                done: push_method.is_none(),
+                ..MessageReader::default()
+            },
+            method,
+            authority,
+            request: MessageReader::default(),
+            http_status: None,
+            response_ended: false,
+        }
+    }
+
+    fn request_fact(&self, stream_id: u32, body: RequestBody) -> GrpcFact {
+        GrpcFact::Request {
+            stream_id,
+            method: self.method.clone(),
+            authority: self.authority.clone(),
+            body,
+        }
+    }
+
+    fn report_request(&mut self, stream_id: u32, body: RequestBody, facts: &mut Vec<GrpcFact>) {
+        self.request_reported = true;
+        self.request.done = true;
+        self.request.pending = Vec::new();
+        facts.push(self.request_fact(stream_id, body));
+    }
+
+    /// The request stream ended (END_STREAM or RST_STREAM) before its first message was whole.
+    fn report_request_at_end(
+        &mut self,
+        stream_id: u32,
+        facts: &mut Vec<GrpcFact>,
+        counters: &mut DecodeCounters,
+    ) {
+        if self.request_reported {
+            return;
+        }
+        let body = if self.request.pending.is_empty() {
+            RequestBody::Missing
+        } else {
+            counters.grpc_failures += 1;
+            RequestBody::Malformed(BodyError::EndedInsideMessage)
+        };
+        self.report_request(stream_id, body, facts);
+    }
+
+    /// The capture ended inside the request: say what its captured prefix says for sure.
+    fn report_request_cut(
+        &mut self,
+        stream_id: u32,
+        facts: &mut Vec<GrpcFact>,
+        counters: &mut DecodeCounters,
+    ) {
+        let Some(method) = self.push_method else {
+            return;
+        };
+        let body = match self.request.header() {
+            Some((1, _)) => request_body_for_flag(1, counters),
+            Some((0, _)) | None => {
+                match protobuf::decode_request_prefix(method, self.request.body()) {
+                    Ok(call) => {
+                        counters.truncated_calls += 1;
+                        RequestBody::Push(call)
+                    }
+                    Err(error) => {
+                        counters.protobuf_failures += 1;
+                        RequestBody::Malformed(error.into())
+                    }
+                }
+            }
+            Some((flag, _)) => request_body_for_flag(flag, counters),
+        };
+        self.report_request(stream_id, body, facts);
+    }
+
+    fn report_response(&mut self, stream_id: u32, body: ResponseBody, facts: &mut Vec<GrpcFact>) {
+        self.response.done = true;
+        self.response.pending = Vec::new();
+        facts.push(GrpcFact::Response {
+            stream_id,
+            http_status: self.http_status,
+            body,
+        });
+    }
+
+    fn report_response_cut(
+        &mut self,
+        stream_id: u32,
+        facts: &mut Vec<GrpcFact>,
+        counters: &mut DecodeCounters,
+    ) {
+        let Some(method) = self.push_method else {
+            return;
+        };
+        let body = match self.response.header() {
+            Some((0, _)) | None => {
+                match protobuf::decode_response_prefix(method, self.response.body()) {
+                    Ok(results) => ResponseBody::Push {
+                        results,
+                        truncated: true,
+                    },
+                    Err(error) => {
+                        counters.protobuf_failures += 1;
+                        ResponseBody::Malformed(error.into())
+                    }
+                }
+            }
+            Some((flag, _)) => response_body_for_flag(flag, counters),
+        };
+        self.report_response(stream_id, body, facts);
+    }
+}
+
+enum ReadMessage {
+    Complete {
+        flag: u8,
+        body: Vec<u8>,
+    },
+    /// The message outgrew the byte budget: read what `pending` holds as a cut message.
+    Cut,
+}
+
+/// Reassembles the first gRPC message of one direction of a stream.
+#[derive(Clone, Debug, Default)]
+struct MessageReader {
+    /// The message header and body bytes read so far.
+    pending: Vec<u8>,
+    /// The first message was reported (or is not wanted): later bytes are ignored.
+    done: bool,
+}
+
+impl MessageReader {
+    fn push(&mut self, mut data: &[u8], cap: usize) -> Option<ReadMessage> {
+        if self.done {
+            return None;
+        }
+        loop {
+            if let Some((flag, length)) = self.header()
+                && self.body().len() >= length
+            {
+                self.done = true;
+                let body = self.body().get(..length).unwrap_or_default().to_vec();
+                self.pending = Vec::new();
+                return Some(ReadMessage::Complete { flag, body });
+            }
+            if data.is_empty() {
+                return None;
+            }
+            let target = match self.header() {
+                Some((_, length)) => MESSAGE_HEADER_LEN.saturating_add(length),
+                None => MESSAGE_HEADER_LEN,
+            };
+            let room = cap.saturating_sub(self.pending.len());
+            if room == 0 {
+                self.done = true;
+                return Some(ReadMessage::Cut);
+            }
+            let take = target
+                .saturating_sub(self.pending.len())
+                .min(data.len())
+                .min(room);
+            let (taken, rest) = data.split_at(take);
+            self.pending.extend_from_slice(taken);
+            data = rest;
+        }
+    }
+
+    fn header(&self) -> Option<(u8, usize)> {
+        let [flag, l0, l1, l2, l3] = *self.pending.first_chunk::<MESSAGE_HEADER_LEN>()?;
+        let length = usize::try_from(u32::from_be_bytes([l0, l1, l2, l3])).ok()?;
+        Some((flag, length))
+    }
+
+    fn body(&self) -> &[u8] {
+        self.pending.get(MESSAGE_HEADER_LEN..).unwrap_or_default()
+    }
+
+    fn has_partial_message(&self) -> bool {
+        !self.done && !self.pending.is_empty()
+    }
+}

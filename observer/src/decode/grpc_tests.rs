@@ -1,0 +1,803 @@
+//! HTTP/2 + gRPC decoding over hand-built byte streams, fed the way the capture delivers them.
+
+use prost::Message;
+
+use crate::capture::Direction;
+
+use super::grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
+use super::hpack::huffman_encode;
+use super::http2::{CLIENT_PREFACE, FrameError, Undecodable};
+use super::protobuf::tests::{sample_ids, sample_request};
+use super::protobuf::{
+    OnlineBatchPushOneMsgResp, PlatformResult, PushCall, SingleMsgToUserPlatform,
+    SingleMsgToUserResults, UserResult,
+};
+use super::{DecodeCounters, Limits};
+
+const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
+const AUTHORITY: &str =
+    "im-openim-msggateway-1.im-openim-msggateway-headless.ns.svc.cluster.local:88";
+const CANARY: &[u8] = b"CANARY-private-message-body-7f3a";
+
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const PRIORITY: u8 = 2;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const PING: u8 = 6;
+const WINDOW_UPDATE: u8 = 8;
+const CONTINUATION: u8 = 9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY_FLAG: u8 = 0x20;
+
+fn frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let length = payload.len() as u32;
+    let mut bytes = length.to_be_bytes()[1..].to_vec();
+    bytes.extend([frame_type, flags]);
+    bytes.extend(stream_id.to_be_bytes());
+    bytes.extend(payload);
+    bytes
+}
+
+fn hpack_integer(first_byte_flags: u8, prefix_bits: u32, value: usize, out: &mut Vec<u8>) {
+    let prefix_max = (1usize << prefix_bits) - 1;
+    if value < prefix_max {
+        out.push(first_byte_flags | value as u8);
+        return;
+    }
+    out.push(first_byte_flags | prefix_max as u8);
+    let mut rest = value - prefix_max;
+    while rest >= 128 {
+        out.push((rest % 128) as u8 | 0x80);
+        rest /= 128;
+    }
+    out.push(rest as u8);
+}
+
+fn hpack_string(text: &str, out: &mut Vec<u8>) {
+    let encoded = huffman_encode(text.as_bytes());
+    hpack_integer(0x80, 7, encoded.len(), out);
+    out.extend(encoded);
+}
+
+/// A small HPACK encoder: static-table indexes, and literals with incremental indexing.
+enum Field<'a> {
+    Indexed(usize),
+    /// Literal value with incremental indexing, name from table index `name_index` (0: literal).
+    Literal {
+        name_index: usize,
+        name: &'a str,
+        value: &'a str,
+    },
+}
+
+fn header_block(fields: &[Field]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for field in fields {
+        match *field {
+            Field::Indexed(index) => hpack_integer(0x80, 7, index, &mut out),
+            Field::Literal {
+                name_index,
+                name,
+                value,
+            } => {
+                hpack_integer(0x40, 6, name_index, &mut out);
+                if name_index == 0 {
+                    hpack_string(name, &mut out);
+                }
+                hpack_string(value, &mut out);
+            }
+        }
+    }
+    out
+}
+
+fn first_request_headers(path: &str) -> Vec<u8> {
+    header_block(&[
+        Field::Indexed(3), // :method POST
+        Field::Indexed(6), // :scheme http
+        Field::Literal {
+            name_index: 4,
+            name: "",
+            value: path,
+        },
+        Field::Literal {
+            name_index: 1,
+            name: "",
+            value: AUTHORITY,
+        },
+        Field::Literal {
+            name_index: 31,
+            name: "",
+            value: "application/grpc",
+        },
+        Field::Literal {
+            name_index: 0,
+            name: "te",
+            value: "trailers",
+        },
+    ])
+}
+
+fn grpc_message(flag: u8, body: &[u8]) -> Vec<u8> {
+    let mut bytes = vec![flag];
+    bytes.extend((body.len() as u32).to_be_bytes());
+    bytes.extend(body);
+    bytes
+}
+
+/// What grpc-go writes: preface, SETTINGS, WINDOW_UPDATE, HEADERS, then the message in DATA
+/// frames of at most `max_frame` bytes, the last with END_STREAM.
+fn request_stream(stream_id: u32, headers: &[u8], message: &[u8], max_frame: usize) -> Vec<u8> {
+    let mut bytes = CLIENT_PREFACE.to_vec();
+    bytes.extend(frame(SETTINGS, 0, 0, &[0, 2, 0, 0, 0, 0]));
+    bytes.extend(frame(WINDOW_UPDATE, 0, 0, &[0, 0x0e, 0, 1]));
+    bytes.extend(frame(HEADERS, END_HEADERS, stream_id, headers));
+    bytes.extend(data_frames(stream_id, message, max_frame));
+    bytes
+}
+
+fn data_frames(stream_id: u32, message: &[u8], max_frame: usize) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let chunks: Vec<&[u8]> = message.chunks(max_frame).collect();
+    for (index, chunk) in chunks.iter().enumerate() {
+        let flags = if index + 1 == chunks.len() {
+            END_STREAM
+        } else {
+            0
+        };
+        bytes.extend(frame(DATA, flags, stream_id, chunk));
+    }
+    bytes
+}
+
+fn sample_response() -> Vec<u8> {
+    OnlineBatchPushOneMsgResp {
+        single_push_result: vec![
+            SingleMsgToUserResults {
+                user_id: "alice".into(),
+                resp: vec![],
+                online_push: false,
+            },
+            SingleMsgToUserResults {
+                user_id: "bob".into(),
+                resp: vec![SingleMsgToUserPlatform {
+                    result_code: 0,
+                    recv_id: "bob".into(),
+                    recv_platform_id: 2,
+                }],
+                online_push: true,
+            },
+        ],
+    }
+    .encode_to_vec()
+}
+
+fn expected_results() -> Vec<UserResult> {
+    vec![
+        UserResult {
+            user_id: "alice".into(),
+            online_push: false,
+            platforms: vec![],
+        },
+        UserResult {
+            user_id: "bob".into(),
+            online_push: true,
+            platforms: vec![PlatformResult {
+                result_code: 0,
+                platform_id: 2,
+            }],
+        },
+    ]
+}
+
+fn response_stream(stream_id: u32) -> Vec<u8> {
+    let mut bytes = frame(SETTINGS, 0, 0, &[]);
+    bytes.extend(frame(SETTINGS, 1, 0, &[]));
+    let headers = header_block(&[
+        Field::Indexed(8), // :status 200
+        Field::Literal {
+            name_index: 31,
+            name: "",
+            value: "application/grpc",
+        },
+    ]);
+    bytes.extend(frame(HEADERS, END_HEADERS, stream_id, &headers));
+    bytes.extend(frame(PING, 0, 0, &[0; 8]));
+    bytes.extend(frame(
+        DATA,
+        0,
+        stream_id,
+        &grpc_message(0, &sample_response()),
+    ));
+    let trailers = header_block(&[
+        Field::Literal {
+            name_index: 0,
+            name: "grpc-status",
+            value: "0",
+        },
+        Field::Literal {
+            name_index: 0,
+            name: "grpc-message",
+            value: "",
+        },
+    ]);
+    bytes.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        stream_id,
+        &trailers,
+    ));
+    bytes
+}
+
+fn push_request(stream_id: u32, call: PushCall) -> GrpcFact {
+    GrpcFact::Request {
+        stream_id,
+        method: PUSH_PATH.into(),
+        authority: Some(AUTHORITY.into()),
+        body: RequestBody::Push(call),
+    }
+}
+
+fn complete_call(recipients: &[&str]) -> PushCall {
+    PushCall {
+        message: sample_ids(),
+        message_truncated: false,
+        recipients: recipients.iter().map(|&r| r.to_owned()).collect(),
+        recipients_truncated: false,
+    }
+}
+
+fn expected_response_facts(stream_id: u32) -> Vec<GrpcFact> {
+    vec![
+        GrpcFact::Response {
+            stream_id,
+            http_status: Some(200),
+            body: ResponseBody::Push {
+                results: expected_results(),
+                truncated: false,
+            },
+        },
+        GrpcFact::Trailers {
+            stream_id,
+            grpc_status: Some(0),
+            grpc_message: Some(String::new()),
+        },
+    ]
+}
+
+/// Feeds `bytes` of one direction as chunks ending at `cuts`.
+fn feed_cut(
+    decoder: &mut GrpcConnectionDecoder,
+    direction: Direction,
+    bytes: &[u8],
+    cuts: &[usize],
+) -> Vec<GrpcFact> {
+    let mut facts = Vec::new();
+    let mut start = 0usize;
+    for &end in cuts.iter().chain([&bytes.len()]) {
+        facts.extend(decoder.feed(direction, start as u64, &bytes[start..end]));
+        start = end;
+    }
+    facts
+}
+
+fn feed_in_chunks(
+    decoder: &mut GrpcConnectionDecoder,
+    direction: Direction,
+    bytes: &[u8],
+    size: usize,
+) -> Vec<GrpcFact> {
+    let cuts: Vec<usize> = (size..bytes.len()).step_by(size).collect();
+    feed_cut(decoder, direction, bytes, &cuts)
+}
+
+#[test]
+fn decodes_a_push_call_and_its_answer() {
+    let message = grpc_message(0, &sample_request(CANARY, &["alice", "bob"]));
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let mut facts = decoder.feed(Direction::Send, 0, &send);
+    facts.extend(decoder.feed(Direction::Recv, 0, &response_stream(1)));
+    facts.extend(decoder.finish());
+    let mut expected = vec![push_request(1, complete_call(&["alice", "bob"]))];
+    expected.extend(expected_response_facts(1));
+    assert_eq!(facts, expected);
+    assert_eq!(*decoder.counters(), DecodeCounters::default());
+}
+
+#[test]
+fn split_at_every_byte_boundary_gives_the_same_facts() {
+    let message = grpc_message(0, &sample_request(CANARY, &["alice", "bob"]));
+    // Small DATA frames so the message spans several frames too.
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 40);
+    let recv = response_stream(1);
+    let mut expected = vec![push_request(1, complete_call(&["alice", "bob"]))];
+    expected.extend(expected_response_facts(1));
+    for split in 0..send.len().max(recv.len()) {
+        let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+        let mut facts = feed_cut(
+            &mut decoder,
+            Direction::Send,
+            &send,
+            &[split.min(send.len())],
+        );
+        facts.extend(feed_cut(
+            &mut decoder,
+            Direction::Recv,
+            &recv,
+            &[split.min(recv.len())],
+        ));
+        assert_eq!(facts, expected, "split at {split}");
+    }
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let mut facts = feed_in_chunks(&mut decoder, Direction::Send, &send, 1);
+    facts.extend(feed_in_chunks(&mut decoder, Direction::Recv, &recv, 1));
+    assert_eq!(facts, expected);
+}
+
+#[test]
+fn padding_priority_and_continuation() {
+    let headers = first_request_headers(PUSH_PATH);
+    let (first, rest) = headers.split_at(7);
+    let (middle, last) = rest.split_at(20);
+    let mut padded_headers = vec![3u8];
+    padded_headers.extend([0, 0, 0, 0, 16]); // priority: dependency 0, weight 16
+    padded_headers.extend(first);
+    padded_headers.extend([0, 0, 0]);
+    let message = grpc_message(0, &sample_request(CANARY, &["carol"]));
+    let (message_start, message_end) = message.split_at(30);
+    let mut padded_data = vec![200u8];
+    padded_data.extend(message_start);
+    padded_data.extend([0u8; 200]);
+
+    let mut send = CLIENT_PREFACE.to_vec();
+    send.extend(frame(SETTINGS, 0, 0, &[]));
+    send.extend(frame(HEADERS, PADDED | PRIORITY_FLAG, 1, &padded_headers));
+    send.extend(frame(CONTINUATION, 0, 1, middle));
+    send.extend(frame(CONTINUATION, END_HEADERS, 1, last));
+    send.extend(frame(PRIORITY, 0, 1, &[0, 0, 0, 0, 16]));
+    send.extend(frame(DATA, PADDED, 1, &padded_data));
+    send.extend(frame(
+        DATA,
+        PADDED | END_STREAM,
+        1,
+        &[[0u8].as_slice(), message_end].concat(),
+    ));
+
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    for size in [1, 7, 4096] {
+        let facts = feed_in_chunks(&mut decoder, Direction::Send, &send, size);
+        assert_eq!(
+            facts,
+            vec![push_request(1, complete_call(&["carol"]))],
+            "chunks of {size}"
+        );
+        decoder = GrpcConnectionDecoder::new(Limits::default());
+    }
+}
+
+#[test]
+fn dynamic_table_carries_over_between_requests() {
+    let message = grpc_message(0, &sample_request(CANARY, &["dave"]));
+    let mut send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
+    // Newest first: te (62), content-type (63), :authority (64), :path (65).
+    let second_headers = header_block(&[
+        Field::Indexed(3),
+        Field::Indexed(6),
+        Field::Indexed(65),
+        Field::Indexed(64),
+        Field::Indexed(63),
+        Field::Indexed(62),
+    ]);
+    send.extend(frame(HEADERS, END_HEADERS, 3, &second_headers));
+    send.extend(data_frames(
+        3,
+        &grpc_message(0, &sample_request(CANARY, &["erin"])),
+        16384,
+    ));
+    let mut recv = response_stream(1);
+    // The response side has its own table: grpc-message (62), grpc-status (63), content-type (64).
+    let headers = header_block(&[Field::Indexed(8), Field::Indexed(64)]);
+    recv.extend(frame(HEADERS, END_HEADERS, 3, &headers));
+    recv.extend(frame(DATA, 0, 3, &grpc_message(0, &sample_response())));
+    recv.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &header_block(&[Field::Indexed(63), Field::Indexed(62)]),
+    ));
+
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let mut facts = decoder.feed(Direction::Send, 0, &send);
+    facts.extend(decoder.feed(Direction::Recv, 0, &recv));
+    let mut expected = vec![
+        push_request(1, complete_call(&["dave"])),
+        push_request(3, complete_call(&["erin"])),
+    ];
+    expected.extend(expected_response_facts(1));
+    expected.push(GrpcFact::Response {
+        stream_id: 3,
+        http_status: Some(200),
+        body: ResponseBody::Push {
+            results: expected_results(),
+            truncated: false,
+        },
+    });
+    expected.push(GrpcFact::Trailers {
+        stream_id: 3,
+        grpc_status: Some(0),
+        grpc_message: Some(String::new()),
+    });
+    assert_eq!(facts, expected);
+}
+
+#[test]
+fn joined_mid_stream_reports_nothing_else() {
+    let message = grpc_message(0, &sample_request(CANARY, &["alice"]));
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let facts = decoder.feed(Direction::Send, 24, &send[24..]);
+    assert_eq!(
+        facts,
+        vec![GrpcFact::Undecodable(Undecodable::JoinedMidStream {
+            direction: Direction::Send,
+            first_offset: 24
+        })]
+    );
+    assert!(
+        decoder
+            .feed(Direction::Recv, 0, &response_stream(1))
+            .is_empty()
+    );
+    assert!(decoder.finish().is_empty());
+    assert_eq!(decoder.counters().undecodable_joined_mid_stream, 1);
+
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let facts = decoder.feed(Direction::Send, 0, &send[9..]);
+    assert_eq!(
+        facts,
+        vec![GrpcFact::Undecodable(Undecodable::NoClientPreface)]
+    );
+    assert!(
+        decoder
+            .feed(Direction::Send, send.len() as u64 - 9, b"more")
+            .is_empty()
+    );
+    assert_eq!(decoder.counters().undecodable_no_client_preface, 1);
+}
+
+#[test]
+fn a_gap_truncates_the_call_but_keeps_what_was_read() {
+    // msgData far larger than the capture budget: the recipients are never captured.
+    let big = vec![b'x'; 300 << 10];
+    let message = grpc_message(0, &sample_request(&big, &["alice", "bob"]));
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
+    let budget = 256 << 10;
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let mut facts = feed_in_chunks(&mut decoder, Direction::Send, &send[..budget], 4096);
+    facts.extend(decoder.feed(
+        Direction::Send,
+        send.len() as u64 - 100,
+        &send[send.len() - 100..],
+    ));
+    let mut expected_call = PushCall {
+        message: sample_ids(),
+        message_truncated: true,
+        recipients: vec![],
+        recipients_truncated: true,
+    };
+    // Fields of msgData after the content (seq) are lost with the cut.
+    expected_call.message.seq = 0;
+    assert_eq!(
+        facts,
+        vec![
+            GrpcFact::Undecodable(Undecodable::Gap {
+                direction: Direction::Send,
+                position: budget as u64,
+                missing: (send.len() - 100 - budget) as u64,
+            }),
+            push_request(1, expected_call),
+        ]
+    );
+    assert_eq!(decoder.counters().truncated_calls, 1);
+    assert_eq!(decoder.counters().lost_sync_gap, 1);
+    // The answer still decodes: the receive side has its own HPACK state.
+    assert_eq!(
+        decoder.feed(Direction::Recv, 0, &response_stream(1)),
+        expected_response_facts(1)
+    );
+}
+
+#[test]
+fn a_cut_inside_the_recipients_lists_the_complete_ones() {
+    let message = grpc_message(0, &sample_request(CANARY, &["alice", "bob", "carol"]));
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
+    // Ends inside "carol": the capture stopped there and the connection closed.
+    let captured = &send[..send.len() - 3];
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    assert!(decoder.feed(Direction::Send, 0, captured).is_empty());
+    let call = PushCall {
+        message: sample_ids(),
+        message_truncated: false,
+        recipients: vec!["alice".into(), "bob".into()],
+        recipients_truncated: true,
+    };
+    assert_eq!(decoder.finish(), vec![push_request(1, call)]);
+}
+
+#[test]
+fn compressed_messages_are_reported_not_parsed() {
+    let send = request_stream(
+        1,
+        &first_request_headers(PUSH_PATH),
+        &grpc_message(1, b"\x1f\x8b gzip"),
+        16384,
+    );
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let facts = decoder.feed(Direction::Send, 0, &send);
+    assert_eq!(
+        facts,
+        vec![GrpcFact::Request {
+            stream_id: 1,
+            method: PUSH_PATH.into(),
+            authority: Some(AUTHORITY.into()),
+            body: RequestBody::Compressed,
+        }]
+    );
+    assert_eq!(decoder.counters().compressed_messages, 1);
+}
+
+#[test]
+fn other_methods_are_named_not_decoded() {
+    let path = "/OpenIMServer.msggateway.msgGateway/GetUsersOnlineStatus";
+    let send = request_stream(
+        1,
+        &first_request_headers(path),
+        &grpc_message(0, b"\x0a\x01u"),
+        16384,
+    );
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let mut facts = decoder.feed(Direction::Send, 0, &send);
+    facts.extend(decoder.feed(Direction::Recv, 0, &response_stream(1)));
+    assert_eq!(
+        facts,
+        vec![
+            GrpcFact::Request {
+                stream_id: 1,
+                method: path.into(),
+                authority: Some(AUTHORITY.into()),
+                body: RequestBody::OtherMethod,
+            },
+            GrpcFact::Trailers {
+                stream_id: 1,
+                grpc_status: Some(0),
+                grpc_message: Some(String::new())
+            },
+        ]
+    );
+}
+
+#[test]
+fn protocol_errors_are_typed() {
+    let mut send = CLIENT_PREFACE.to_vec();
+    send.extend(frame(HEADERS, 0, 1, &first_request_headers(PUSH_PATH)));
+    send.extend(frame(DATA, 0, 1, b"xx"));
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    assert_eq!(
+        decoder.feed(Direction::Send, 0, &send),
+        vec![GrpcFact::Undecodable(Undecodable::Framing {
+            direction: Direction::Send,
+            error: FrameError::ContinuationExpected { frame_type: DATA },
+        })]
+    );
+    assert_eq!(decoder.counters().http2_failures, 1);
+
+    let mut send = CLIENT_PREFACE.to_vec();
+    send.extend(frame(
+        HEADERS,
+        END_HEADERS,
+        1,
+        &[0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],
+    ));
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let facts = decoder.feed(Direction::Send, 0, &send);
+    assert!(matches!(
+        facts.as_slice(),
+        [GrpcFact::Undecodable(Undecodable::Hpack { .. })]
+    ));
+    assert_eq!(decoder.counters().hpack_failures, 1);
+
+    // The stream ends inside a message; a reset stream reports what it had.
+    let mut send = request_stream(
+        1,
+        &first_request_headers(PUSH_PATH),
+        &grpc_message(0, b"abc")[..6],
+        16384,
+    );
+    send.extend(frame(
+        HEADERS,
+        END_HEADERS,
+        3,
+        &first_request_headers(PUSH_PATH),
+    ));
+    send.extend(frame(RST_STREAM, 0, 3, &[0, 0, 0, 8]));
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let facts = decoder.feed(Direction::Send, 0, &send);
+    assert_eq!(facts.len(), 2);
+    assert!(matches!(
+        &facts[0],
+        GrpcFact::Request {
+            stream_id: 1,
+            body: RequestBody::Malformed(BodyError::EndedInsideMessage),
+            ..
+        }
+    ));
+    assert!(matches!(
+        &facts[1],
+        GrpcFact::Request {
+            stream_id: 3,
+            body: RequestBody::Missing,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn buffers_stay_within_limits() {
+    let limits = Limits {
+        max_buffered_bytes: 1000,
+        ..Limits::default()
+    };
+    let message = grpc_message(0, &sample_request(&[b'y'; 5000], &["alice"]));
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 800);
+    let mut decoder = GrpcConnectionDecoder::new(limits);
+    let facts = feed_in_chunks(&mut decoder, Direction::Send, &send, 500);
+    assert!(matches!(
+        facts.as_slice(),
+        [GrpcFact::Request {
+            body: RequestBody::Push(PushCall {
+                recipients_truncated: true,
+                ..
+            }),
+            ..
+        }]
+    ));
+    // A frame larger than the budget loses the direction instead of growing.
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
+    let mut decoder = GrpcConnectionDecoder::new(limits);
+    let facts = feed_in_chunks(&mut decoder, Direction::Send, &send, 500);
+    assert!(
+        facts.contains(&GrpcFact::Undecodable(Undecodable::BufferOverflow {
+            direction: Direction::Send,
+            limit: 1000
+        }))
+    );
+}
+
+#[test]
+fn the_message_content_never_reaches_a_fact() {
+    let message = grpc_message(0, &sample_request(CANARY, &["alice", "bob"]));
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
+    for cut in (0..send.len()).step_by(3) {
+        let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+        let mut facts = decoder.feed(Direction::Send, 0, &send[..cut]);
+        facts.extend(decoder.feed(
+            Direction::Send,
+            cut as u64 + 1,
+            send.get(cut + 1..).unwrap_or_default(),
+        ));
+        facts.extend(decoder.finish());
+        let debug = format!("{facts:?}");
+        assert!(!debug.contains("CANARY"), "cut {cut}: {debug}");
+    }
+}
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[test]
+fn random_and_mutated_bytes_never_panic() {
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let message = grpc_message(0, &sample_request(CANARY, &["alice", "bob"]));
+    let valid_send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 64);
+    let valid_recv = response_stream(1);
+    for round in 0..3000 {
+        let mut send = valid_send.clone();
+        let mut recv = valid_recv.clone();
+        if round % 3 == 0 {
+            let len = (rng.next() % 400) as usize;
+            send = CLIENT_PREFACE.to_vec();
+            send.extend((0..len).map(|_| rng.next() as u8));
+            recv = (0..len).map(|_| rng.next() as u8).collect();
+        } else {
+            for _ in 0..1 + rng.next() % 4 {
+                let index = (rng.next() as usize) % send.len();
+                send[index] = rng.next() as u8;
+                let index = (rng.next() as usize) % recv.len();
+                recv[index] = rng.next() as u8;
+            }
+        }
+        let mut decoder = GrpcConnectionDecoder::new(Limits {
+            max_buffered_bytes: 4096,
+            ..Limits::default()
+        });
+        let chunk = 1 + (rng.next() % 64) as usize;
+        feed_in_chunks(&mut decoder, Direction::Send, &send, chunk);
+        feed_in_chunks(&mut decoder, Direction::Recv, &recv, chunk);
+        decoder.finish();
+    }
+}
+
+#[test]
+fn trailers_only_answer_and_single_push() {
+    let path = "/OpenIMServer.msggateway.msgGateway/OnlinePushMsg";
+    let request = super::protobuf::OnlinePushMsgReq {
+        msg_data: Some(super::protobuf::MsgData {
+            client_msg_id: "c1".into(),
+            seq: 5,
+            ..Default::default()
+        }),
+        push_to_user_id: "frank".into(),
+    };
+    let send = request_stream(
+        1,
+        &first_request_headers(path),
+        &grpc_message(0, &request.encode_to_vec()),
+        16384,
+    );
+    let answer = header_block(&[
+        Field::Indexed(8),
+        Field::Literal {
+            name_index: 0,
+            name: "grpc-status",
+            value: "14",
+        },
+        Field::Literal {
+            name_index: 0,
+            name: "grpc-message",
+            value: "no connection",
+        },
+    ]);
+    let recv = frame(HEADERS, END_HEADERS | END_STREAM, 1, &answer);
+    let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+    let mut facts = decoder.feed(Direction::Send, 0, &send);
+    facts.extend(decoder.feed(Direction::Recv, 0, &recv));
+    facts.extend(decoder.finish());
+    let call = PushCall {
+        message: super::protobuf::MessageIds {
+            client_msg_id: "c1".into(),
+            seq: 5,
+            ..Default::default()
+        },
+        recipients: vec!["frank".into()],
+        ..PushCall::default()
+    };
+    assert_eq!(
+        facts,
+        vec![
+            GrpcFact::Request {
+                stream_id: 1,
+                method: path.into(),
+                authority: Some(AUTHORITY.into()),
+                body: RequestBody::Push(call),
+            },
+            GrpcFact::Trailers {
+                stream_id: 1,
+                grpc_status: Some(14),
+                grpc_message: Some("no connection".into()),
+            },
+        ]
+    );
+}

@@ -1,0 +1,480 @@
+//! The WebSocket upgrade from msggateway-proxy to a gateway (port 80): the HTTP/1.1 request
+//! that places a user, and the gateway's answer.
+//!
+//! The request's query carries the user's `token` and may come with `Authorization` or `Cookie`
+//! headers. They are credentials: `redact_secrets` overwrites them in captured bytes, and the
+//! typed `UpgradeRequest` has no field that could hold them.
+
+use crate::capture::Direction;
+
+use super::{DecodeCounters, Limits};
+
+/// Headers httparse may return; an upgrade request has about ten.
+const MAX_HEADERS: usize = 64;
+
+/// Header names whose values are credentials, compared case-insensitively.
+const SECRET_HEADERS: [&[u8]; 4] = [
+    b"authorization",
+    b"proxy-authorization",
+    b"cookie",
+    b"set-cookie",
+];
+
+/// Overwrites credentials in `payload` with `*`, in place, keeping its length: every `token=`
+/// query value (up to `&`, space, CR, LF, `#` or the end) and the values of `Authorization`,
+/// `Proxy-Authorization`, `Cookie` and `Set-Cookie` header lines (up to CR, LF or the end).
+///
+/// Matches are deliberately loose (`xtoken=` is redacted too, names in any case): redacting a
+/// harmless value costs nothing, leaking a credential is what must never happen.
+pub fn redact_secrets(payload: &mut [u8]) {
+    redact_token_values(payload);
+    redact_secret_headers(payload);
+}
+
+fn redact_token_values(payload: &mut [u8]) {
+    const KEY: &[u8] = b"token=";
+    let mut start = 0usize;
+    while let Some(found) = find_ignore_case(payload.get(start..).unwrap_or_default(), KEY) {
+        let value_start = start + found + KEY.len();
+        let rest = payload.get_mut(value_start..).unwrap_or_default();
+        let value_len = rest
+            .iter()
+            .position(|&byte| matches!(byte, b'&' | b' ' | b'\r' | b'\n' | b'#'))
+            .unwrap_or(rest.len());
+        rest.iter_mut()
+            .take(value_len)
+            .for_each(|byte| *byte = b'*');
+        start = value_start + value_len;
+    }
+}
+
+fn redact_secret_headers(payload: &mut [u8]) {
+    let mut line_start = 0usize;
+    while line_start < payload.len() {
+        let line = payload.get_mut(line_start..).unwrap_or_default();
+        let line_len = line
+            .iter()
+            .position(|&byte| byte == b'\n')
+            .unwrap_or(line.len());
+        let line = line.get_mut(..line_len).unwrap_or_default();
+        if let Some(colon) = line.iter().position(|&byte| byte == b':') {
+            let name = line.get(..colon).unwrap_or_default().trim_ascii();
+            if SECRET_HEADERS
+                .iter()
+                .any(|secret| name.eq_ignore_ascii_case(secret))
+            {
+                line.iter_mut()
+                    .skip(colon + 1)
+                    .take_while(|byte| **byte != b'\r')
+                    .for_each(|byte| *byte = b'*');
+            }
+        }
+        line_start += line_len + 1;
+    }
+}
+
+fn find_ignore_case(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window.eq_ignore_ascii_case(needle))
+}
+
+/// What the proxy asked for when it opened a user's WebSocket. Holds no credential.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UpgradeRequest {
+    pub method: String,
+    /// The request target's path, without the query.
+    pub path: String,
+    pub send_id: Option<String>,
+    pub platform_id: Option<i32>,
+    pub is_background: Option<bool>,
+    pub operation_id: Option<String>,
+    pub host: Option<String>,
+    pub upgrade: Option<String>,
+    pub connection: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WebSocketFact {
+    UpgradeRequest(UpgradeRequest),
+    UpgradeResponse {
+        status: u16,
+    },
+    Undecodable {
+        direction: Direction,
+        reason: Http1Error,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Http1Error {
+    #[error("joined mid-stream: first captured byte at position {0}")]
+    JoinedMidStream(u64),
+    #[error("bytes missing at position {position} before the head was complete")]
+    Gap { position: u64 },
+    #[error("head longer than {0} bytes")]
+    HeadTooLarge(usize),
+    #[error("invalid HTTP/1.1: {0}")]
+    Parse(String),
+}
+
+/// Decodes one proxy → gateway WebSocket connection: the first request head on the send side,
+/// the first response head on the receive side. Later bytes are ignored.
+#[derive(Clone, Debug)]
+pub struct WebSocketDecoder {
+    max_head_bytes: usize,
+    send: HeadReader,
+    recv: HeadReader,
+    counters: DecodeCounters,
+}
+
+#[derive(Clone, Debug, Default)]
+struct HeadReader {
+    buffer: Vec<u8>,
+    /// Stream position of the next byte expected; `None` before the first chunk.
+    next_offset: Option<u64>,
+    done: bool,
+}
+
+impl WebSocketDecoder {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            max_head_bytes: limits.max_http1_head_bytes,
+            send: HeadReader::default(),
+            recv: HeadReader::default(),
+            counters: DecodeCounters::default(),
+        }
+    }
+
+    /// Feeds one captured chunk that starts at stream position `offset` of `direction`; returns
+    /// a fact once that direction's head is complete (or can't be).
+    pub fn feed(
+        &mut self,
+        direction: Direction,
+        offset: u64,
+        payload: &[u8],
+    ) -> Option<WebSocketFact> {
+        let max_head_bytes = self.max_head_bytes;
+        let reader = match direction {
+            Direction::Send => &mut self.send,
+            Direction::Recv => &mut self.recv,
+        };
+        let fact = match reader.append(offset, payload, max_head_bytes) {
+            Err(reason) => Some(WebSocketFact::Undecodable { direction, reason }),
+            Ok(()) => match direction {
+                Direction::Send => parse_request(&reader.buffer).transpose(),
+                Direction::Recv => parse_response(&reader.buffer).transpose(),
+            }
+            .map(|parsed| match parsed {
+                Ok(fact) => fact,
+                Err(reason) => WebSocketFact::Undecodable { direction, reason },
+            }),
+        };
+        if fact.is_some() {
+            reader.done = true;
+            reader.buffer = Vec::new();
+        }
+        if matches!(fact, Some(WebSocketFact::Undecodable { .. })) {
+            self.counters.http1_failures += 1;
+        }
+        fact
+    }
+
+    pub fn counters(&self) -> &DecodeCounters {
+        &self.counters
+    }
+}
+
+impl HeadReader {
+    fn append(
+        &mut self,
+        offset: u64,
+        payload: &[u8],
+        max_head_bytes: usize,
+    ) -> Result<(), Http1Error> {
+        if self.done {
+            return Ok(());
+        }
+        let expected = self.next_offset.unwrap_or(0);
+        if offset != expected {
+            self.done = true;
+            return Err(match self.next_offset {
+                None => Http1Error::JoinedMidStream(offset),
+                Some(position) => Http1Error::Gap { position },
+            });
+        }
+        if self.buffer.len() + payload.len() > max_head_bytes {
+            return Err(Http1Error::HeadTooLarge(max_head_bytes));
+        }
+        self.next_offset = Some(expected + payload.len() as u64);
+        self.buffer.extend_from_slice(payload);
+        // The capture layer redacts each chunk; a token split across chunks is only visible
+        // once they are joined.
+        redact_secrets(&mut self.buffer);
+        Ok(())
+    }
+}
+
+/// `Ok(None)` while the head is incomplete.
+fn parse_request(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
+    if buffer.is_empty() {
+        return Ok(None);
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(buffer) {
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Ok(httparse::Status::Complete(_)) => {}
+        Err(error) => return Err(Http1Error::Parse(error.to_string())),
+    }
+    let target = request.path.unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let mut upgrade = UpgradeRequest {
+        method: request.method.unwrap_or_default().to_owned(),
+        path: path.to_owned(),
+        ..UpgradeRequest::default()
+    };
+    for pair in query.split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "sendID" => upgrade.send_id = Some(percent_decode(value)),
+            "platformID" => upgrade.platform_id = percent_decode(value).parse().ok(),
+            "isBackground" => upgrade.is_background = percent_decode(value).parse().ok(),
+            "operationID" => upgrade.operation_id = Some(percent_decode(value)),
+            // `token` and everything else is dropped here.
+            _ => {}
+        }
+    }
+    for header in request.headers.iter() {
+        let value = || Some(String::from_utf8_lossy(header.value).into_owned());
+        if header.name.eq_ignore_ascii_case("host") {
+            upgrade.host = value();
+        } else if header.name.eq_ignore_ascii_case("upgrade") {
+            upgrade.upgrade = value();
+        } else if header.name.eq_ignore_ascii_case("connection") {
+            upgrade.connection = value();
+        }
+    }
+    Ok(Some(WebSocketFact::UpgradeRequest(upgrade)))
+}
+
+fn parse_response(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
+    if buffer.is_empty() {
+        return Ok(None);
+    }
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut response = httparse::Response::new(&mut headers);
+    match response.parse(buffer) {
+        Ok(httparse::Status::Partial) => Ok(None),
+        Ok(httparse::Status::Complete(_)) => Ok(Some(WebSocketFact::UpgradeResponse {
+            status: response.code.unwrap_or_default(),
+        })),
+        Err(error) => Err(Http1Error::Parse(error.to_string())),
+    }
+}
+
+/// Query values are percent-encoded (`%XX`, `+` for space); invalid escapes stay as they are.
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0usize;
+    while let Some(&byte) = bytes.get(index) {
+        let escaped = (byte == b'%')
+            .then(|| bytes.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (byte, escaped) {
+            (_, Some(escaped)) => {
+                decoded.push(escaped);
+                index += 3;
+            }
+            (b'+', None) => {
+                decoded.push(b' ');
+                index += 1;
+            }
+            (other, None) => {
+                decoded.push(other);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redacted(input: &str) -> String {
+        let mut bytes = input.as_bytes().to_vec();
+        redact_secrets(&mut bytes);
+        assert_eq!(bytes.len(), input.len());
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn redacts_token_values() {
+        assert_eq!(
+            redacted("GET /?sendID=1&token=abc&x=1 HTTP/1.1"),
+            "GET /?sendID=1&token=***&x=1 HTTP/1.1"
+        );
+        assert_eq!(
+            redacted("GET /?token=abc HTTP/1.1"),
+            "GET /?token=*** HTTP/1.1"
+        );
+        // Cut mid-value at the end of the buffer.
+        assert_eq!(
+            redacted("GET /?sendID=1&token=eyJhbGci"),
+            "GET /?sendID=1&token=********"
+        );
+        assert_eq!(redacted("GET /?token="), "GET /?token=");
+        assert_eq!(
+            redacted("?token=a&TOKEN=bb&Token=ccc#x"),
+            "?token=*&TOKEN=**&Token=***#x"
+        );
+        assert_eq!(redacted("token=x\r\nHost: h"), "token=*\r\nHost: h");
+        // A key cut before its `=` holds no value yet.
+        assert_eq!(redacted("GET /?sendID=1&tok"), "GET /?sendID=1&tok");
+    }
+
+    #[test]
+    fn redacts_secret_headers() {
+        let input = "GET / HTTP/1.1\r\nHost: gw\r\nauthorization: Bearer x\r\nCOOKIE: a=b; c=d\r\n\
+                     Proxy-Authorization: Basic y\r\nX-Cookie-Note: keep\r\n\r\n";
+        let expected = "GET / HTTP/1.1\r\nHost: gw\r\nauthorization:*********\r\nCOOKIE:*********\r\n\
+                        Proxy-Authorization:********\r\nX-Cookie-Note: keep\r\n\r\n";
+        assert_eq!(redacted(input), expected);
+        // Cut inside the value, at the end of the buffer.
+        assert_eq!(
+            redacted("Host: gw\r\nAuthorization: Bear"),
+            "Host: gw\r\nAuthorization:*****"
+        );
+        assert_eq!(redacted("Cookie:"), "Cookie:");
+        assert_eq!(redacted("Set-Cookie: s=1\n"), "Set-Cookie:****\n");
+    }
+
+    #[test]
+    fn redaction_never_panics_on_any_length() {
+        let sample = b"GET /?token=abc&token=def HTTP/1.1\r\nCookie: zz\r\nAuthorization: q";
+        for end in 0..=sample.len() {
+            let mut bytes = sample[..end].to_vec();
+            redact_secrets(&mut bytes);
+            let text = String::from_utf8(bytes).unwrap();
+            assert!(!text.contains("abc") && !text.contains("def") && !text.contains("zz"));
+        }
+    }
+
+    const REQUEST: &str = "GET /?sendID=3355700821&token=eyJhbGciOiJIUzI1NiJ9.e30.sig&platformID=2\
+        &operationID=op%2D1&isBackground=false&compression=gzip HTTP/1.1\r\n\
+        Host: im-openim-msggateway-0.im-openim-msggateway-headless.ns.svc.cluster.local\r\n\
+        Upgrade: websocket\r\nConnection: Upgrade\r\nAuthorization: Bearer secret\r\n\
+        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+    fn expected_request() -> WebSocketFact {
+        WebSocketFact::UpgradeRequest(UpgradeRequest {
+            method: "GET".into(),
+            path: "/".into(),
+            send_id: Some("3355700821".into()),
+            platform_id: Some(2),
+            is_background: Some(false),
+            operation_id: Some("op-1".into()),
+            host: Some(
+                "im-openim-msggateway-0.im-openim-msggateway-headless.ns.svc.cluster.local".into(),
+            ),
+            upgrade: Some("websocket".into()),
+            connection: Some("Upgrade".into()),
+        })
+    }
+
+    #[test]
+    fn parses_the_upgrade_request_split_anywhere() {
+        let bytes = REQUEST.as_bytes();
+        for split in 0..bytes.len() {
+            let mut decoder = WebSocketDecoder::new(Limits::default());
+            let first = decoder.feed(Direction::Send, 0, &bytes[..split]);
+            let second = decoder.feed(Direction::Send, split as u64, &bytes[split..]);
+            assert_eq!(first, None, "split {split}");
+            let fact = second.unwrap();
+            assert_eq!(fact, expected_request());
+            let debug = format!("{fact:?}");
+            assert!(!debug.contains("eyJ") && !debug.contains("secret"));
+        }
+    }
+
+    #[test]
+    fn parses_the_response_and_reports_errors() {
+        let mut decoder = WebSocketDecoder::new(Limits::default());
+        let answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
+        assert_eq!(decoder.feed(Direction::Recv, 0, &answer[..10]), None);
+        assert_eq!(
+            decoder.feed(Direction::Recv, 10, &answer[10..]),
+            Some(WebSocketFact::UpgradeResponse { status: 101 })
+        );
+        assert_eq!(
+            decoder.feed(Direction::Recv, answer.len() as u64, b"junk"),
+            None
+        );
+
+        let mut decoder = WebSocketDecoder::new(Limits::default());
+        assert_eq!(
+            decoder.feed(Direction::Send, 5, b"GET / HTTP/1.1\r\n\r\n"),
+            Some(WebSocketFact::Undecodable {
+                direction: Direction::Send,
+                reason: Http1Error::JoinedMidStream(5)
+            })
+        );
+        // The gRPC port's answer to an HTTP/1.1 request is not HTTP/1.1.
+        let mut decoder = WebSocketDecoder::new(Limits::default());
+        let fact = decoder.feed(Direction::Recv, 0, b"\x00\x00\x12\x04\x00\x00\x00\x00\x00");
+        assert!(matches!(
+            fact,
+            Some(WebSocketFact::Undecodable {
+                reason: Http1Error::Parse(_),
+                ..
+            })
+        ));
+        assert_eq!(decoder.counters().http1_failures, 1);
+
+        let mut decoder = WebSocketDecoder::new(Limits {
+            max_http1_head_bytes: 8,
+            ..Limits::default()
+        });
+        assert!(matches!(
+            decoder.feed(Direction::Send, 0, b"GET / HTTP/1.1\r\n"),
+            Some(WebSocketFact::Undecodable {
+                reason: Http1Error::HeadTooLarge(8),
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..2000 {
+            let mut decoder = WebSocketDecoder::new(Limits::default());
+            let mut offset = 0u64;
+            for _ in 0..4 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let len = (state % 64) as usize;
+                let chunk: Vec<u8> = (0..len)
+                    .map(|i| {
+                        let alphabet = b"GET /?&=token HTTP/1.1\r\n:Cookie%2";
+                        alphabet[((state >> (i % 56)) as usize + i) % alphabet.len()]
+                    })
+                    .collect();
+                let direction = if state & 1 == 0 {
+                    Direction::Send
+                } else {
+                    Direction::Recv
+                };
+                decoder.feed(direction, offset, &chunk);
+                offset += chunk.len() as u64;
+                redact_secrets(&mut chunk.clone());
+            }
+        }
+    }
+}

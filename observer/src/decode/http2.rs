@@ -1,0 +1,438 @@
+//! HTTP/2 framing (RFC 9113) of one direction of a client connection: reassembles frames
+//! across chunks, strips padding, joins CONTINUATIONs, decompresses header blocks with the
+//! direction's HPACK state and hands out per-stream HEADERS and DATA.
+//!
+//! The direction's HPACK table depends on every header block before, so any missing byte (a
+//! capture gap, a start past position 0) or protocol error ends decoding of that direction for
+//! good; what was decoded before stays valid.
+
+use crate::capture::Direction;
+
+use super::Limits;
+use super::hpack::{HeaderField, HpackDecoder, HpackError};
+
+pub const CLIENT_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_HEADER_LEN: usize = 9;
+
+const FRAME_DATA: u8 = 0x0;
+const FRAME_HEADERS: u8 = 0x1;
+const FRAME_RST_STREAM: u8 = 0x3;
+const FRAME_PUSH_PROMISE: u8 = 0x5;
+const FRAME_CONTINUATION: u8 = 0x9;
+
+const FLAG_END_STREAM: u8 = 0x1;
+const FLAG_END_HEADERS: u8 = 0x4;
+const FLAG_PADDED: u8 = 0x8;
+const FLAG_PRIORITY: u8 = 0x20;
+
+/// Why a connection or one of its directions can't be (further) decoded.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Undecodable {
+    #[error("joined mid-stream: first captured {direction:?} byte at position {first_offset}")]
+    JoinedMidStream {
+        direction: Direction,
+        first_offset: u64,
+    },
+    #[error("send side does not start with the HTTP/2 client preface")]
+    NoClientPreface,
+    #[error("{direction:?} lost sync: {missing} bytes not captured at position {position}")]
+    Gap {
+        direction: Direction,
+        position: u64,
+        missing: u64,
+    },
+    #[error("{direction:?} needs more than {limit} buffered bytes")]
+    BufferOverflow { direction: Direction, limit: usize },
+    #[error("{direction:?} HTTP/2 framing error: {error}")]
+    Framing {
+        direction: Direction,
+        error: FrameError,
+    },
+    #[error("{direction:?} HPACK error: {error}")]
+    Hpack {
+        direction: Direction,
+        error: HpackError,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame type {frame_type} while a header block awaits CONTINUATION")]
+    ContinuationExpected { frame_type: u8 },
+    #[error("CONTINUATION without an open header block")]
+    UnexpectedContinuation,
+    #[error("frame type {frame_type} on stream 0")]
+    StreamZero { frame_type: u8 },
+    #[error("padding or priority longer than the frame")]
+    FrameTooShort,
+    #[error("header block over {0} bytes")]
+    HeaderBlockTooLarge(usize),
+}
+
+/// What one direction's frames say about its streams.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamEvent {
+    Headers {
+        stream_id: u32,
+        fields: Vec<HeaderField>,
+        end_stream: bool,
+    },
+    Data {
+        stream_id: u32,
+        data: Vec<u8>,
+        end_stream: bool,
+    },
+    /// The start of a DATA frame that a gap cut: its payload up to the cut.
+    DataCut {
+        stream_id: u32,
+        data: Vec<u8>,
+    },
+    Reset {
+        stream_id: u32,
+    },
+    /// The direction stops here; nothing more comes from it.
+    Lost(Undecodable),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HeaderBlockKind {
+    Headers,
+    /// Server push: decoded only to keep the HPACK table in step.
+    PushPromise,
+}
+
+#[derive(Clone, Debug)]
+struct OpenHeaderBlock {
+    stream_id: u32,
+    kind: HeaderBlockKind,
+    end_stream: bool,
+    fragments: Vec<u8>,
+}
+
+/// One direction of an HTTP/2 client connection.
+#[derive(Clone, Debug)]
+pub struct Http2Direction {
+    direction: Direction,
+    limits: Limits,
+    /// Stream position of the next byte expected; `None` before the first chunk.
+    next_offset: Option<u64>,
+    preface_pending: bool,
+    buffer: Vec<u8>,
+    hpack: HpackDecoder,
+    open_header_block: Option<OpenHeaderBlock>,
+    lost: bool,
+}
+
+impl Http2Direction {
+    /// The send side must begin with the client preface; the receive side begins with frames.
+    pub fn new(direction: Direction, limits: Limits) -> Self {
+        Self {
+            direction,
+            limits,
+            next_offset: None,
+            preface_pending: direction == Direction::Send,
+            buffer: Vec::new(),
+            hpack: HpackDecoder::new(limits.max_dynamic_table_size, limits.max_header_block_bytes),
+            open_header_block: None,
+            lost: false,
+        }
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+
+    /// Feeds the chunk that starts at stream position `offset`.
+    pub fn feed(&mut self, offset: u64, payload: &[u8], events: &mut Vec<StreamEvent>) {
+        if self.lost {
+            return;
+        }
+        let expected = match self.next_offset {
+            Some(expected) => expected,
+            None if offset == 0 => 0,
+            None => {
+                return self.lose(
+                    Undecodable::JoinedMidStream {
+                        direction: self.direction,
+                        first_offset: offset,
+                    },
+                    events,
+                );
+            }
+        };
+        let payload = if offset > expected {
+            self.report_cut_data(events);
+            return self.lose(
+                Undecodable::Gap {
+                    direction: self.direction,
+                    position: expected,
+                    missing: offset - expected,
+                },
+                events,
+            );
+        } else {
+            // Bytes seen already (an overlapping chunk) are skipped.
+            let seen = usize::try_from(expected - offset).unwrap_or(usize::MAX);
+            payload.get(seen..).unwrap_or_default()
+        };
+        self.next_offset = Some(expected + payload.len() as u64);
+        // Appended piecewise so complete frames leave the buffer before more bytes come in.
+        let mut rest = payload;
+        while !rest.is_empty() && !self.lost {
+            let room = self
+                .limits
+                .max_buffered_bytes
+                .saturating_sub(self.buffer.len());
+            if room == 0 {
+                return self.lose(
+                    Undecodable::BufferOverflow {
+                        direction: self.direction,
+                        limit: self.limits.max_buffered_bytes,
+                    },
+                    events,
+                );
+            }
+            let (taken, remaining) = rest.split_at(room.min(rest.len()));
+            self.buffer.extend_from_slice(taken);
+            rest = remaining;
+            self.drain(events);
+        }
+    }
+
+    /// Reports the partial DATA frame buffered when the capture ends (no more chunks will come).
+    pub fn finish(&mut self, events: &mut Vec<StreamEvent>) {
+        if !self.lost {
+            self.report_cut_data(events);
+        }
+    }
+
+    fn lose(&mut self, reason: Undecodable, events: &mut Vec<StreamEvent>) {
+        self.lost = true;
+        self.buffer = Vec::new();
+        self.open_header_block = None;
+        events.push(StreamEvent::Lost(reason));
+    }
+
+    fn drain(&mut self, events: &mut Vec<StreamEvent>) {
+        let mut consumed = 0usize;
+        if self.preface_pending {
+            let available = self.buffer.len().min(CLIENT_PREFACE.len());
+            if self.buffer.get(..available) != CLIENT_PREFACE.get(..available) {
+                return self.lose(Undecodable::NoClientPreface, events);
+            }
+            if available < CLIENT_PREFACE.len() {
+                return;
+            }
+            self.preface_pending = false;
+            consumed = CLIENT_PREFACE.len();
+        }
+        while let Some(header) = self.buffer.get(consumed..).and_then(FrameHeader::parse) {
+            let frame_len = FRAME_HEADER_LEN + header.length;
+            if frame_len > self.limits.max_buffered_bytes {
+                return self.lose(
+                    Undecodable::BufferOverflow {
+                        direction: self.direction,
+                        limit: self.limits.max_buffered_bytes,
+                    },
+                    events,
+                );
+            }
+            let Some(frame) = self.buffer.get(consumed..consumed + frame_len) else {
+                break;
+            };
+            let payload = frame.get(FRAME_HEADER_LEN..).unwrap_or_default().to_vec();
+            consumed += frame_len;
+            if let Err(reason) = self.handle_frame(&header, &payload, events) {
+                return self.lose(reason, events);
+            }
+        }
+        self.buffer.drain(..consumed);
+    }
+
+    fn handle_frame(
+        &mut self,
+        header: &FrameHeader,
+        payload: &[u8],
+        events: &mut Vec<StreamEvent>,
+    ) -> Result<(), Undecodable> {
+        let framing = |error| Undecodable::Framing {
+            direction: self.direction,
+            error,
+        };
+        if self.open_header_block.is_some() && header.frame_type != FRAME_CONTINUATION {
+            return Err(framing(FrameError::ContinuationExpected {
+                frame_type: header.frame_type,
+            }));
+        }
+        let needs_stream = matches!(
+            header.frame_type,
+            FRAME_DATA | FRAME_HEADERS | FRAME_PUSH_PROMISE | FRAME_CONTINUATION | FRAME_RST_STREAM
+        );
+        if needs_stream && header.stream_id == 0 {
+            return Err(framing(FrameError::StreamZero {
+                frame_type: header.frame_type,
+            }));
+        }
+        match header.frame_type {
+            FRAME_DATA => {
+                let data = unpad(header.flags, payload).map_err(framing)?;
+                events.push(StreamEvent::Data {
+                    stream_id: header.stream_id,
+                    data: data.to_vec(),
+                    end_stream: header.flags & FLAG_END_STREAM != 0,
+                });
+            }
+            FRAME_HEADERS => {
+                let mut fragment = unpad(header.flags, payload).map_err(framing)?;
+                if header.flags & FLAG_PRIORITY != 0 {
+                    fragment = fragment
+                        .get(5..)
+                        .ok_or(framing(FrameError::FrameTooShort))?;
+                }
+                self.open_block(header, HeaderBlockKind::Headers, fragment, events)?;
+            }
+            FRAME_PUSH_PROMISE => {
+                let unpadded = unpad(header.flags, payload).map_err(framing)?;
+                // The promised stream id precedes the header block.
+                let fragment = unpadded
+                    .get(4..)
+                    .ok_or(framing(FrameError::FrameTooShort))?;
+                self.open_block(header, HeaderBlockKind::PushPromise, fragment, events)?;
+            }
+            FRAME_CONTINUATION => {
+                let Some(block) = self.open_header_block.as_mut() else {
+                    return Err(framing(FrameError::UnexpectedContinuation));
+                };
+                if block.stream_id != header.stream_id {
+                    return Err(framing(FrameError::ContinuationExpected {
+                        frame_type: header.frame_type,
+                    }));
+                }
+                block.fragments.extend_from_slice(payload);
+                if block.fragments.len() > self.limits.max_header_block_bytes {
+                    return Err(framing(FrameError::HeaderBlockTooLarge(
+                        self.limits.max_header_block_bytes,
+                    )));
+                }
+                if header.flags & FLAG_END_HEADERS != 0 {
+                    self.close_block(events)?;
+                }
+            }
+            FRAME_RST_STREAM => events.push(StreamEvent::Reset {
+                stream_id: header.stream_id,
+            }),
+            // SETTINGS, PING, GOAWAY, WINDOW_UPDATE, PRIORITY and unknown types carry nothing
+            // about calls or the HPACK state.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn open_block(
+        &mut self,
+        header: &FrameHeader,
+        kind: HeaderBlockKind,
+        fragment: &[u8],
+        events: &mut Vec<StreamEvent>,
+    ) -> Result<(), Undecodable> {
+        if fragment.len() > self.limits.max_header_block_bytes {
+            return Err(Undecodable::Framing {
+                direction: self.direction,
+                error: FrameError::HeaderBlockTooLarge(self.limits.max_header_block_bytes),
+            });
+        }
+        self.open_header_block = Some(OpenHeaderBlock {
+            stream_id: header.stream_id,
+            kind,
+            end_stream: header.flags & FLAG_END_STREAM != 0,
+            fragments: fragment.to_vec(),
+        });
+        if header.flags & FLAG_END_HEADERS != 0 {
+            self.close_block(events)?;
+        }
+        Ok(())
+    }
+
+    fn close_block(&mut self, events: &mut Vec<StreamEvent>) -> Result<(), Undecodable> {
+        let Some(block) = self.open_header_block.take() else {
+            return Ok(());
+        };
+        let fields = self
+            .hpack
+            .decode(&block.fragments)
+            .map_err(|error| Undecodable::Hpack {
+                direction: self.direction,
+                error,
+            })?;
+        if block.kind == HeaderBlockKind::Headers {
+            events.push(StreamEvent::Headers {
+                stream_id: block.stream_id,
+                fields,
+                end_stream: block.end_stream,
+            });
+        }
+        Ok(())
+    }
+
+    /// A DATA frame cut by a gap still carries its first bytes: they may hold recipients.
+    fn report_cut_data(&mut self, events: &mut Vec<StreamEvent>) {
+        let Some(header) = FrameHeader::parse(&self.buffer) else {
+            return;
+        };
+        if header.frame_type != FRAME_DATA || header.stream_id == 0 || self.preface_pending {
+            return;
+        }
+        let available = self.buffer.get(FRAME_HEADER_LEN..).unwrap_or_default();
+        let available = available.get(..header.length).unwrap_or(available);
+        let data = if header.flags & FLAG_PADDED != 0 {
+            match available.split_first() {
+                Some((&pad_len, rest)) => {
+                    let data_len = header.length.saturating_sub(1 + usize::from(pad_len));
+                    rest.get(..data_len).unwrap_or(rest)
+                }
+                None => return,
+            }
+        } else {
+            available
+        };
+        if !data.is_empty() {
+            events.push(StreamEvent::DataCut {
+                stream_id: header.stream_id,
+                data: data.to_vec(),
+            });
+        }
+    }
+}
+
+struct FrameHeader {
+    length: usize,
+    frame_type: u8,
+    flags: u8,
+    stream_id: u32,
+}
+
+impl FrameHeader {
+    fn parse(bytes: &[u8]) -> Option<Self> {
+        let header: &[u8; FRAME_HEADER_LEN] = bytes.get(..FRAME_HEADER_LEN)?.try_into().ok()?;
+        let [l0, l1, l2, frame_type, flags, s0, s1, s2, s3] = *header;
+        Some(Self {
+            length: usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2),
+            frame_type,
+            flags,
+            stream_id: u32::from_be_bytes([s0 & 0x7f, s1, s2, s3]),
+        })
+    }
+}
+
+/// Strips the PADDED flag's length byte and trailing padding.
+fn unpad(flags: u8, payload: &[u8]) -> Result<&[u8], FrameError> {
+    if flags & FLAG_PADDED == 0 {
+        return Ok(payload);
+    }
+    let (&pad_len, rest) = payload.split_first().ok_or(FrameError::FrameTooShort)?;
+    let data_len = rest
+        .len()
+        .checked_sub(usize::from(pad_len))
+        .ok_or(FrameError::FrameTooShort)?;
+    rest.get(..data_len).ok_or(FrameError::FrameTooShort)
+}
