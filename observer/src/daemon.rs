@@ -12,14 +12,15 @@ use clap::Args;
 use thiserror::Error;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::capture::{
-    Event,
-    kernel::{CaptureError, CaptureOptions, KernelCapture, KernelCounters},
-    recording::{self, RecordingError},
+use crate::{
+    alert::{Alert, SCHEMA_VERSION},
+    capture::{
+        Event,
+        kernel::{CaptureError, CaptureOptions, KernelCapture, KernelCounters},
+        recording::{self, RecordingError},
+    },
+    correlate::{Engine, EngineConfig, routes::RouteLimits},
 };
-
-/// Version of the JSON objects printed on stdout; bumped when a field changes meaning.
-pub const SCHEMA_VERSION: u32 = 1;
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
@@ -59,15 +60,63 @@ pub struct RunArgs {
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
     /// A file written by `observer run --record`.
     pub file: PathBuf,
-    /// Print the recorded events themselves, one JSON object per line.
+    /// Print the recorded events themselves, one JSON object per line, besides the alerts.
     #[arg(long)]
     pub events: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Bounds and windows of the correlation engine.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Users with a live WebSocket placement tracked at once; more are counted and ignored.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    pub max_users: usize,
+    /// Connections decoded at once; more are counted and ignored.
+    #[arg(long, value_name = "N", default_value_t = 65_536)]
+    pub max_connections: usize,
+    /// Bytes one connection's decoder buffers per direction at most.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    pub max_buffered_bytes: usize,
+    /// Repeats of one alert (same user and gateways) within this window fold into a count.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub fold_window: u64,
+    /// Learned ring membership must hold this long before a divergence is reported.
+    #[arg(long, value_name = "SECS", default_value_t = 3)]
+    pub ring_settle: u64,
+    /// New gRPC connections by one pusher within 10 s that count as churn.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub churn_min_connections: u64,
+}
+
+impl EngineArgs {
+    fn config(&self) -> EngineConfig {
+        let defaults = EngineConfig::default();
+        EngineConfig {
+            routes: RouteLimits {
+                max_users: self.max_users,
+                max_tracked_connections: self.max_connections.saturating_mul(4),
+                fold_window_secs: self.fold_window,
+                ring_settle_secs: self.ring_settle,
+                churn_min_new_connections: self.churn_min_connections,
+                ..defaults.routes
+            },
+            decode: crate::decode::Limits {
+                max_buffered_bytes: self.max_buffered_bytes,
+                ..defaults.decode
+            },
+            max_connections: self.max_connections,
+        }
+    }
 }
 
 impl RunArgs {
@@ -88,17 +137,32 @@ impl RunArgs {
     }
 }
 
-/// Where events go once captured or replayed.
+/// Where events go once captured or replayed: the engine, and optionally stdout and a file.
 struct EventSink {
     stdout: BufWriter<io::Stdout>,
     print_events: bool,
     record: Option<(PathBuf, BufWriter<File>)>,
-    events_seen: u64,
+    engine: Engine,
+    alerts: Vec<Alert>,
 }
 
 impl EventSink {
+    fn new(
+        print_events: bool,
+        record: Option<(PathBuf, BufWriter<File>)>,
+        engine: &EngineArgs,
+    ) -> Self {
+        Self {
+            stdout: BufWriter::new(io::stdout()),
+            print_events,
+            record,
+            engine: Engine::new(engine.config()),
+            alerts: Vec::new(),
+        }
+    }
+
     fn consume(&mut self, event: &Event) -> Result<(), DaemonError> {
-        self.events_seen += 1;
+        self.engine.on_event(event, &mut self.alerts);
         if self.print_events || self.record.is_some() {
             let line = recording::to_json_line(event);
             if self.print_events {
@@ -114,7 +178,19 @@ impl EventSink {
         Ok(())
     }
 
+    fn tick(&mut self, now_ns: u64) {
+        self.engine.tick(now_ns, &mut self.alerts);
+    }
+
+    fn finish(&mut self) {
+        self.engine.finish(&mut self.alerts);
+    }
+
+    /// Prints the alerts raised so far, then flushes every output.
     fn flush(&mut self) -> Result<(), DaemonError> {
+        for alert in self.alerts.drain(..) {
+            writeln!(self.stdout, "{}", alert.to_json_line()).map_err(DaemonError::Output)?;
+        }
         self.stdout.flush().map_err(DaemonError::Output)?;
         if let Some((path, file)) = &mut self.record {
             file.flush().map_err(|source| DaemonError::File {
@@ -143,12 +219,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         }
         None => None,
     };
-    let mut sink = EventSink {
-        stdout: BufWriter::new(io::stdout()),
-        print_events: args.events,
-        record,
-        events_seen: 0,
-    };
+    let mut sink = EventSink::new(args.events, record, &args.engine);
     let mut capture = KernelCapture::start(&options)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
@@ -175,6 +246,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         }
     };
     tokio::pin!(deadline);
+    let mut clock = tokio::time::interval(Duration::from_secs(1));
     let mut batch = Vec::new();
     let mut malformed_records = 0;
     loop {
@@ -186,6 +258,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 }
                 sink.flush()?;
             }
+            _ = clock.tick() => {
+                sink.tick(unix_now_ns());
+                sink.flush()?;
+            }
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
             () = &mut deadline => break,
@@ -195,22 +271,31 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     for event in batch.drain(..) {
         sink.consume(&event)?;
     }
-    let counters = capture.counters()?;
+    let kernel = capture.counters()?;
     drop(capture);
+    sink.finish();
     sink.flush()?;
-    report_stop(sink.events_seen, malformed_records, &counters);
+    report_stop(&sink.engine, malformed_records, Some(&kernel));
     Ok(())
 }
 
 /// The final counters, on stderr so stdout stays machine-readable.
-fn report_stop(events: u64, malformed_records: usize, kernel: &KernelCounters) {
+fn report_stop(engine: &Engine, malformed_records: usize, kernel: Option<&KernelCounters>) {
     let line = serde_json::json!({
         "kind": "observer_stopped",
-        "events": events,
         "malformed_records": malformed_records,
         "kernel": kernel,
+        "engine": engine.counters(),
     });
     eprintln!("{line}");
+}
+
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
+        })
 }
 
 pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
@@ -218,12 +303,7 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
         path: args.file.clone(),
         source,
     })?;
-    let mut sink = EventSink {
-        stdout: BufWriter::new(io::stdout()),
-        print_events: args.events,
-        record: None,
-        events_seen: 0,
-    };
+    let mut sink = EventSink::new(args.events, None, &args.engine);
     for (index, line) in BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|source| DaemonError::File {
             path: args.file.clone(),
@@ -234,8 +314,14 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
         }
         let event = recording::from_json_line(&line, index + 1)?;
         sink.consume(&event)?;
+        if index % 1024 == 0 {
+            sink.flush()?;
+        }
     }
-    sink.flush()
+    sink.finish();
+    sink.flush()?;
+    report_stop(&sink.engine, 0, None);
+    Ok(())
 }
 
 fn now_rfc3339() -> String {

@@ -450,7 +450,8 @@ fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
             let payload = record.get(header_size..header_size + header.len as usize)?;
             let mut payload = payload.to_vec();
             if port_class == PortClass::WebSocket {
-                super::redact::redact_secrets(&mut payload);
+                // Credentials never leave the capture layer.
+                crate::decode::redact_secrets(&mut payload);
             }
             EventKind::Data {
                 direction: if header.direction == observer_ebpf::DIRECTION_SEND {

@@ -6,7 +6,5 @@
 pub mod event;
 pub mod kernel;
 pub mod recording;
-mod redact;
 
 pub use event::{Direction, Event, EventKind, PortClass, TcpState};
-pub use redact::redact_secrets;

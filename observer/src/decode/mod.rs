@@ -54,7 +54,7 @@ impl Default for Limits {
 }
 
 /// What went wrong or was cut, counted per decoder; `add` sums decoders for a global view.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DecodeCounters {
     /// The first captured byte of a direction was not stream position 0.
     pub undecodable_joined_mid_stream: u64,

@@ -1,0 +1,394 @@
+//! One decoder per live connection, chosen by port class and first bytes, turning capture
+//! events into routing `Observation`s.
+//!
+//! - WebSocket ports: the proxy's upgrade request places a user; the answer confirms it.
+//! - gRPC ports: HTTP/2 from the preface on, push calls and the gateway's answers. If the first
+//!   bytes are an HTTP/1 request instead, it is a WebSocket upgrade sent to the gRPC port.
+
+use std::collections::HashMap;
+
+use crate::{
+    alert::{self, Gateway, PlatformResult, Process},
+    capture::{Direction, Event, EventKind, PortClass, TcpState, event::ConnectionId},
+    decode::{
+        DecodeCounters, GrpcConnectionDecoder, GrpcFact, Limits, RequestBody, ResponseBody,
+        WebSocketDecoder, WebSocketFact, protobuf,
+    },
+};
+
+use super::routes::{Observation, UserAnswer};
+
+/// HTTP/1 request methods that can open a request line; anything else on a gRPC port is taken
+/// for HTTP/2.
+const HTTP1_METHODS: [&[u8]; 4] = [b"GET ", b"POST ", b"PUT ", b"HEAD "];
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ConnectionCounters {
+    pub tracked: usize,
+    pub evicted: u64,
+    pub upgrades_without_user: u64,
+    pub calls_not_push: u64,
+    pub calls_compressed: u64,
+    pub calls_malformed: u64,
+    pub answers_unreadable: u64,
+    pub decode: DecodeCounters,
+}
+
+enum Protocol {
+    /// Nothing sent yet on a gRPC port: the first bytes decide.
+    Undetermined,
+    WebSocket(WebSocketDecoder),
+    Grpc(Box<GrpcConnectionDecoder>),
+    UpgradeOnGrpcPort(WebSocketDecoder),
+}
+
+struct Connection {
+    process: Process,
+    gateway: Gateway,
+    protocol: Protocol,
+}
+
+pub struct ConnectionDecoders {
+    limits: Limits,
+    max_connections: usize,
+    connections: HashMap<ConnectionId, Connection>,
+    counters: ConnectionCounters,
+}
+
+impl ConnectionDecoders {
+    pub fn new(limits: Limits, max_connections: usize) -> Self {
+        Self {
+            limits,
+            max_connections,
+            connections: HashMap::new(),
+            counters: ConnectionCounters::default(),
+        }
+    }
+
+    /// Counters of closed connections plus those of the live ones.
+    pub fn counters(&self) -> ConnectionCounters {
+        let mut counters = self.counters.clone();
+        counters.tracked = self.connections.len();
+        for connection in self.connections.values() {
+            match &connection.protocol {
+                Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
+                    counters.decode.add(decoder.counters());
+                }
+                Protocol::Grpc(decoder) => counters.decode.add(decoder.counters()),
+                Protocol::Undetermined => {}
+            }
+        }
+        counters
+    }
+
+    pub fn on_event(&mut self, event: &Event, observations: &mut Vec<Observation>) {
+        match &event.kind {
+            EventKind::TcpConnect => {
+                let opened = open(
+                    &mut self.connections,
+                    &mut self.counters,
+                    self.limits,
+                    self.max_connections,
+                    event,
+                );
+                if opened.is_some() && event.port_class == PortClass::Grpc {
+                    observations.push(Observation::GrpcConnectionOpened {
+                        connection: event.connection,
+                        ts_ns: event.ts_ns,
+                        pusher: process_of(event),
+                    });
+                }
+            }
+            EventKind::Data {
+                direction,
+                offset,
+                payload,
+                ..
+            } => self.on_data(event, *direction, *offset, payload, observations),
+            EventKind::Close
+            | EventKind::TcpState {
+                new: TcpState::Close,
+                ..
+            } => self.close(event, observations),
+            EventKind::TcpState { .. } => {}
+        }
+    }
+
+    fn on_data(
+        &mut self,
+        event: &Event,
+        direction: Direction,
+        offset: u64,
+        payload: &[u8],
+        observations: &mut Vec<Observation>,
+    ) {
+        let limits = self.limits;
+        let Some(connection) = open(
+            &mut self.connections,
+            &mut self.counters,
+            limits,
+            self.max_connections,
+            event,
+        ) else {
+            return;
+        };
+        if let Protocol::Undetermined = connection.protocol {
+            let is_http1 = direction == Direction::Send
+                && offset == 0
+                && HTTP1_METHODS
+                    .iter()
+                    .any(|method| payload.starts_with(method));
+            connection.protocol = if is_http1 {
+                Protocol::UpgradeOnGrpcPort(WebSocketDecoder::new(limits))
+            } else {
+                Protocol::Grpc(Box::new(GrpcConnectionDecoder::new(limits)))
+            };
+        }
+        let counters = &mut self.counters;
+        let Connection {
+            process,
+            gateway,
+            protocol,
+        } = connection;
+        let view = ConnectionView { process, gateway };
+        match protocol {
+            Protocol::Undetermined => {}
+            Protocol::WebSocket(decoder) => {
+                if let Some(fact) = decoder.feed(direction, offset, payload) {
+                    observations.extend(websocket_observation(event, &view, fact, counters));
+                }
+            }
+            Protocol::UpgradeOnGrpcPort(decoder) => {
+                if let Some(fact) = decoder.feed(direction, offset, payload) {
+                    observations.extend(upgrade_on_grpc_observation(event, &view, fact));
+                }
+            }
+            Protocol::Grpc(decoder) => {
+                for fact in decoder.feed(direction, offset, payload) {
+                    observations.extend(grpc_observation(
+                        event.ts_ns,
+                        event.connection,
+                        &view,
+                        fact,
+                        counters,
+                    ));
+                }
+            }
+        }
+    }
+
+    fn close(&mut self, event: &Event, observations: &mut Vec<Observation>) {
+        let Some(mut connection) = self.connections.remove(&event.connection) else {
+            return;
+        };
+        match &mut connection.protocol {
+            Protocol::Grpc(decoder) => {
+                let view = ConnectionView {
+                    process: &connection.process,
+                    gateway: &connection.gateway,
+                };
+                for fact in decoder.finish() {
+                    observations.extend(grpc_observation(
+                        event.ts_ns,
+                        event.connection,
+                        &view,
+                        fact,
+                        &mut self.counters,
+                    ));
+                }
+                self.counters.decode.add(decoder.counters());
+            }
+            Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
+                self.counters.decode.add(decoder.counters());
+            }
+            Protocol::Undetermined => {}
+        }
+        observations.push(Observation::ConnectionClosed {
+            connection: event.connection,
+            ts_ns: event.ts_ns,
+        });
+    }
+}
+
+/// Starts tracking a connection; `None` when the table is full (counted).
+fn open<'a>(
+    connections: &'a mut HashMap<ConnectionId, Connection>,
+    counters: &mut ConnectionCounters,
+    limits: Limits,
+    max_connections: usize,
+    event: &Event,
+) -> Option<&'a mut Connection> {
+    if !connections.contains_key(&event.connection) && connections.len() >= max_connections {
+        counters.evicted += 1;
+        return None;
+    }
+    Some(
+        connections
+            .entry(event.connection)
+            .or_insert_with(|| Connection {
+                process: process_of(event),
+                gateway: Gateway {
+                    ip: event.daddr,
+                    port: event.dport,
+                    name: None,
+                },
+                protocol: match event.port_class {
+                    PortClass::WebSocket => Protocol::WebSocket(WebSocketDecoder::new(limits)),
+                    PortClass::Grpc => Protocol::Undetermined,
+                },
+            }),
+    )
+}
+
+/// What the observation builders need of a connection, borrowed apart from its decoder.
+struct ConnectionView<'a> {
+    process: &'a Process,
+    gateway: &'a Gateway,
+}
+
+fn process_of(event: &Event) -> Process {
+    Process {
+        pid: event.pid,
+        comm: event.comm.clone(),
+    }
+}
+
+fn named_gateway(gateway: &Gateway, name: Option<String>) -> Gateway {
+    Gateway {
+        ip: gateway.ip,
+        port: gateway.port,
+        name,
+    }
+}
+
+fn websocket_observation(
+    event: &Event,
+    view: &ConnectionView<'_>,
+    fact: WebSocketFact,
+    counters: &mut ConnectionCounters,
+) -> Option<Observation> {
+    match fact {
+        WebSocketFact::UpgradeRequest(request) => {
+            let Some(user) = request.send_id.filter(|user| !user.is_empty()) else {
+                counters.upgrades_without_user += 1;
+                return None;
+            };
+            Some(Observation::UpgradeRequested {
+                connection: event.connection,
+                ts_ns: event.ts_ns,
+                user,
+                platform: request.platform_id,
+                gateway: named_gateway(view.gateway, request.host),
+                proxy: view.process.clone(),
+            })
+        }
+        WebSocketFact::UpgradeResponse { status } => Some(Observation::UpgradeAnswered {
+            connection: event.connection,
+            ts_ns: event.ts_ns,
+            status,
+        }),
+        // Counted by the decoder.
+        WebSocketFact::Undecodable { .. } => None,
+    }
+}
+
+fn upgrade_on_grpc_observation(
+    event: &Event,
+    view: &ConnectionView<'_>,
+    fact: WebSocketFact,
+) -> Option<Observation> {
+    match fact {
+        WebSocketFact::UpgradeRequest(request) => Some(Observation::UpgradeOnGrpcPort {
+            connection: event.connection,
+            ts_ns: event.ts_ns,
+            user: request.send_id.filter(|user| !user.is_empty()),
+            gateway: named_gateway(view.gateway, request.host),
+            proxy: view.process.clone(),
+        }),
+        WebSocketFact::UpgradeResponse { status } => Some(Observation::UpgradeOnGrpcPortAnswered {
+            connection: event.connection,
+            status,
+        }),
+        WebSocketFact::Undecodable { .. } => None,
+    }
+}
+
+fn grpc_observation(
+    ts_ns: u64,
+    connection: ConnectionId,
+    view: &ConnectionView<'_>,
+    fact: GrpcFact,
+    counters: &mut ConnectionCounters,
+) -> Option<Observation> {
+    match fact {
+        GrpcFact::Request {
+            stream_id,
+            method,
+            authority,
+            body,
+        } => match body {
+            RequestBody::Push(call) => Some(Observation::PushCalled {
+                connection,
+                stream_id,
+                ts_ns,
+                method: method.rsplit('/').next().unwrap_or(&method).to_owned(),
+                gateway: named_gateway(view.gateway, authority),
+                pusher: view.process.clone(),
+                message: message_ids(call.message),
+                recipients: call.recipients,
+            }),
+            RequestBody::OtherMethod => {
+                counters.calls_not_push += 1;
+                None
+            }
+            RequestBody::Compressed => {
+                counters.calls_compressed += 1;
+                None
+            }
+            RequestBody::Missing | RequestBody::Malformed(_) => {
+                counters.calls_malformed += 1;
+                None
+            }
+        },
+        GrpcFact::Response {
+            stream_id, body, ..
+        } => match body {
+            ResponseBody::Push { results, .. } => Some(Observation::PushAnswered {
+                connection,
+                stream_id,
+                ts_ns,
+                results: results.into_iter().map(user_answer).collect(),
+            }),
+            ResponseBody::Compressed | ResponseBody::Malformed(_) => {
+                counters.answers_unreadable += 1;
+                None
+            }
+        },
+        GrpcFact::Trailers { .. } | GrpcFact::Undecodable(_) => None,
+    }
+}
+
+fn message_ids(ids: protobuf::MessageIds) -> alert::MessageIds {
+    let text = |value: String| (!value.is_empty()).then_some(value);
+    alert::MessageIds {
+        client_msg_id: text(ids.client_msg_id),
+        server_msg_id: text(ids.server_msg_id),
+        seq: (ids.seq != 0).then_some(ids.seq),
+        session_type: (ids.session_type != 0).then_some(ids.session_type),
+    }
+}
+
+fn user_answer(result: protobuf::UserResult) -> UserAnswer {
+    UserAnswer {
+        user: result.user_id,
+        online_push: result.online_push,
+        platforms: result
+            .platforms
+            .into_iter()
+            .map(|platform| PlatformResult {
+                platform_id: platform.platform_id,
+                result_code: platform.result_code,
+            })
+            .collect(),
+    }
+}
