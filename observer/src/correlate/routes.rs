@@ -185,6 +185,9 @@ struct Fold {
     window_start_ns: u64,
     count: u64,
     latest: Alert,
+    /// `RouteTable::members_version` when `latest` was built: its texts still hold while the
+    /// learned members are unchanged.
+    members_version: u64,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -210,6 +213,12 @@ pub struct RouteTable {
     proxy_members: BTreeMap<String, IpAddr>,
     push_members: BTreeMap<String, IpAddr>,
     members_changed_ns: Option<u64>,
+    /// Bumped whenever a learned member changes; texts built from the members depend on it.
+    members_version: u64,
+    /// How the two sides spell one gateway differently, computed once per `members_version`
+    /// (every mismatch quotes it, and a misrouting incident produces mismatches by the
+    /// thousand): `None` until computed, `Some(None)` when no gateway is spelled two ways.
+    spelling_cause: Option<Option<String>>,
     reported_rings: Option<(Vec<String>, Vec<String>)>,
     pushers: HashMap<u32, PusherActivity>,
     folds: HashMap<FoldKey, Fold>,
@@ -227,6 +236,8 @@ impl RouteTable {
             proxy_members: BTreeMap::new(),
             push_members: BTreeMap::new(),
             members_changed_ns: None,
+            members_version: 0,
+            spelling_cause: None,
             reported_rings: None,
             pushers: HashMap::new(),
             folds: HashMap::new(),
@@ -593,8 +604,21 @@ impl RouteTable {
             placed.sort();
             placed.dedup();
             let placed_on = summarize_placements(placements);
-            let diagnosis =
-                self.mismatch_diagnosis(user, &placed_on, &call.gateway, gateway_answer);
+            let key = FoldKey::Mismatch {
+                user: user.clone(),
+                placed,
+                pushed: call.gateway.ip,
+            };
+            let diagnosis = match self.repeated_diagnosis(
+                &key,
+                ts_ns,
+                &placed_on,
+                &call.gateway,
+                gateway_answer,
+            ) {
+                Some(diagnosis) => diagnosis,
+                None => self.mismatch_diagnosis(user, &placed_on, &call.gateway, gateway_answer),
+            };
             let pushed_to = PushInfo {
                 gateway: call.gateway.clone(),
                 method: call.method.clone(),
@@ -602,11 +626,6 @@ impl RouteTable {
                 pusher: call.pusher.clone(),
                 answer: gateway_answer,
                 answer_platforms,
-            };
-            let key = FoldKey::Mismatch {
-                user: user.clone(),
-                placed,
-                pushed: call.gateway.ip,
             };
             let window_secs = self.limits.fold_window_secs;
             let user = user.clone();
@@ -623,8 +642,39 @@ impl RouteTable {
         }
     }
 
-    fn mismatch_diagnosis(
+    /// The diagnosis of the open window's latest alert for `key`, when it was built from the
+    /// same facts: repeats of a mismatch then skip rebuilding the same text.
+    fn repeated_diagnosis(
         &self,
+        key: &FoldKey,
+        ts_ns: u64,
+        placed_on: &[PlacementInfo],
+        pushed: &Gateway,
+        answer: GatewayAnswer,
+    ) -> Option<String> {
+        let fold = self.folds.get(key)?;
+        let in_window = ts_ns.saturating_sub(fold.window_start_ns)
+            < self.limits.fold_window_secs * NANOS_PER_SEC;
+        match &fold.latest.body {
+            AlertBody::RouteMismatch {
+                placed_on: previous_placed_on,
+                pushed_to,
+                diagnosis,
+                ..
+            } if in_window
+                && fold.members_version == self.members_version
+                && pushed_to.answer == answer
+                && pushed_to.gateway == *pushed
+                && previous_placed_on.as_slice() == placed_on =>
+            {
+                Some(diagnosis.clone())
+            }
+            _ => None,
+        }
+    }
+
+    fn mismatch_diagnosis(
+        &mut self,
         user: &str,
         placed_on: &[PlacementInfo],
         pushed: &Gateway,
@@ -646,10 +696,15 @@ impl RouteTable {
                 "the gateway's answer was not seen; the user's connection is not on that gateway, so real-time delivery most likely failed"
             }
         };
-        let cause = match self.spelling_difference() {
-            Some((proxy_name, push_name)) => format!(
-                "; the proxy's and push's rings spell gateways differently ({}), so they hash user {user} to different gateways",
-                describe_member_difference(&proxy_name, &push_name)
+        let spelling_cause = match &self.spelling_cause {
+            Some(cached) => cached,
+            None => self.spelling_cause.insert(self.spelling_difference().map(
+                |(proxy_name, push_name)| describe_member_difference(&proxy_name, &push_name),
+            )),
+        };
+        let cause = match spelling_cause {
+            Some(difference) => format!(
+                "; the proxy's and push's rings spell gateways differently ({difference}), so they hash user {user} to different gateways"
             ),
             None => String::new(),
         };
@@ -675,6 +730,7 @@ impl RouteTable {
             fold.count += 1;
             let body = build(Some(&fold.latest.body))(fold.count);
             fold.latest = Alert::new(ts_ns, body);
+            fold.members_version = self.members_version;
             return;
         }
         if let Some(expired) = self.folds.remove(&key) {
@@ -696,6 +752,7 @@ impl RouteTable {
                 window_start_ns: ts_ns,
                 count: 1,
                 latest: first,
+                members_version: self.members_version,
             },
         );
     }
@@ -742,6 +799,8 @@ impl RouteTable {
         }
         members.insert(name.to_owned(), ip);
         self.members_changed_ns = Some(ts_ns);
+        self.members_version += 1;
+        self.spelling_cause = None;
     }
 
     fn evaluate_rings_at(&mut self, now_ns: u64, force: bool, alerts: &mut Vec<Alert>) {

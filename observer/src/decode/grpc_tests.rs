@@ -17,7 +17,7 @@ use super::{DecodeCounters, Limits};
 const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
 const AUTHORITY: &str =
     "im-openim-msggateway-1.im-openim-msggateway-headless.ns.svc.cluster.local:88";
-const CANARY: &[u8] = b"CANARY-private-message-body-7f3a";
+pub(super) const CANARY: &[u8] = b"CANARY-private-message-body-7f3a";
 
 const DATA: u8 = 0;
 const HEADERS: u8 = 1;
@@ -32,7 +32,7 @@ const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY_FLAG: u8 = 0x20;
 
-fn frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+pub(super) fn frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
     let length = payload.len() as u32;
     let mut bytes = length.to_be_bytes()[1..].to_vec();
     bytes.extend([frame_type, flags]);
@@ -121,7 +121,7 @@ fn first_request_headers(path: &str) -> Vec<u8> {
     ])
 }
 
-fn grpc_message(flag: u8, body: &[u8]) -> Vec<u8> {
+pub(super) fn grpc_message(flag: u8, body: &[u8]) -> Vec<u8> {
     let mut bytes = vec![flag];
     bytes.extend((body.len() as u32).to_be_bytes());
     bytes.extend(body);
@@ -137,6 +137,12 @@ fn request_stream(stream_id: u32, headers: &[u8], message: &[u8], max_frame: usi
     bytes.extend(frame(HEADERS, END_HEADERS, stream_id, headers));
     bytes.extend(data_frames(stream_id, message, max_frame));
     bytes
+}
+
+/// The send side of one push call whose DATA (`grpc_bytes`, framed gRPC messages) is split
+/// into frames of at most `max_frame` bytes.
+pub(super) fn push_request_stream(grpc_bytes: &[u8], max_frame: usize) -> Vec<u8> {
+    request_stream(1, &first_request_headers(PUSH_PATH), grpc_bytes, max_frame)
 }
 
 fn data_frames(stream_id: u32, message: &[u8], max_frame: usize) -> Vec<u8> {

@@ -1,0 +1,134 @@
+//! Engine throughput over a large synthetic capture: events/s, per-event latency, and the
+//! `observer replay` path (JSON line parsing + engine). Prints figures; asserts nothing about
+//! speed. The target is 1M events/s on one core for the engine alone.
+//!
+//! Run with `cargo bench -p observer --bench engine`; `ENGINE_BENCH_SCALE=0.1` runs a tenth,
+//! `ENGINE_BENCH_MISROUTED=0` a healthy cluster (no alerts).
+
+#[path = "../tests/support/synthetic.rs"]
+#[allow(dead_code)]
+mod synthetic;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use observer::alert::Alert;
+use observer::capture::{Event, recording};
+use observer::correlate::{Engine, EngineConfig};
+
+fn main() {
+    let scale: f64 = std::env::var("ENGINE_BENCH_SCALE")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(1.0);
+    // 0.78 is what 3.5.1's two rings produce with 5 gateways (NOTES.md).
+    let misrouted_share: f64 = std::env::var("ENGINE_BENCH_MISROUTED")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.78);
+    let scaled = |count: f64| ((count * scale) as usize).max(1);
+    let scenario = synthetic::Scenario {
+        gateways: 5,
+        users: scaled(100_000.0),
+        misrouted_share,
+        push_calls: scaled(30_000.0),
+        recipients_per_call: 40,
+        ..synthetic::Scenario::default()
+    };
+    let started = Instant::now();
+    let traffic = synthetic::generate(&scenario);
+    let events = traffic.events;
+    let payload_bytes: usize = events
+        .iter()
+        .map(|event| match &event.kind {
+            observer::capture::EventKind::Data { payload, .. } => payload.len(),
+            _ => 0,
+        })
+        .sum();
+    println!(
+        "synthetic capture: {} events ({:.1} MB of payload), {} users ({} misrouted), {} gRPC push requests, generated in {:.2?}",
+        events.len(),
+        payload_bytes as f64 / 1e6,
+        traffic.users.len(),
+        traffic.misrouted_users,
+        traffic.grpc_requests,
+        started.elapsed()
+    );
+
+    // Whole-run throughput: no clock reads inside the loop.
+    let (elapsed, alerts) = run_engine(&events);
+    println!(
+        "engine:            {:>6.2} M events/s, {:.2?} total, {} alerts",
+        events.len() as f64 / elapsed.as_secs_f64() / 1e6,
+        elapsed,
+        alerts
+    );
+
+    // Per-event latency, on a fresh engine (the clock reads add ~20-40 ns to each figure).
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+        .unwrap_or_else(|error| panic!("histogram bounds are valid: {error}"));
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut alerts: Vec<Alert> = Vec::new();
+    for event in &events {
+        let started = Instant::now();
+        engine.on_event(event, &mut alerts);
+        histogram.saturating_record(started.elapsed().as_nanos() as u64);
+        alerts.clear();
+    }
+    println!(
+        "per-event latency: p50 {} ns, p99 {} ns, p99.9 {} ns, max {} ns",
+        histogram.value_at_quantile(0.50),
+        histogram.value_at_quantile(0.99),
+        histogram.value_at_quantile(0.999),
+        histogram.max()
+    );
+
+    // The replay path: what `observer run --record` writes, parsed back and fed.
+    let started = Instant::now();
+    let lines: Vec<String> = events.iter().map(recording::to_json_line).collect();
+    let writing = started.elapsed();
+    let line_bytes: usize = lines.iter().map(|line| line.len() + 1).sum();
+    let started = Instant::now();
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut alert_count = 0usize;
+    for (index, line) in lines.iter().enumerate() {
+        let event = match recording::from_json_line(line, index + 1) {
+            Ok(event) => event,
+            Err(error) => panic!("a line this bench wrote must parse: {error}"),
+        };
+        engine.on_event(&event, &mut alerts);
+        alert_count += alerts.len();
+        alerts.clear();
+    }
+    engine.finish(&mut alerts);
+    alert_count += alerts.len();
+    let replay = started.elapsed();
+    println!(
+        "replay:            {:>6.2} M events/s ({:.0} MB of JSON lines), {:.2?} total, {} alerts; writing the lines took {:.2?}",
+        lines.len() as f64 / replay.as_secs_f64() / 1e6,
+        line_bytes as f64 / 1e6,
+        replay,
+        alert_count,
+        writing
+    );
+    println!(
+        "counters: {}",
+        serde_json::to_string(&engine.counters()).unwrap_or_default()
+    );
+}
+
+fn run_engine(events: &[Event]) -> (Duration, usize) {
+    let mut engine = Engine::new(EngineConfig::default());
+    let mut alerts: Vec<Alert> = Vec::new();
+    let mut alert_count = 0usize;
+    let started = Instant::now();
+    for event in events {
+        engine.on_event(black_box(event), &mut alerts);
+        alert_count += alerts.len();
+        alerts.clear();
+    }
+    engine.finish(&mut alerts);
+    alert_count += alerts.len();
+    (started.elapsed(), alert_count)
+}

@@ -1,0 +1,626 @@
+//! Synthetic OpenIM 3.5.1 traffic as the capture layer delivers it: real byte streams in
+//! `Event`s, for benches, integration tests and the fuzz seeds.
+//!
+//! Shared by `#[path]` inclusion (benches/engine.rs, tests/privacy.rs, fuzz) rather than a
+//! `testing` cargo feature: it never ships in the library, needs no `--features` flag (so plain
+//! `cargo test` and `cargo bench` run everything), and can hold `MsgData.content` (field 12),
+//! which the library deliberately cannot represent. Each includer uses a different subset of it,
+//! hence the `allow(dead_code)` at the inclusion sites.
+//!
+//! What is generated, following NOTES.md:
+//! - proxy → gateway (port 80): per user, `TcpConnect`, the WebSocket upgrade request
+//!   (`Host` = the proxy's ring member, `token` in the query) and the `101` answer. The proxy
+//!   places each user with the proxy ring (`PROXY_MEMBER_TEMPLATE`); the connection stays open.
+//! - push → gateway (port 88): per push call, the recipients grouped by the push ring
+//!   (`PUSH_MEMBER_TEMPLATE`, members with `:88`), one new gRPC connection per member: client
+//!   preface, SETTINGS, WINDOW_UPDATE, HEADERS (HPACK literals, no Huffman) and DATA with a
+//!   gRPC-framed `OnlineBatchPushOneMsgReq`; the gateway answers SETTINGS, HEADERS `:status 200`,
+//!   DATA with `OnlineBatchPushOneMsgResp` (a user it holds gets a platform result, any other
+//!   user an entry with only the user id) and trailers `grpc-status 0`.
+//! - every syscall's bytes are cut into chunks of at most `max_chunk` bytes, each with its
+//!   stream offset and the syscall's length, as the kernel programs report them.
+//!
+//! A user is misrouted exactly when the two rings pick different gateways for it, as in 3.5.1;
+//! `misrouted_share` picks users so that this share of them is misrouted.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use bytes::Bytes;
+use observer::capture::{Direction, Event, EventKind, PortClass, event::ConnectionId};
+use observer::decode::http2::CLIENT_PREFACE;
+use observer::decode::protobuf::{
+    OnlineBatchPushOneMsgResp, SingleMsgToUserPlatform, SingleMsgToUserResults,
+};
+use observer::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring};
+use prost::Message;
+
+pub const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
+pub const INSTANCE: &str = "im";
+pub const NAMESPACE: &str = "openim";
+/// The kernel's `comm` is the first 15 bytes of the executable name.
+pub const PROXY_COMM: &str = "openim-msggatew";
+pub const PUSH_COMM: &str = "openim-push";
+pub const PROXY_PID: u32 = 2101;
+pub const PUSH_PID: u32 = 3303;
+pub const WEBSOCKET_PORT: u16 = 80;
+pub const GRPC_PORT: u16 = 88;
+/// Around 2025-11-30, so rendered timestamps look like a capture's.
+const START_NS: u64 = 1_764_500_000_000_000_000;
+/// Kernel socket addresses live in the direct map.
+const FIRST_SOCKET: u64 = 0xffff_8880_0400_0000;
+
+/// `MsgData` as OpenIM's sender encodes it, content included: the library's `MsgData` omits
+/// field 12 on purpose, so only test support can produce a body.
+#[derive(Clone, PartialEq, Message)]
+pub struct MsgDataWithContent {
+    #[prost(string, tag = "1")]
+    pub send_id: String,
+    #[prost(string, tag = "3")]
+    pub group_id: String,
+    #[prost(string, tag = "4")]
+    pub client_msg_id: String,
+    #[prost(string, tag = "5")]
+    pub server_msg_id: String,
+    #[prost(int32, tag = "6")]
+    pub sender_platform_id: i32,
+    #[prost(int32, tag = "9")]
+    pub session_type: i32,
+    #[prost(int32, tag = "11")]
+    pub content_type: i32,
+    #[prost(bytes = "vec", tag = "12")]
+    pub content: Vec<u8>,
+    #[prost(int64, tag = "14")]
+    pub seq: i64,
+    #[prost(int64, tag = "15")]
+    pub send_time: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct BatchPushRequestWithContent {
+    #[prost(message, optional, tag = "1")]
+    pub msg_data: Option<MsgDataWithContent>,
+    #[prost(string, repeated, tag = "2")]
+    pub push_to_user_ids: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub gateways: usize,
+    pub users: usize,
+    /// Share of users (0.0..=1.0) the two rings place on different gateways. With one gateway
+    /// nobody can be misrouted, whatever this says.
+    pub misrouted_share: f64,
+    pub push_calls: usize,
+    pub recipients_per_call: usize,
+    /// `MsgData.content` of every pushed message; `{seq}` is replaced by the message's seq.
+    pub content: String,
+    /// The `token` query value of every upgrade; `{user}` is replaced by the user id.
+    pub token: String,
+    /// An `Authorization` header value for every upgrade, when set.
+    pub authorization: Option<String>,
+    /// Largest chunk of one syscall the capture reports (the kernel programs copy 4 KiB).
+    pub max_chunk: usize,
+    /// 3.5.1's push never closes its gRPC connections; closing them keeps a long synthetic
+    /// run under the engine's connection cap.
+    pub close_push_connections: bool,
+    pub seed: u64,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Self {
+            gateways: 5,
+            users: 1_000,
+            misrouted_share: 0.5,
+            push_calls: 200,
+            recipients_per_call: 20,
+            content: "hello, message {seq}".into(),
+            token: "eyJhbGciOiJIUzI1NiJ9.{user}.sig".into(),
+            authorization: None,
+            max_chunk: 4096,
+            close_push_connections: true,
+            seed: 0x5EED,
+        }
+    }
+}
+
+/// The generated events, in time order, and what a correct observer should conclude.
+pub struct Traffic {
+    pub events: Vec<Event>,
+    pub users: Vec<String>,
+    pub misrouted_users: usize,
+    /// Push calls as gRPC requests (one per gateway a call reached).
+    pub grpc_requests: usize,
+    pub proxy_members: Vec<String>,
+    pub push_members: Vec<String>,
+}
+
+/// A fixed-seed SplitMix64, so every run generates the same traffic.
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut mixed = self.0;
+        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        mixed ^ (mixed >> 31)
+    }
+
+    pub fn below(&mut self, bound: usize) -> usize {
+        (self.next_u64() % bound.max(1) as u64) as usize
+    }
+}
+
+pub fn gateway_ip(index: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 244, 3, 10 + index as u8))
+}
+
+const PROXY_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 21));
+const PUSH_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 2, 33));
+
+struct Generator {
+    events: Vec<Event>,
+    now_ns: u64,
+    next_socket: u64,
+    next_port: u16,
+    max_chunk: usize,
+}
+
+/// One connection's identity, copied into each of its events.
+#[derive(Clone)]
+struct Endpoints {
+    connection: ConnectionId,
+    pid: u32,
+    comm: &'static str,
+    saddr: IpAddr,
+    sport: u16,
+    daddr: IpAddr,
+    dport: u16,
+    port_class: PortClass,
+}
+
+/// Stream positions of a connection's two directions.
+#[derive(Default)]
+struct Offsets {
+    send: u64,
+    recv: u64,
+}
+
+impl Generator {
+    fn advance(&mut self, nanos: u64) {
+        self.now_ns += nanos;
+    }
+
+    fn open(
+        &mut self,
+        pid: u32,
+        comm: &'static str,
+        saddr: IpAddr,
+        daddr: IpAddr,
+        dport: u16,
+    ) -> Endpoints {
+        let endpoints = Endpoints {
+            connection: self.next_socket,
+            pid,
+            comm,
+            saddr,
+            sport: self.next_port,
+            daddr,
+            dport,
+            port_class: if dport == GRPC_PORT {
+                PortClass::Grpc
+            } else {
+                PortClass::WebSocket
+            },
+        };
+        self.next_socket += 0x800;
+        self.next_port = if self.next_port >= 60_999 {
+            32_768
+        } else {
+            self.next_port + 1
+        };
+        self.push(&endpoints, EventKind::TcpConnect);
+        endpoints
+    }
+
+    fn push(&mut self, endpoints: &Endpoints, kind: EventKind) {
+        self.events.push(Event {
+            ts_ns: self.now_ns,
+            connection: endpoints.connection,
+            pid: endpoints.pid,
+            comm: endpoints.comm.to_owned(),
+            cgroup_id: 0x2000 + u64::from(endpoints.pid),
+            saddr: endpoints.saddr,
+            sport: endpoints.sport,
+            daddr: endpoints.daddr,
+            dport: endpoints.dport,
+            port_class: endpoints.port_class,
+            kind,
+        });
+    }
+
+    /// One syscall of `bytes`, reported in chunks of at most `max_chunk`.
+    fn syscall(
+        &mut self,
+        endpoints: &Endpoints,
+        offsets: &mut Offsets,
+        direction: Direction,
+        bytes: &[u8],
+    ) {
+        let offset = match direction {
+            Direction::Send => &mut offsets.send,
+            Direction::Recv => &mut offsets.recv,
+        };
+        for chunk in bytes.chunks(self.max_chunk.max(1)) {
+            let kind = EventKind::Data {
+                direction,
+                offset: *offset,
+                call_len: bytes.len() as u64,
+                truncated: false,
+                payload: Bytes::copy_from_slice(chunk),
+            };
+            *offset += chunk.len() as u64;
+            self.push(endpoints, kind);
+        }
+    }
+}
+
+fn user_id(rng: &mut SplitMix64) -> String {
+    (1_000_000_000 + rng.next_u64() % 9_000_000_000).to_string()
+}
+
+pub fn generate(scenario: &Scenario) -> Traffic {
+    let members = |template: &str| match MemberTemplate::parse(template) {
+        Ok(template) => template.members(INSTANCE, NAMESPACE, scenario.gateways.max(1)),
+        Err(error) => panic!("built-in template {template:?}: {error}"),
+    };
+    let proxy_members = members(PROXY_MEMBER_TEMPLATE);
+    let push_members = members(PUSH_MEMBER_TEMPLATE);
+    let proxy_ring = Ring::new(proxy_members.iter().cloned());
+    let push_ring = Ring::new(push_members.iter().cloned());
+    let pick = |ring: &Ring, user: &str| ring.get_index(user).unwrap_or_default();
+
+    let mut rng = SplitMix64::new(scenario.seed);
+    let misrouted_wanted =
+        (scenario.users as f64 * scenario.misrouted_share.clamp(0.0, 1.0)).round() as usize;
+    let mut users = Vec::with_capacity(scenario.users);
+    let (mut misrouted, mut agreeing) = (0usize, 0usize);
+    // Candidates the quota no longer wants are skipped; a bound keeps a share that the ring
+    // can't produce (any misrouting with one gateway) from looping for ever.
+    let mut candidates_left = scenario.users.saturating_mul(100).max(1_000);
+    while users.len() < scenario.users && candidates_left > 0 {
+        candidates_left -= 1;
+        let user = user_id(&mut rng);
+        let disagrees = pick(&proxy_ring, &user) != pick(&push_ring, &user);
+        if disagrees && misrouted < misrouted_wanted {
+            misrouted += 1;
+            users.push(user);
+        } else if !disagrees && agreeing < scenario.users - misrouted_wanted {
+            agreeing += 1;
+            users.push(user);
+        }
+    }
+
+    let mut generator = Generator {
+        events: Vec::new(),
+        now_ns: START_NS,
+        next_socket: FIRST_SOCKET,
+        next_port: 32_768,
+        max_chunk: scenario.max_chunk,
+    };
+    // The placement of each user: its gateway index (by the proxy ring).
+    let placed_on: Vec<usize> = users.iter().map(|user| pick(&proxy_ring, user)).collect();
+    for (index, user) in users.iter().enumerate() {
+        let gateway = placed_on[index];
+        let platform = 1 + (index % 5) as i32;
+        let endpoints = generator.open(
+            PROXY_PID,
+            PROXY_COMM,
+            PROXY_IP,
+            gateway_ip(gateway),
+            WEBSOCKET_PORT,
+        );
+        let mut offsets = Offsets::default();
+        generator.advance(80_000);
+        let request = upgrade_request(
+            user,
+            &scenario.token.replace("{user}", user),
+            platform,
+            index,
+            &proxy_members[gateway],
+            scenario.authorization.as_deref(),
+        );
+        generator.syscall(&endpoints, &mut offsets, Direction::Send, &request);
+        generator.advance(250_000);
+        generator.syscall(
+            &endpoints,
+            &mut offsets,
+            Direction::Recv,
+            &upgrade_answer(index),
+        );
+        generator.advance(20_000);
+    }
+
+    let user_index: std::collections::HashMap<&str, usize> = users
+        .iter()
+        .enumerate()
+        .map(|(index, user)| (user.as_str(), index))
+        .collect();
+    let mut grpc_requests = 0;
+    for call in 0..scenario.push_calls {
+        let seq = call as i64 + 1;
+        let sender = &users[rng.below(users.len())];
+        let mut by_member: Vec<Vec<&str>> = vec![Vec::new(); push_members.len()];
+        for _ in 0..scenario.recipients_per_call.min(users.len()) {
+            let recipient = users[rng.below(users.len())].as_str();
+            let member = pick(&push_ring, recipient);
+            if !by_member[member].contains(&recipient) {
+                by_member[member].push(recipient);
+            }
+        }
+        let message = MsgDataWithContent {
+            send_id: sender.clone(),
+            group_id: format!("group-{}", call % 97),
+            client_msg_id: format!("client-{seq:08x}"),
+            server_msg_id: format!("server-{seq:08x}"),
+            sender_platform_id: 2,
+            session_type: 3,
+            content_type: 101,
+            content: scenario
+                .content
+                .replace("{seq}", &seq.to_string())
+                .into_bytes(),
+            seq,
+            send_time: (generator.now_ns / 1_000_000) as i64,
+        };
+        for (member, recipients) in by_member.iter().enumerate() {
+            if recipients.is_empty() {
+                continue;
+            }
+            grpc_requests += 1;
+            let holds = |user: &&str| {
+                user_index
+                    .get(user)
+                    .is_some_and(|&index| placed_on[index] == member)
+            };
+            push_call(
+                &mut generator,
+                &push_members[member],
+                gateway_ip(member),
+                &message,
+                recipients,
+                &holds,
+                scenario.close_push_connections,
+            );
+        }
+        generator.advance(5_000_000);
+    }
+    Traffic {
+        events: generator.events,
+        users,
+        misrouted_users: misrouted,
+        grpc_requests,
+        proxy_members,
+        push_members,
+    }
+}
+
+fn upgrade_request(
+    user: &str,
+    token: &str,
+    platform: i32,
+    index: usize,
+    host: &str,
+    authorization: Option<&str>,
+) -> Vec<u8> {
+    let mut request = format!(
+        "GET /?sendID={user}&token={token}&platformID={platform}&operationID=op-{index:010}&isBackground=false&compression=gzip HTTP/1.1\r\n\
+         Host: {host}\r\n\
+         User-Agent: Go-http-client/1.1\r\n\
+         Connection: Upgrade\r\n\
+         Upgrade: websocket\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Version: 13\r\n"
+    );
+    if let Some(authorization) = authorization {
+        request.push_str(&format!("Authorization: {authorization}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.into_bytes()
+}
+
+fn upgrade_answer(index: usize) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+{:03}=\r\n\r\n",
+        index % 1000
+    )
+    .into_bytes()
+}
+
+/// One `SuperGroupOnlineBatchPushOneMsg` on a new connection, as grpc-go writes and reads it.
+fn push_call(
+    generator: &mut Generator,
+    member: &str,
+    gateway: IpAddr,
+    message: &MsgDataWithContent,
+    recipients: &[&str],
+    gateway_holds: &dyn Fn(&&str) -> bool,
+    close: bool,
+) {
+    const STREAM: u32 = 1;
+    let endpoints = generator.open(PUSH_PID, PUSH_COMM, PUSH_IP, gateway, GRPC_PORT);
+    let mut offsets = Offsets::default();
+    generator.advance(60_000);
+
+    let mut hello = CLIENT_PREFACE.to_vec();
+    hello.extend(http2_frame(FRAME_SETTINGS, 0, 0, &[]));
+    generator.syscall(&endpoints, &mut offsets, Direction::Send, &hello);
+    generator.advance(40_000);
+    let mut server_hello = http2_frame(FRAME_SETTINGS, 0, 0, &[0, 5, 0, 0, 0x40, 0]);
+    server_hello.extend(http2_frame(FRAME_SETTINGS, FLAG_ACK, 0, &[]));
+    generator.syscall(&endpoints, &mut offsets, Direction::Recv, &server_hello);
+
+    let body = BatchPushRequestWithContent {
+        msg_data: Some(message.clone()),
+        push_to_user_ids: recipients.iter().map(|&user| user.to_owned()).collect(),
+    }
+    .encode_to_vec();
+    let mut request = http2_frame(FRAME_SETTINGS, FLAG_ACK, 0, &[]);
+    request.extend(http2_frame(FRAME_WINDOW_UPDATE, 0, 0, &[0, 0x0e, 0, 0x01]));
+    request.extend(http2_frame(
+        FRAME_HEADERS,
+        FLAG_END_HEADERS,
+        STREAM,
+        &request_header_block(member),
+    ));
+    request.extend(data_frames(&grpc_message(&body), STREAM, true));
+    generator.advance(30_000);
+    generator.syscall(&endpoints, &mut offsets, Direction::Send, &request);
+
+    let answer = OnlineBatchPushOneMsgResp {
+        single_push_result: recipients
+            .iter()
+            .map(|user| {
+                let online = gateway_holds(user);
+                SingleMsgToUserResults {
+                    user_id: (*user).to_owned(),
+                    resp: if online {
+                        vec![SingleMsgToUserPlatform {
+                            result_code: 0,
+                            recv_id: (*user).to_owned(),
+                            recv_platform_id: 2,
+                        }]
+                    } else {
+                        Vec::new()
+                    },
+                    online_push: online,
+                }
+            })
+            .collect(),
+    }
+    .encode_to_vec();
+    let mut response = http2_frame(
+        FRAME_HEADERS,
+        FLAG_END_HEADERS,
+        STREAM,
+        &response_header_block(),
+    );
+    response.extend(data_frames(&grpc_message(&answer), STREAM, false));
+    response.extend(http2_frame(
+        FRAME_HEADERS,
+        FLAG_END_HEADERS | FLAG_END_STREAM,
+        STREAM,
+        &trailer_block(),
+    ));
+    generator.advance(400_000);
+    generator.syscall(&endpoints, &mut offsets, Direction::Recv, &response);
+    generator.advance(20_000);
+    if close {
+        generator.push(&endpoints, EventKind::Close);
+    }
+}
+
+const FRAME_DATA: u8 = 0x0;
+const FRAME_HEADERS: u8 = 0x1;
+const FRAME_SETTINGS: u8 = 0x4;
+const FRAME_WINDOW_UPDATE: u8 = 0x8;
+const FLAG_ACK: u8 = 0x1;
+const FLAG_END_STREAM: u8 = 0x1;
+const FLAG_END_HEADERS: u8 = 0x4;
+/// HTTP/2's default SETTINGS_MAX_FRAME_SIZE: longer messages span several DATA frames.
+const MAX_FRAME_PAYLOAD: usize = 16_384;
+
+pub fn http2_frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let length = (payload.len() as u32).to_be_bytes();
+    let mut frame = Vec::with_capacity(9 + payload.len());
+    frame.extend_from_slice(&length[1..]);
+    frame.extend([frame_type, flags]);
+    frame.extend(stream_id.to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+fn data_frames(data: &[u8], stream_id: u32, end_stream: bool) -> Vec<u8> {
+    let mut frames = Vec::with_capacity(data.len() + 9 * (1 + data.len() / MAX_FRAME_PAYLOAD));
+    let pieces: Vec<&[u8]> = data.chunks(MAX_FRAME_PAYLOAD).collect();
+    for (index, piece) in pieces.iter().enumerate() {
+        let last = index + 1 == pieces.len();
+        let flags = if last && end_stream {
+            FLAG_END_STREAM
+        } else {
+            0
+        };
+        frames.extend(http2_frame(FRAME_DATA, flags, stream_id, piece));
+    }
+    frames
+}
+
+pub fn grpc_message(body: &[u8]) -> Vec<u8> {
+    let mut message = Vec::with_capacity(5 + body.len());
+    message.push(0);
+    message.extend((body.len() as u32).to_be_bytes());
+    message.extend_from_slice(body);
+    message
+}
+
+/// HPACK integer with an N-bit prefix (RFC 7541 §5.1).
+fn hpack_integer(first_byte: u8, prefix_bits: u32, value: usize, out: &mut Vec<u8>) {
+    let prefix_max = (1usize << prefix_bits) - 1;
+    if value < prefix_max {
+        out.push(first_byte | value as u8);
+        return;
+    }
+    out.push(first_byte | prefix_max as u8);
+    let mut rest = value - prefix_max;
+    while rest >= 128 {
+        out.push((rest % 128) as u8 | 0x80);
+        rest /= 128;
+    }
+    out.push(rest as u8);
+}
+
+fn hpack_raw_string(text: &str, out: &mut Vec<u8>) {
+    hpack_integer(0, 7, text.len(), out);
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// A literal field without indexing (RFC 7541 §6.2.2): by static-table name index, or with a
+/// literal name when `name_index` is 0.
+fn hpack_literal(name_index: usize, name: &str, value: &str, out: &mut Vec<u8>) {
+    hpack_integer(0, 4, name_index, out);
+    if name_index == 0 {
+        hpack_raw_string(name, out);
+    }
+    hpack_raw_string(value, out);
+}
+
+fn request_header_block(member: &str) -> Vec<u8> {
+    let mut block = Vec::with_capacity(256);
+    hpack_integer(0x80, 7, 3, &mut block); // :method POST
+    hpack_integer(0x80, 7, 6, &mut block); // :scheme http
+    hpack_literal(4, "", PUSH_PATH, &mut block);
+    hpack_literal(1, "", member, &mut block);
+    hpack_literal(31, "", "application/grpc", &mut block);
+    hpack_literal(0, "te", "trailers", &mut block);
+    hpack_literal(58, "", "grpc-go/1.60.1", &mut block); // user-agent
+    block
+}
+
+fn response_header_block() -> Vec<u8> {
+    let mut block = Vec::new();
+    hpack_integer(0x80, 7, 8, &mut block); // :status 200
+    hpack_literal(31, "", "application/grpc", &mut block);
+    block
+}
+
+fn trailer_block() -> Vec<u8> {
+    let mut block = Vec::new();
+    hpack_literal(0, "grpc-status", "0", &mut block);
+    hpack_literal(0, "grpc-message", "", &mut block);
+    block
+}
