@@ -190,7 +190,7 @@ struct Fold {
     members_version: u64,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 enum FoldKey {
     Mismatch {
         user: String,
@@ -759,18 +759,22 @@ impl RouteTable {
 
     fn close_fold_windows(&mut self, now_ns: u64, all: bool, alerts: &mut Vec<Alert>) {
         let window = self.limits.fold_window_secs * NANOS_PER_SEC;
-        let mut closed: Vec<Fold> = Vec::new();
         let expired: Vec<FoldKey> = self
             .folds
             .iter()
             .filter(|(_, fold)| all || now_ns.saturating_sub(fold.window_start_ns) >= window)
             .map(|(key, _)| key.clone())
             .collect();
-        for key in expired {
-            closed.extend(self.folds.remove(&key));
-        }
-        closed.sort_by_key(|fold| fold.window_start_ns);
-        for fold in closed {
+        let mut closed: Vec<(FoldKey, Fold)> = expired
+            .into_iter()
+            .filter_map(|key| self.folds.remove_entry(&key))
+            .collect();
+        // Ordered by key among windows opened at once: a replay prints the same lines in the
+        // same order every time, whatever the hash map's order.
+        closed.sort_by(|(left_key, left), (right_key, right)| {
+            (left.window_start_ns, left_key).cmp(&(right.window_start_ns, right_key))
+        });
+        for (_, fold) in closed {
             emit_summary(fold, alerts);
         }
     }

@@ -1,0 +1,81 @@
+//! The whole engine (decoders, route table, alerts) and the content scrubber over arbitrary
+//! event sequences: no panic, and the tables stay within their caps.
+#![no_main]
+
+mod engine_input;
+
+use std::collections::HashMap;
+
+use libfuzzer_sys::fuzz_target;
+use observer::capture::{EventKind, PortClass};
+use observer::correlate::routes::RouteLimits;
+use observer::correlate::{Engine, EngineConfig};
+use observer::decode::{ContentScrubber, Limits};
+
+const MAX_CONNECTIONS: usize = 8;
+const MAX_USERS: usize = 16;
+
+fuzz_target!(|data: &[u8]| {
+    let events = engine_input::decode(data);
+    // Small caps, so that inputs of a few KB reach the eviction paths.
+    let mut engine = Engine::new(EngineConfig {
+        routes: RouteLimits {
+            max_users: MAX_USERS,
+            max_placements_per_user: 2,
+            max_pending_calls: 8,
+            max_tracked_connections: 16,
+            max_fold_keys: 8,
+            fold_window_secs: 2,
+            ring_settle_secs: 1,
+            answer_timeout_secs: 1,
+            churn_min_new_connections: 3,
+            churn_window_secs: 2,
+        },
+        decode: Limits {
+            max_buffered_bytes: 4096,
+            max_header_block_bytes: 1024,
+            max_dynamic_table_size: 512,
+            max_streams: 4,
+            max_http1_head_bytes: 2048,
+        },
+        max_connections: MAX_CONNECTIONS,
+    });
+    let mut scrubbers: HashMap<u64, ContentScrubber> = HashMap::new();
+    let mut alerts = Vec::new();
+    for event in &events {
+        match &event.kind {
+            EventKind::Data {
+                direction,
+                offset,
+                payload,
+                ..
+            } if event.port_class == PortClass::Grpc => {
+                let mut scrubbed = payload.to_vec();
+                scrubbers.entry(event.connection).or_default().scrub(
+                    *direction,
+                    *offset,
+                    &mut scrubbed,
+                );
+                assert_eq!(scrubbed.len(), payload.len());
+            }
+            EventKind::TcpConnect | EventKind::Close | EventKind::TcpState { .. } => {
+                scrubbers.remove(&event.connection);
+            }
+            EventKind::Data { .. } => {}
+        }
+        engine.on_event(event, &mut alerts);
+        for alert in alerts.drain(..) {
+            let _ = alert.to_json_line();
+        }
+        let counters = engine.counters();
+        assert!(
+            counters.connections.tracked <= MAX_CONNECTIONS,
+            "{counters:?}"
+        );
+        assert!(counters.users_tracked <= MAX_USERS, "{counters:?}");
+    }
+    engine.finish(&mut alerts);
+    for alert in &alerts {
+        let _ = alert.to_json_line();
+    }
+});
