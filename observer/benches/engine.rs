@@ -15,7 +15,24 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use observer::alert::Alert;
 use observer::capture::{Event, recording};
+use observer::correlate::routes::RouteLimits;
 use observer::correlate::{Engine, EngineConfig};
+
+/// The proxy keeps one upstream WebSocket per online user open, so 100k users need more than
+/// the default 65,536 decoded connections (`--max-connections`); sized as the daemon sizes
+/// the route table from that flag.
+fn engine_config() -> EngineConfig {
+    let max_connections = 262_144;
+    let defaults = EngineConfig::default();
+    EngineConfig {
+        max_connections,
+        routes: RouteLimits {
+            max_tracked_connections: max_connections * 4,
+            ..defaults.routes
+        },
+        ..defaults
+    }
+}
 
 fn main() {
     let scale: f64 = std::env::var("ENGINE_BENCH_SCALE")
@@ -68,7 +85,7 @@ fn main() {
     // Per-event latency, on a fresh engine (the clock reads add ~20-40 ns to each figure).
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .unwrap_or_else(|error| panic!("histogram bounds are valid: {error}"));
-    let mut engine = Engine::new(EngineConfig::default());
+    let mut engine = Engine::new(engine_config());
     let mut alerts: Vec<Alert> = Vec::new();
     for event in &events {
         let started = Instant::now();
@@ -90,7 +107,7 @@ fn main() {
     let writing = started.elapsed();
     let line_bytes: usize = lines.iter().map(|line| line.len() + 1).sum();
     let started = Instant::now();
-    let mut engine = Engine::new(EngineConfig::default());
+    let mut engine = Engine::new(engine_config());
     let mut alert_count = 0usize;
     for (index, line) in lines.iter().enumerate() {
         let event = match recording::from_json_line(line, index + 1) {
@@ -119,7 +136,7 @@ fn main() {
 }
 
 fn run_engine(events: &[Event]) -> (Duration, usize) {
-    let mut engine = Engine::new(EngineConfig::default());
+    let mut engine = Engine::new(engine_config());
     let mut alerts: Vec<Alert> = Vec::new();
     let mut alert_count = 0usize;
     let started = Instant::now();

@@ -222,6 +222,8 @@ pub struct RouteTable {
     reported_rings: Option<(Vec<String>, Vec<String>)>,
     pushers: HashMap<u32, PusherActivity>,
     folds: HashMap<FoldKey, Fold>,
+    /// When `folds` was last swept for closed windows.
+    folds_swept_ns: u64,
     counters: RouteCounters,
 }
 
@@ -241,6 +243,7 @@ impl RouteTable {
             reported_rings: None,
             pushers: HashMap::new(),
             folds: HashMap::new(),
+            folds_swept_ns: 0,
             counters: RouteCounters::default(),
         }
     }
@@ -738,13 +741,18 @@ impl RouteTable {
         }
         let first = Alert::new(ts_ns, build(None)(1));
         alerts.push(first.clone());
-        if self.folds.len() >= self.limits.max_fold_keys {
+        // A sweep walks the whole table: when it is full of windows still open, sweeping again
+        // for every new key made each alert cost O(table) (hundreds of µs at 262,144 keys).
+        // Windows expire by the second, so one sweep a second finds all there is to find.
+        if self.folds.len() >= self.limits.max_fold_keys
+            && ts_ns.saturating_sub(self.folds_swept_ns) >= NANOS_PER_SEC
+        {
             self.close_fold_windows(ts_ns, false, alerts);
-            if self.folds.len() >= self.limits.max_fold_keys {
-                // Unfolded: repeats of this key will each be emitted.
-                self.counters.fold_keys_evicted += 1;
-                return;
-            }
+        }
+        if self.folds.len() >= self.limits.max_fold_keys {
+            // Unfolded: repeats of this key will each be emitted.
+            self.counters.fold_keys_evicted += 1;
+            return;
         }
         self.folds.insert(
             key,
@@ -758,6 +766,7 @@ impl RouteTable {
     }
 
     fn close_fold_windows(&mut self, now_ns: u64, all: bool, alerts: &mut Vec<Alert>) {
+        self.folds_swept_ns = now_ns;
         let window = self.limits.fold_window_secs * NANOS_PER_SEC;
         let expired: Vec<FoldKey> = self
             .folds
@@ -1095,6 +1104,34 @@ mod tests {
 
     fn kinds(alerts: &[Alert]) -> Vec<&'static str> {
         alerts.iter().map(Alert::kind).collect()
+    }
+
+    #[test]
+    fn a_full_fold_table_is_swept_once_a_second_not_per_alert() {
+        let limits = RouteLimits {
+            max_fold_keys: 2,
+            fold_window_secs: 10,
+            ..RouteLimits::default()
+        };
+        let mut table = RouteTable::new(limits);
+        for (index, user) in ["u1", "u2", "u3", "u4", "u5"].iter().enumerate() {
+            place(&mut table, 100 + index as u64, user, 0, SEC);
+        }
+        // Two keys fill the table; the third is emitted unfolded.
+        push(&mut table, 1, &["u1", "u2"], 1, 2 * SEC, false);
+        assert_eq!(
+            kinds(&push(&mut table, 2, &["u3"], 1, 2 * SEC, false)).len(),
+            1
+        );
+        assert_eq!(table.counters().fold_keys_evicted, 1);
+        // Windows still open: a second within the sweep's second changes nothing.
+        push(&mut table, 3, &["u4"], 1, 2 * SEC + SEC / 2, false);
+        assert_eq!(table.counters().fold_keys_evicted, 2);
+        // Once the first windows have expired, the next new key sweeps them and is folded.
+        let alerts = push(&mut table, 4, &["u5"], 1, 13 * SEC, false);
+        assert_eq!(kinds(&alerts), ["route_mismatch"]);
+        assert_eq!(table.counters().fold_keys_evicted, 2);
+        assert_eq!(table.folds.len(), 1);
     }
 
     #[test]

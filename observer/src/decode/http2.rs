@@ -214,39 +214,55 @@ impl Http2Direction {
     }
 
     fn drain(&mut self, events: &mut Vec<StreamEvent>) {
+        // Frames are handled straight from the buffer, which is taken out meanwhile so that
+        // no frame payload needs a copy; it goes back (capacity kept) unless the direction
+        // was lost.
+        let buffer = std::mem::take(&mut self.buffer);
+        let consumed = self.drain_frames(&buffer, events);
+        if !self.lost {
+            self.buffer = buffer;
+            self.buffer.drain(..consumed);
+        }
+    }
+
+    /// Handles the complete frames at the front of `buffer`; returns the bytes they took.
+    fn drain_frames(&mut self, buffer: &[u8], events: &mut Vec<StreamEvent>) -> usize {
         let mut consumed = 0usize;
         if self.preface_pending {
-            let available = self.buffer.len().min(CLIENT_PREFACE.len());
-            if self.buffer.get(..available) != CLIENT_PREFACE.get(..available) {
-                return self.lose(Undecodable::NoClientPreface, events);
+            let available = buffer.len().min(CLIENT_PREFACE.len());
+            if buffer.get(..available) != CLIENT_PREFACE.get(..available) {
+                self.lose(Undecodable::NoClientPreface, events);
+                return consumed;
             }
             if available < CLIENT_PREFACE.len() {
-                return;
+                return consumed;
             }
             self.preface_pending = false;
             consumed = CLIENT_PREFACE.len();
         }
-        while let Some(header) = self.buffer.get(consumed..).and_then(FrameHeader::parse) {
+        while let Some(header) = buffer.get(consumed..).and_then(FrameHeader::parse) {
             let frame_len = FRAME_HEADER_LEN + header.length;
             if frame_len > self.limits.max_buffered_bytes {
-                return self.lose(
+                self.lose(
                     Undecodable::BufferOverflow {
                         direction: self.direction,
                         limit: self.limits.max_buffered_bytes,
                     },
                     events,
                 );
+                return consumed;
             }
-            let Some(frame) = self.buffer.get(consumed..consumed + frame_len) else {
+            let Some(frame) = buffer.get(consumed..consumed + frame_len) else {
                 break;
             };
-            let payload = frame.get(FRAME_HEADER_LEN..).unwrap_or_default().to_vec();
+            let payload = frame.get(FRAME_HEADER_LEN..).unwrap_or_default();
             consumed += frame_len;
-            if let Err(reason) = self.handle_frame(&header, &payload, events) {
-                return self.lose(reason, events);
+            if let Err(reason) = self.handle_frame(&header, payload, events) {
+                self.lose(reason, events);
+                return consumed;
             }
         }
-        self.buffer.drain(..consumed);
+        consumed
     }
 
     fn handle_frame(
