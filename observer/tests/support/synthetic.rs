@@ -88,7 +88,7 @@ pub struct Scenario {
     pub gateways: usize,
     pub users: usize,
     /// Share of users (0.0..=1.0) the two rings place on different gateways. With one gateway
-    /// nobody can be misrouted, whatever this says.
+    /// nobody can be misrouted: it is ignored then.
     pub misrouted_share: f64,
     pub push_calls: usize,
     pub recipients_per_call: usize,
@@ -286,8 +286,12 @@ pub fn generate(scenario: &Scenario) -> Traffic {
     let pick = |ring: &Ring, user: &str| ring.get_index(user).unwrap_or_default();
 
     let mut rng = SplitMix64::new(scenario.seed);
-    let misrouted_wanted =
-        (scenario.users as f64 * scenario.misrouted_share.clamp(0.0, 1.0)).round() as usize;
+    // Rings of one member always agree.
+    let misrouted_wanted = if proxy_members.len() < 2 {
+        0
+    } else {
+        (scenario.users as f64 * scenario.misrouted_share.clamp(0.0, 1.0)).round() as usize
+    };
     let mut users = Vec::with_capacity(scenario.users);
     let (mut misrouted, mut agreeing) = (0usize, 0usize);
     // Candidates the quota no longer wants are skipped; a bound keeps a share that the ring
