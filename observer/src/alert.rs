@@ -93,15 +93,18 @@ pub enum AlertBody {
         window_secs: u64,
         diagnosis: String,
     },
-    /// The members learned from the proxy's `Host` headers and push's `:authority` spell the
-    /// same gateways differently, so the two rings split users.
+    /// The proxy places users with a ring over differently spelled members than push's, so
+    /// the two rings split users.
     RingDivergence {
+        /// The proxy's ring as inferred from its placements, in its `Host` spelling.
         proxy_members: Vec<String>,
+        /// Push's ring, from the `:authority` of its calls.
         push_members: Vec<String>,
         difference: String,
-        placed_users: usize,
-        placed_users_split: usize,
-        placed_users_split_share: f64,
+        /// Placements seen, and how many of them push's ring sends elsewhere.
+        placements_seen: usize,
+        placements_split: usize,
+        /// Share of a uniform sample of user ids the two rings send to different gateways.
         sample_split_share: f64,
         diagnosis: String,
     },

@@ -9,14 +9,17 @@
 //! so a system-wide observer sees what it would see on a Kubernetes node.
 //!
 //! Entry points: [`Lab::start`], [`Lab::run_scenario`], [`Lab::push_flood`]; the `openim-lab`
-//! binary wraps them (`openim-lab run`, `openim-lab push-loop`).
+//! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`observed`] runs the real
+//! observer beside a lab and scores its alerts; [`demo`] is `cargo xtask demo`.
 
 pub mod client;
 pub mod control;
+pub mod demo;
 pub mod gateway;
 pub mod lab;
 pub mod names;
 pub mod netns;
+pub mod observed;
 pub mod pod;
 pub mod proxy;
 pub mod push;
