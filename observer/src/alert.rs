@@ -137,6 +137,9 @@ pub struct Alert {
     pub schema_version: u32,
     /// RFC 3339 time of the event that raised the alert.
     pub ts: String,
+    /// The same time in Unix nanoseconds, for measuring how long the alert took.
+    #[serde(skip)]
+    pub ts_ns: u64,
     #[serde(flatten)]
     pub body: AlertBody,
 }
@@ -146,6 +149,7 @@ impl Alert {
         Self {
             schema_version: SCHEMA_VERSION,
             ts: rfc3339(ts_ns),
+            ts_ns,
             body,
         }
     }

@@ -5,6 +5,7 @@ use std::{
     fs::File,
     io::{self, BufRead, BufReader, BufWriter, Write},
     path::PathBuf,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -20,6 +21,7 @@ use crate::{
         recording::{self, RecordingError},
     },
     correlate::{Engine, EngineConfig, routes::RouteLimits},
+    metrics::{self, Metrics, MetricsError},
 };
 
 #[derive(Debug, Error)]
@@ -32,6 +34,8 @@ pub enum DaemonError {
     File { path: PathBuf, source: io::Error },
     #[error("writing output failed: {0}")]
     Output(io::Error),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -60,6 +64,9 @@ pub struct RunArgs {
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
+    /// Serve Prometheus metrics on this address (`GET /metrics`; `/healthz` for probes).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -144,6 +151,7 @@ struct EventSink {
     record: Option<(PathBuf, BufWriter<File>)>,
     engine: Engine,
     alerts: Vec<Alert>,
+    metrics: Option<Arc<Mutex<Metrics>>>,
 }
 
 impl EventSink {
@@ -158,6 +166,7 @@ impl EventSink {
             record,
             engine: Engine::new(engine.config()),
             alerts: Vec::new(),
+            metrics: None,
         }
     }
 
@@ -188,8 +197,15 @@ impl EventSink {
 
     /// Prints the alerts raised so far, then flushes every output.
     fn flush(&mut self) -> Result<(), DaemonError> {
+        let now_ns = unix_now_ns();
         for alert in self.alerts.drain(..) {
             writeln!(self.stdout, "{}", alert.to_json_line()).map_err(DaemonError::Output)?;
+            if let Some(metrics) = &self.metrics
+                && let Ok(metrics) = metrics.lock()
+            {
+                let waited_ns = now_ns.saturating_sub(alert.ts_ns);
+                metrics.alert(alert.kind(), waited_ns as f64 / 1e9);
+            }
         }
         self.stdout.flush().map_err(DaemonError::Output)?;
         if let Some((path, file)) = &mut self.record {
@@ -220,6 +236,15 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut sink = EventSink::new(args.events, record, &args.engine);
+    let metrics_server = match &args.metrics_addr {
+        Some(addr) => {
+            let listener = metrics::bind(addr).await?;
+            let shared = Arc::new(Mutex::new(Metrics::default()));
+            sink.metrics = Some(Arc::clone(&shared));
+            Some(tokio::spawn(metrics::serve(listener, shared)))
+        }
+        None => None,
+    };
     let mut capture = KernelCapture::start(&options)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
@@ -261,6 +286,11 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             _ = clock.tick() => {
                 sink.tick(unix_now_ns());
                 sink.flush()?;
+                if let Some(metrics) = &sink.metrics
+                    && let Ok(mut metrics) = metrics.lock()
+                {
+                    metrics.update(&capture.counters()?, &sink.engine.counters());
+                }
             }
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
@@ -275,6 +305,9 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     drop(capture);
     sink.finish();
     sink.flush()?;
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
     report_stop(&sink.engine, malformed_records, Some(&kernel));
     Ok(())
 }

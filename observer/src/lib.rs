@@ -10,4 +10,5 @@ pub mod correlate;
 pub mod daemon;
 pub mod decode;
 pub mod hashring;
+pub mod metrics;
 pub mod tools;

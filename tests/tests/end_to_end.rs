@@ -284,3 +284,57 @@ fn no_client_token_appears_in_any_observer_output() {
         );
     }
 }
+
+#[test]
+fn prometheus_metrics_are_served_during_a_run() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let metrics_addr = "127.0.0.1:19400";
+    let observer_binary = find_observer_binary().expect("observer binary");
+    let observer = ObserverProcess::start(&observer_binary, &["--metrics-addr", metrics_addr])
+        .expect("observer attaches");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let scraped = runtime.block_on(async {
+        let mut lab = Lab::start(lab(ProxyMode::V351, 3, 30)).await.unwrap();
+        lab.run_scenario().await.unwrap();
+        // Counters are brought up to date every second.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        scrape(metrics_addr).await
+    });
+    let output = observer.stop().unwrap();
+    let value = |series: &str| -> f64 {
+        scraped
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} missing from:\n{scraped}"))
+    };
+    assert!(value("openim_observer_events_total") > 0.0);
+    let mismatches = output
+        .alerts
+        .iter()
+        .filter(|alert| alert["kind"] == "route_mismatch")
+        .count();
+    assert!(mismatches > 0);
+    assert!(value("openim_observer_alerts_total{kind=\"route_mismatch\"}") >= 1.0);
+    assert!(value("openim_observer_kernel_to_alert_seconds_count") >= 1.0);
+    assert_eq!(
+        value("openim_observer_kernel_total{kind=\"ring_full_drops\"}"),
+        0.0
+    );
+    assert!(scraped.contains("openim_observer_decode_failures_total{layer=\"hpack\"} 0"));
+    assert!(scraped.contains("openim_observer_users_tracked"));
+}
+
+async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics port");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: observer\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    response
+}
