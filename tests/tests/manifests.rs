@@ -143,7 +143,9 @@ fn lost_fields(original: &Value, typed: &Value, at: &str, lost: &mut Vec<String>
             }
         }
         _ if original == typed => {}
-        _ => lost.push(format!("`{at}` reads back as {typed}, not as written ({original})")),
+        _ => lost.push(format!(
+            "`{at}` reads back as {typed}, not as written ({original})"
+        )),
     }
 }
 
@@ -239,7 +241,9 @@ fn every_object_and_patch_is_a_kubernetes_type_without_unknown_fields() {
             let place = format!("{} document {}", shown(path), index + 1);
             if document.is_array() {
                 if let Err(err) = serde_json::from_value::<Vec<JsonPatchOp>>(document.clone()) {
-                    failures.push(format!("{place}: not a JSON patch of `add` operations: {err}"));
+                    failures.push(format!(
+                        "{place}: not a JSON patch of `add` operations: {err}"
+                    ));
                 }
                 continue;
             }
@@ -397,7 +401,10 @@ fn build(dir: &Path, built: &mut Built) {
                     target.name.as_str(),
                 );
                 let actual = (
-                    daemonset["apiVersion"].as_str().unwrap_or_default().to_owned(),
+                    daemonset["apiVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
                     daemonset["kind"].as_str().unwrap_or_default(),
                     daemonset["metadata"]["name"].as_str().unwrap_or_default(),
                 );
@@ -456,7 +463,11 @@ fn add(document: &mut Value, path: &str, value: Value) -> Result<(), String> {
         Some(Value::Object(fields)) => {
             fields.insert(last, value);
         }
-        Some(_) => return Err(format!("`{parent}` is neither an object nor an array (with -)")),
+        Some(_) => {
+            return Err(format!(
+                "`{parent}` is neither an object nor an array (with -)"
+            ));
+        }
         None => return Err(format!("`{parent}` does not exist in the DaemonSet")),
     }
     Ok(())
@@ -567,8 +578,10 @@ fn assert_least_privilege(daemonset: &DaemonSet, place: &str) {
         pod.tolerations
             .iter()
             .flatten()
-            .any(|toleration| toleration.operator.as_deref() == Some("Exists")
-                && toleration.key.is_none()),
+            .any(
+                |toleration| toleration.operator.as_deref() == Some("Exists")
+                    && toleration.key.is_none()
+            ),
         "{place}: tolerations must include `operator: Exists` (run on every node)"
     );
 
@@ -628,7 +641,11 @@ fn assert_least_privilege(daemonset: &DaemonSet, place: &str) {
         .flatten()
         .find(|mount| mount.mount_path == "/sys/kernel/tracing")
         .unwrap_or_else(|| panic!("{place}: nothing is mounted at /sys/kernel/tracing"));
-    assert_eq!(mount.read_only, Some(true), "{place}: tracefs mount readOnly");
+    assert_eq!(
+        mount.read_only,
+        Some(true),
+        "{place}: tracefs mount readOnly"
+    );
     let volume = pod
         .volumes
         .iter()
@@ -636,7 +653,10 @@ fn assert_least_privilege(daemonset: &DaemonSet, place: &str) {
         .find(|volume| volume.name == mount.name)
         .and_then(|volume| volume.host_path.clone())
         .unwrap_or_else(|| panic!("{place}: volume {} is not a hostPath", mount.name));
-    assert_eq!(volume.path, "/sys/kernel/tracing", "{place}: tracefs hostPath");
+    assert_eq!(
+        volume.path, "/sys/kernel/tracing",
+        "{place}: tracefs hostPath"
+    );
     assert_eq!(
         volume.type_.as_deref(),
         Some("Directory"),
