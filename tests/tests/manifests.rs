@@ -480,7 +480,7 @@ fn typed(document: &Value, place: &str) -> DaemonSet {
 /// Builds `dir` (relative to deploy/kubernetes) and checks what every variant shares: the
 /// container reads the ports from env that exists, the env from ConfigMap keys that exist,
 /// and the probes from the declared metrics port.
-fn built(dir: &str) -> (DaemonSet, String) {
+fn build_variant(dir: &str) -> (DaemonSet, String) {
     let place = format!("deploy/kubernetes/{dir}");
     let mut built = Built::default();
     build(&kubernetes_dir().join(dir), &mut built);
@@ -686,7 +686,7 @@ fn assert_pod_names_and_image(daemonset: &DaemonSet, place: &str) {
 
 #[test]
 fn base_runs_with_least_privilege_and_no_api_access() {
-    let (daemonset, place) = built("base");
+    let (daemonset, place) = build_variant("base");
     assert_least_privilege(&daemonset, &place);
     let pod = pod(&daemonset, &place);
     assert_eq!(
@@ -705,14 +705,14 @@ fn base_runs_with_least_privilege_and_no_api_access() {
 
 #[test]
 fn example_overlay_keeps_least_privilege_and_adds_pod_names() {
-    let (daemonset, place) = built("overlays/example");
+    let (daemonset, place) = build_variant("overlays/example");
     assert_least_privilege(&daemonset, &place);
     assert_pod_names_and_image(&daemonset, &place);
 }
 
 #[test]
 fn privileged_overlay_is_the_example_made_privileged() {
-    let (daemonset, place) = built("overlays/privileged");
+    let (daemonset, place) = build_variant("overlays/privileged");
     assert_pod_names_and_image(&daemonset, &place);
     let security = container(&daemonset, &place)
         .security_context
