@@ -113,23 +113,15 @@ impl Default for LabConfig {
 }
 
 /// The `openim-lab` binary: `$OPENIM_LAB_BIN`, else this executable if it is `openim-lab`, else
-/// `openim-lab` next to this executable or its parent directory (cargo puts test binaries in
-/// `target/<profile>/deps/` and `openim-lab` in `target/<profile>/`).
+/// the one cargo built beside this executable (see [`crate::sibling_binary`]).
 pub fn find_lab_binary() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("OPENIM_LAB_BIN") {
-        return Ok(PathBuf::from(path));
-    }
     let current = std::env::current_exe().context("current executable")?;
-    if current.file_name().is_some_and(|name| name == "openim-lab") {
+    if std::env::var_os("OPENIM_LAB_BIN").is_none()
+        && current.file_name().is_some_and(|name| name == "openim-lab")
+    {
         return Ok(current);
     }
-    current
-        .ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join("openim-lab"))
-        .find(|candidate| candidate.is_file())
-        .context("openim-lab binary not found: build it or set OPENIM_LAB_BIN")
+    crate::sibling_binary("openim-lab", "OPENIM_LAB_BIN")
 }
 
 struct GatewayPod {

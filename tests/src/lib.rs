@@ -28,6 +28,26 @@ pub mod truth;
 pub use lab::{Lab, LabConfig, ProxyMode};
 pub use truth::{FloodReport, GroundTruth, Summary, UserTruth};
 
+/// A workspace binary: `$env_var` if set, else `name` next to this executable or in its
+/// parent directory (cargo puts test binaries in `target/<profile>/deps/` and the others in
+/// `target/<profile>/`).
+pub fn sibling_binary(name: &str, env_var: &str) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    if let Some(path) = std::env::var_os(env_var) {
+        return Ok(std::path::PathBuf::from(path));
+    }
+    let current = std::env::current_exe().context("current executable")?;
+    current
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .with_context(|| {
+            format!("{name} binary not found: build it (cargo xtask build) or set {env_var}")
+        })
+}
+
 /// Code generated from `proto/*.proto` (OpenIM's field numbers and gRPC names).
 pub mod proto {
     pub mod sdkws {

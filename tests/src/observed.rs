@@ -14,20 +14,9 @@ use serde_json::Value;
 
 use crate::truth::GroundTruth;
 
-/// The `observer` binary: `$OBSERVER_BIN`, else `observer` next to this executable or its
-/// parent directory (cargo puts test binaries in `target/<profile>/deps/`).
+/// The `observer` binary: `$OBSERVER_BIN`, else the one cargo built beside this executable.
 pub fn find_observer_binary() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("OBSERVER_BIN") {
-        return Ok(PathBuf::from(path));
-    }
-    let current = std::env::current_exe().context("current executable")?;
-    current
-        .ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join("observer"))
-        .find(|candidate| candidate.is_file())
-        .context("observer binary not found: build it (cargo xtask build) or set OBSERVER_BIN")
+    crate::sibling_binary("observer", "OBSERVER_BIN")
 }
 
 /// A live `observer run`, its stdout (JSON lines) collected on a thread.
