@@ -13,6 +13,19 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub struct Process {
     pub pid: u32,
     pub comm: String,
+    /// cgroup v2 id of the process, kept so the output can name its pod (`--kube`).
+    #[serde(skip)]
+    pub cgroup_id: u64,
+    /// The pod the process runs in, when `--kube` knows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+}
+
+/// A Kubernetes pod, by the names `kubectl` takes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// A gateway as one side of OpenIM addressed it: the IP it dialled and the member string it
@@ -23,6 +36,9 @@ pub struct Gateway {
     pub port: u16,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The pod that holds `ip`, when `--kube` knows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
 }
 
 /// Where the proxy placed a user's WebSocket.

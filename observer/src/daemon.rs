@@ -21,6 +21,7 @@ use crate::{
         recording::{self, RecordingError},
     },
     correlate::{Engine, EngineConfig, routes::RouteLimits},
+    identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     metrics::{self, Metrics, MetricsError},
 };
 
@@ -36,6 +37,8 @@ pub enum DaemonError {
     Output(io::Error),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -67,9 +70,23 @@ pub struct RunArgs {
     /// Serve Prometheus metrics on this address (`GET /metrics`; `/healthz` for probes).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
+    /// Name the pods behind gateway IPs and processes in alerts (`"pod":{"namespace","name"}`),
+    /// from a watch on the Kubernetes API: the in-cluster service account, else the kubeconfig.
+    #[arg(long)]
+    pub kube: bool,
+    /// With --kube, the node's cgroup v2 hierarchy, where a process's cgroup leads to its pod.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+    /// With --kube, pods remembered at most (the Kubernetes limit for one cluster is 150000);
+    /// pods beyond it stay unnamed.
+    #[arg(long, value_name = "N", default_value_t = 150_000)]
+    pub kube_max_pods: usize,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
+
+/// A miss in the cgroup index rescans the hierarchy at most this often.
+const CGROUP_RESCAN_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
@@ -152,6 +169,8 @@ struct EventSink {
     engine: Engine,
     alerts: Vec<Alert>,
     metrics: Option<Arc<Mutex<Metrics>>>,
+    /// With `--kube`: names the pods in alerts as they are printed.
+    pods: Option<PodDirectory>,
 }
 
 impl EventSink {
@@ -167,6 +186,7 @@ impl EventSink {
             engine: Engine::new(engine.config()),
             alerts: Vec::new(),
             metrics: None,
+            pods: None,
         }
     }
 
@@ -198,7 +218,10 @@ impl EventSink {
     /// Prints the alerts raised so far, then flushes every output.
     fn flush(&mut self) -> Result<(), DaemonError> {
         let now_ns = unix_now_ns();
-        for alert in self.alerts.drain(..) {
+        for mut alert in self.alerts.drain(..) {
+            if let Some(pods) = &mut self.pods {
+                pods.enrich(&mut alert);
+            }
             writeln!(self.stdout, "{}", alert.to_json_line()).map_err(DaemonError::Output)?;
             if let Some(metrics) = &self.metrics
                 && let Ok(metrics) = metrics.lock()
@@ -236,6 +259,15 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut sink = EventSink::new(args.events, record, &args.engine);
+    let pod_watch = if args.kube {
+        let client = identity::connect().await?;
+        let pods = PodIndex::shared(args.kube_max_pods);
+        let cgroups = CgroupIndex::new(args.cgroup_root.clone(), CGROUP_RESCAN_INTERVAL);
+        sink.pods = Some(PodDirectory::new(Arc::clone(&pods), cgroups));
+        Some(tokio::spawn(identity::watch_pods(client, pods)))
+    } else {
+        None
+    };
     let metrics_server = match &args.metrics_addr {
         Some(addr) => {
             let listener = metrics::bind(addr).await?;
@@ -305,8 +337,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     drop(capture);
     sink.finish();
     sink.flush()?;
-    if let Some(server) = metrics_server {
-        server.abort();
+    for task in [metrics_server, pod_watch].into_iter().flatten() {
+        task.abort();
     }
     report_stop(&sink.engine, malformed_records, Some(&kernel));
     Ok(())

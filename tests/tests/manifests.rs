@@ -682,6 +682,32 @@ fn assert_pod_names_and_image(daemonset: &DaemonSet, place: &str) {
         Some(true),
         "{place}: the pod-names component mounts the service account token"
     );
+    // The observer finds a process's pod from its cgroup in the node's hierarchy, read-only.
+    let cgroup_root = container
+        .args
+        .iter()
+        .flatten()
+        .find_map(|arg| arg.strip_prefix("--cgroup-root="))
+        .unwrap_or_else(|| panic!("{place}: the pod-names component passes no --cgroup-root="));
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|mount| mount.mount_path == cgroup_root)
+        .unwrap_or_else(|| panic!("{place}: nothing is mounted at --cgroup-root {cgroup_root}"));
+    assert_eq!(
+        mount.read_only,
+        Some(true),
+        "{place}: cgroup mount readOnly"
+    );
+    let volume = pod(daemonset, place)
+        .volumes
+        .into_iter()
+        .flatten()
+        .find(|volume| volume.name == mount.name)
+        .and_then(|volume| volume.host_path)
+        .unwrap_or_else(|| panic!("{place}: volume {} is not a hostPath", mount.name));
+    assert_eq!(volume.path, "/sys/fs/cgroup", "{place}: cgroup hostPath");
 }
 
 #[test]

@@ -231,6 +231,7 @@ fn open<'a>(
                     ip: event.daddr,
                     port: event.dport,
                     name: None,
+                    pod: None,
                 },
                 protocol: match event.port_class {
                     PortClass::WebSocket => Protocol::WebSocket(WebSocketDecoder::new(limits)),
@@ -250,6 +251,8 @@ fn process_of(event: &Event) -> Process {
     Process {
         pid: event.pid,
         comm: event.comm.clone(),
+        cgroup_id: event.cgroup_id,
+        pod: None,
     }
 }
 
@@ -258,6 +261,7 @@ fn named_gateway(gateway: &Gateway, name: Option<String>) -> Gateway {
         ip: gateway.ip,
         port: gateway.port,
         name,
+        pod: None,
     }
 }
 

@@ -173,6 +173,7 @@ enum TrackedConnection {
 #[derive(Debug, Default)]
 struct PusherActivity {
     comm: String,
+    cgroup_id: u64,
     opened_at: VecDeque<u64>,
     called_at: VecDeque<u64>,
     open: u64,
@@ -384,6 +385,7 @@ impl RouteTable {
         }
         let activity = self.pushers.entry(pusher.pid).or_default();
         activity.comm = pusher.comm;
+        activity.cgroup_id = pusher.cgroup_id;
         activity.open += 1;
         push_bounded(
             &mut activity.opened_at,
@@ -825,6 +827,8 @@ fn assess_pusher(
     let pusher = Process {
         pid,
         comm: activity.comm.clone(),
+        cgroup_id: activity.cgroup_id,
+        pod: None,
     };
     alerts.push(Alert::new(
         now_ns,
@@ -898,6 +902,7 @@ mod tests {
             ip: IpAddr::from([10, 244, 0, 10 + index]),
             port,
             name,
+            pod: None,
         }
     }
 
@@ -911,6 +916,8 @@ mod tests {
         Process {
             pid,
             comm: comm.into(),
+            cgroup_id: 0,
+            pod: None,
         }
     }
 
