@@ -137,6 +137,11 @@ struct SocketState {
 const BUFFER_PLAIN: u8 = 0;
 const BUFFER_IOVEC: u8 = 1;
 
+/// How a syscall passes its buffers (see `try_enter_io`).
+const ARGUMENTS_BUFFER: u8 = 0;
+const ARGUMENTS_IOVEC: u8 = 1;
+const ARGUMENTS_MSGHDR: u8 = 2;
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct IoCall {
@@ -237,42 +242,42 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
 /// `write(fd, buf, count)` and `sendto(fd, buf, len, …)`.
 #[tracepoint]
 pub fn sys_enter_send_buffer(ctx: TracePointContext) -> u32 {
-    let _ = try_enter_io(&ctx, DIRECTION_SEND, BUFFER_PLAIN);
+    let _ = try_enter_io(&ctx, DIRECTION_SEND, ARGUMENTS_BUFFER);
     0
 }
 
 /// `read(fd, buf, count)` and `recvfrom(fd, buf, len, …)`.
 #[tracepoint]
 pub fn sys_enter_recv_buffer(ctx: TracePointContext) -> u32 {
-    let _ = try_enter_io(&ctx, DIRECTION_RECV, BUFFER_PLAIN);
+    let _ = try_enter_io(&ctx, DIRECTION_RECV, ARGUMENTS_BUFFER);
     0
 }
 
 /// `writev(fd, iov, iovcnt)`.
 #[tracepoint]
 pub fn sys_enter_send_iovec(ctx: TracePointContext) -> u32 {
-    let _ = try_enter_io(&ctx, DIRECTION_SEND, BUFFER_IOVEC);
+    let _ = try_enter_io(&ctx, DIRECTION_SEND, ARGUMENTS_IOVEC);
     0
 }
 
 /// `readv(fd, iov, iovcnt)`.
 #[tracepoint]
 pub fn sys_enter_recv_iovec(ctx: TracePointContext) -> u32 {
-    let _ = try_enter_io(&ctx, DIRECTION_RECV, BUFFER_IOVEC);
+    let _ = try_enter_io(&ctx, DIRECTION_RECV, ARGUMENTS_IOVEC);
     0
 }
 
 /// `sendmsg(fd, msg, flags)`.
 #[tracepoint]
 pub fn sys_enter_sendmsg(ctx: TracePointContext) -> u32 {
-    let _ = try_enter_msghdr_io(&ctx, DIRECTION_SEND);
+    let _ = try_enter_io(&ctx, DIRECTION_SEND, ARGUMENTS_MSGHDR);
     0
 }
 
 /// `recvmsg(fd, msg, flags)`.
 #[tracepoint]
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
-    let _ = try_enter_msghdr_io(&ctx, DIRECTION_RECV);
+    let _ = try_enter_io(&ctx, DIRECTION_RECV, ARGUMENTS_MSGHDR);
     0
 }
 
@@ -442,7 +447,10 @@ fn try_sys_enter_close(ctx: &TracePointContext) -> Result<(), i64> {
 // Payload capture.
 // ---------------------------------------------------------------------------------------------
 
-fn try_enter_io(ctx: &TracePointContext, direction: u8, layout: u8) -> Result<(), i64> {
+/// Remembers the arguments of a read or write on a watched socket until the syscall exits.
+/// `arguments` says how the syscall passes its buffers: `ARGUMENTS_BUFFER` (buf, len),
+/// `ARGUMENTS_IOVEC` (iov, iovcnt) or `ARGUMENTS_MSGHDR` (a msghdr holding an iovec array).
+fn try_enter_io(ctx: &TracePointContext, direction: u8, arguments: u8) -> Result<(), i64> {
     let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.map_err(i64::from)?;
     let pid_tgid = bpf_get_current_pid_tgid();
     let key = SocketKey {
@@ -453,34 +461,28 @@ fn try_enter_io(ctx: &TracePointContext, direction: u8, layout: u8) -> Result<()
     if unsafe { SOCKETS.get(key) }.is_none() {
         return Ok(());
     }
+    let first: u64 = unsafe { ctx.read_at(SYSCALL_ARG1) }.map_err(i64::from)?;
+    let (buffers, count, layout) = if arguments == ARGUMENTS_MSGHDR {
+        // The iovec array is read at entry: the msghdr is the caller's and stays valid, but
+        // reading it once here keeps the exit path identical for every syscall.
+        let iov: u64 = unsafe { bpf_probe_read_user((first + MSGHDR_IOV) as *const u64) }?;
+        let iovlen: u64 = unsafe { bpf_probe_read_user((first + MSGHDR_IOVLEN) as *const u64) }?;
+        (iov, iovlen, BUFFER_IOVEC)
+    } else {
+        let second: u64 = unsafe { ctx.read_at(SYSCALL_ARG2) }.map_err(i64::from)?;
+        let layout = if arguments == ARGUMENTS_IOVEC {
+            BUFFER_IOVEC
+        } else {
+            BUFFER_PLAIN
+        };
+        (first, second, layout)
+    };
     let call = IoCall {
-        buffers: unsafe { ctx.read_at(SYSCALL_ARG1) }.map_err(i64::from)?,
-        count: unsafe { ctx.read_at(SYSCALL_ARG2) }.map_err(i64::from)?,
+        buffers,
+        count,
         fd: fd as u32,
         direction,
         layout,
-        _reserved: [0; 2],
-    };
-    insert_or_count(&IN_FLIGHT, &pid_tgid, &call)
-}
-
-fn try_enter_msghdr_io(ctx: &TracePointContext, direction: u8) -> Result<(), i64> {
-    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.map_err(i64::from)?;
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let key = SocketKey {
-        tgid: (pid_tgid >> 32) as u32,
-        fd: fd as u32,
-    };
-    if unsafe { SOCKETS.get(key) }.is_none() {
-        return Ok(());
-    }
-    let msghdr: u64 = unsafe { ctx.read_at(SYSCALL_ARG1) }.map_err(i64::from)?;
-    let call = IoCall {
-        buffers: unsafe { bpf_probe_read_user((msghdr + MSGHDR_IOV) as *const u64) }?,
-        count: unsafe { bpf_probe_read_user((msghdr + MSGHDR_IOVLEN) as *const u64) }?,
-        fd: fd as u32,
-        direction,
-        layout: BUFFER_IOVEC,
         _reserved: [0; 2],
     };
     insert_or_count(&IN_FLIGHT, &pid_tgid, &call)

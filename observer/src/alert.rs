@@ -13,6 +13,19 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub struct Process {
     pub pid: u32,
     pub comm: String,
+    /// cgroup v2 id of the process, kept so the output can name its pod (`--kube`).
+    #[serde(skip)]
+    pub cgroup_id: u64,
+    /// The pod the process runs in, when `--kube` knows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+}
+
+/// A Kubernetes pod, by the names `kubectl` takes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// A gateway as one side of OpenIM addressed it: the IP it dialled and the member string it
@@ -23,6 +36,9 @@ pub struct Gateway {
     pub port: u16,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The pod that holds `ip`, when `--kube` knows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
 }
 
 /// Where the proxy placed a user's WebSocket.
@@ -93,15 +109,18 @@ pub enum AlertBody {
         window_secs: u64,
         diagnosis: String,
     },
-    /// The members learned from the proxy's `Host` headers and push's `:authority` spell the
-    /// same gateways differently, so the two rings split users.
+    /// The proxy places users with a ring over differently spelled members than push's, so
+    /// the two rings split users.
     RingDivergence {
+        /// The proxy's ring as inferred from its placements, in its `Host` spelling.
         proxy_members: Vec<String>,
+        /// Push's ring, from the `:authority` of its calls.
         push_members: Vec<String>,
         difference: String,
-        placed_users: usize,
-        placed_users_split: usize,
-        placed_users_split_share: f64,
+        /// Placements seen, and how many of them push's ring sends elsewhere.
+        placements_seen: usize,
+        placements_split: usize,
+        /// Share of a uniform sample of user ids the two rings send to different gateways.
         sample_split_share: f64,
         diagnosis: String,
     },
@@ -134,6 +153,9 @@ pub struct Alert {
     pub schema_version: u32,
     /// RFC 3339 time of the event that raised the alert.
     pub ts: String,
+    /// The same time in Unix nanoseconds, for measuring how long the alert took.
+    #[serde(skip)]
+    pub ts_ns: u64,
     #[serde(flatten)]
     pub body: AlertBody,
 }
@@ -143,6 +165,7 @@ impl Alert {
         Self {
             schema_version: SCHEMA_VERSION,
             ts: rfc3339(ts_ns),
+            ts_ns,
             body,
         }
     }

@@ -5,6 +5,7 @@ use std::{
     fs::File,
     io::{self, BufRead, BufReader, BufWriter, Write},
     path::PathBuf,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -20,6 +21,8 @@ use crate::{
         recording::{self, RecordingError},
     },
     correlate::{Engine, EngineConfig, routes::RouteLimits},
+    identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
+    metrics::{self, Metrics, MetricsError},
 };
 
 #[derive(Debug, Error)]
@@ -32,6 +35,10 @@ pub enum DaemonError {
     File { path: PathBuf, source: io::Error },
     #[error("writing output failed: {0}")]
     Output(io::Error),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -60,9 +67,26 @@ pub struct RunArgs {
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
+    /// Serve Prometheus metrics on this address (`GET /metrics`; `/healthz` for probes).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Name the pods behind gateway IPs and processes in alerts (`"pod":{"namespace","name"}`),
+    /// from a watch on the Kubernetes API: the in-cluster service account, else the kubeconfig.
+    #[arg(long)]
+    pub kube: bool,
+    /// With --kube, the node's cgroup v2 hierarchy, where a process's cgroup leads to its pod.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+    /// With --kube, pods remembered at most (the Kubernetes limit for one cluster is 150000);
+    /// pods beyond it stay unnamed.
+    #[arg(long, value_name = "N", default_value_t = 150_000)]
+    pub kube_max_pods: usize,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
+
+/// A miss in the cgroup index rescans the hierarchy at most this often.
+const CGROUP_RESCAN_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Args, Debug, Clone)]
 pub struct ReplayArgs {
@@ -144,6 +168,9 @@ struct EventSink {
     record: Option<(PathBuf, BufWriter<File>)>,
     engine: Engine,
     alerts: Vec<Alert>,
+    metrics: Option<Arc<Mutex<Metrics>>>,
+    /// With `--kube`: names the pods in alerts as they are printed.
+    pods: Option<PodDirectory>,
 }
 
 impl EventSink {
@@ -158,6 +185,8 @@ impl EventSink {
             record,
             engine: Engine::new(engine.config()),
             alerts: Vec::new(),
+            metrics: None,
+            pods: None,
         }
     }
 
@@ -188,8 +217,18 @@ impl EventSink {
 
     /// Prints the alerts raised so far, then flushes every output.
     fn flush(&mut self) -> Result<(), DaemonError> {
-        for alert in self.alerts.drain(..) {
+        let now_ns = unix_now_ns();
+        for mut alert in self.alerts.drain(..) {
+            if let Some(pods) = &mut self.pods {
+                pods.enrich(&mut alert);
+            }
             writeln!(self.stdout, "{}", alert.to_json_line()).map_err(DaemonError::Output)?;
+            if let Some(metrics) = &self.metrics
+                && let Ok(metrics) = metrics.lock()
+            {
+                let waited_ns = now_ns.saturating_sub(alert.ts_ns);
+                metrics.alert(alert.kind(), waited_ns as f64 / 1e9);
+            }
         }
         self.stdout.flush().map_err(DaemonError::Output)?;
         if let Some((path, file)) = &mut self.record {
@@ -220,6 +259,24 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut sink = EventSink::new(args.events, record, &args.engine);
+    let pod_watch = if args.kube {
+        let client = identity::connect().await?;
+        let pods = PodIndex::shared(args.kube_max_pods);
+        let cgroups = CgroupIndex::new(args.cgroup_root.clone(), CGROUP_RESCAN_INTERVAL);
+        sink.pods = Some(PodDirectory::new(Arc::clone(&pods), cgroups));
+        Some(tokio::spawn(identity::watch_pods(client, pods)))
+    } else {
+        None
+    };
+    let metrics_server = match &args.metrics_addr {
+        Some(addr) => {
+            let listener = metrics::bind(addr).await?;
+            let shared = Arc::new(Mutex::new(Metrics::default()));
+            sink.metrics = Some(Arc::clone(&shared));
+            Some(tokio::spawn(metrics::serve(listener, shared)))
+        }
+        None => None,
+    };
     let mut capture = KernelCapture::start(&options)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
@@ -261,6 +318,11 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             _ = clock.tick() => {
                 sink.tick(unix_now_ns());
                 sink.flush()?;
+                if let Some(metrics) = &sink.metrics
+                    && let Ok(mut metrics) = metrics.lock()
+                {
+                    metrics.update(&capture.counters()?, &sink.engine.counters());
+                }
             }
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
@@ -275,6 +337,9 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     drop(capture);
     sink.finish();
     sink.flush()?;
+    for task in [metrics_server, pod_watch].into_iter().flatten() {
+        task.abort();
+    }
     report_stop(&sink.engine, malformed_records, Some(&kernel));
     Ok(())
 }

@@ -10,4 +10,6 @@ pub mod correlate;
 pub mod daemon;
 pub mod decode;
 pub mod hashring;
+pub mod identity;
+pub mod metrics;
 pub mod tools;

@@ -483,3 +483,54 @@ fn usage_errors_are_one_line_with_exit_code_two() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("70000"), "{stderr}");
 }
+
+#[test]
+fn ipv6_connections_are_watched_too() {
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18871;
+    let listener = TcpListener::bind(("::1", port)).expect("bind [::1]");
+    let mut observer = Observer::start(&["--grpc-port", &port.to_string()]);
+    let mut client = TcpStream::connect(("::1", port)).unwrap();
+    let local_port = client.local_addr().unwrap().port();
+    let (mut server_side, _) = listener.accept().unwrap();
+    client.write_all(b"over v6").unwrap();
+    let mut buffer = [0u8; 7];
+    server_side.read_exact(&mut buffer).unwrap();
+    drop(client);
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+            .is_some()
+    );
+    let (lines, _) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    let established = ours
+        .iter()
+        .find(|line| line["kind"] == "tcp_state" && line["new_state"] == "ESTABLISHED")
+        .expect("ESTABLISHED");
+    assert_eq!(established["daddr"], "::1");
+    assert_eq!(established["sport"], local_port);
+    assert_eq!(captured_stream(&ours, "send"), b"over v6");
+}
+
+#[test]
+fn without_privileges_the_error_is_one_line_with_exit_code_two() {
+    // Root, but with every capability dropped: what an unprivileged container looks like.
+    let output = Command::new("setpriv")
+        .args([
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            "--bounding-set=-all",
+            "--",
+            env!("CARGO_BIN_EXE_observer"),
+            "run",
+            "--duration",
+            "1",
+        ])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("CAP_BPF"), "{stderr}");
+}

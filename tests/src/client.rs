@@ -25,6 +25,8 @@ pub type Arrivals = Arc<Mutex<HashMap<(String, String), Instant>>>;
 /// A connected user; dropping it closes the WebSocket.
 pub struct Client {
     pub user_id: String,
+    /// The credential this client sent in its upgrade query.
+    pub token: String,
     reader: JoinHandle<()>,
 }
 
@@ -34,7 +36,8 @@ impl Drop for Client {
     }
 }
 
-/// A fresh secret-looking JWT-shaped token (random; never logged or stored by the lab).
+/// A fresh secret-looking JWT-shaped token (random; never logged or written by the lab, and
+/// kept in memory only so tests can prove no observer output contains it).
 fn token() -> anyhow::Result<String> {
     let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
     let claims = URL_SAFE_NO_PAD.encode(random_bytes::<48>()?);
@@ -56,9 +59,9 @@ pub async fn connect(
     platform_id: i32,
     arrivals: Arrivals,
 ) -> anyhow::Result<Client> {
+    let token = token()?;
     let url = format!(
-        "ws://{proxy}/?sendID={user_id}&token={}&platformID={platform_id}&operationID={}&isBackground=false",
-        token()?,
+        "ws://{proxy}/?sendID={user_id}&token={token}&platformID={platform_id}&operationID={}&isBackground=false",
         operation_id()?
     );
     let request = url.into_client_request()?;
@@ -92,6 +95,7 @@ pub async fn connect(
     });
     Ok(Client {
         user_id: user_id.to_owned(),
+        token,
         reader,
     })
 }

@@ -80,8 +80,11 @@ pub struct LabConfig {
     pub users: usize,
     /// Users that connect after the scale-out.
     pub late_users: usize,
-    /// Group messages pushed to every user.
+    /// Group messages pushed to every user (after the scale-out, if any).
     pub messages_per_user: usize,
+    /// Group messages pushed to the early users before the scale-out, when they all still sit
+    /// on the first gateways and routing agrees.
+    pub messages_before_scale: usize,
     /// A message is real-time if it arrives within this long after push was asked to send it.
     pub realtime_timeout: Duration,
     /// The `openim-lab` binary pods run from; `None` finds it (see [`find_lab_binary`]).
@@ -101,6 +104,7 @@ impl Default for LabConfig {
             users: 50,
             late_users: 0,
             messages_per_user: 1,
+            messages_before_scale: 0,
             realtime_timeout: Duration::from_secs(2),
             lab_binary: None,
             progress: false,
@@ -109,23 +113,15 @@ impl Default for LabConfig {
 }
 
 /// The `openim-lab` binary: `$OPENIM_LAB_BIN`, else this executable if it is `openim-lab`, else
-/// `openim-lab` next to this executable or its parent directory (cargo puts test binaries in
-/// `target/<profile>/deps/` and `openim-lab` in `target/<profile>/`).
+/// the one cargo built beside this executable (see [`crate::sibling_binary`]).
 pub fn find_lab_binary() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os("OPENIM_LAB_BIN") {
-        return Ok(PathBuf::from(path));
-    }
     let current = std::env::current_exe().context("current executable")?;
-    if current.file_name().is_some_and(|name| name == "openim-lab") {
+    if std::env::var_os("OPENIM_LAB_BIN").is_none()
+        && current.file_name().is_some_and(|name| name == "openim-lab")
+    {
         return Ok(current);
     }
-    current
-        .ancestors()
-        .skip(1)
-        .take(2)
-        .map(|dir| dir.join("openim-lab"))
-        .find(|candidate| candidate.is_file())
-        .context("openim-lab binary not found: build it or set OPENIM_LAB_BIN")
+    crate::sibling_binary("openim-lab", "OPENIM_LAB_BIN")
 }
 
 struct GatewayPod {
@@ -241,6 +237,14 @@ impl Lab {
     /// The name prefix of everything this lab created (`ip netns list`, `ip link`).
     pub fn prefix(&self) -> &str {
         self.network.prefix()
+    }
+
+    /// The tokens the connected clients sent, for tests that prove none leaks.
+    pub fn client_tokens(&self) -> Vec<String> {
+        self.clients
+            .iter()
+            .map(|client| client.token.clone())
+            .collect()
     }
 
     /// Where clients connect: the proxy pod's WebSocket port.
@@ -404,7 +408,18 @@ impl Lab {
     pub async fn run_scenario(&mut self) -> anyhow::Result<GroundTruth> {
         let scenario_started = Instant::now();
         self.connect_users(0..self.config.users, false).await;
+        let run_tag: String = random_bytes::<4>()?
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let mut sent = Vec::new();
+        let mut scaled_out_at = None;
         if self.config.replicas_final > self.gateways.len() {
+            let early: Vec<String> = (0..self.config.users).map(Self::user_id).collect();
+            for _ in 0..self.config.messages_before_scale {
+                self.push_round(&run_tag, &early, &mut sent).await?;
+            }
+            scaled_out_at = Some(std::time::SystemTime::now());
             self.scale_to(self.config.replicas_final).await?;
         }
         let all_users = self.config.users + self.config.late_users;
@@ -412,22 +427,14 @@ impl Lab {
             self.connect_users(self.config.users..all_users, true).await;
         }
         let recipients: Vec<String> = (0..all_users).map(Self::user_id).collect();
-        let run_tag: String = random_bytes::<4>()?
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
-        let mut sent = Vec::new();
-        for round in 0..self.config.messages_per_user {
-            let client_msg_id = format!("lab-{run_tag}-{round}");
-            let seq = i64::try_from(round)? + 1;
-            let sent_at = Instant::now();
-            let outcome = self
-                .push_message(&client_msg_id, seq, recipients.clone())
-                .await?;
-            sent.push((seq, sent_at, outcome));
+        for _ in 0..self.config.messages_per_user {
+            self.push_round(&run_tag, &recipients, &mut sent).await?;
         }
         self.await_arrivals(&sent).await;
-        let truth = self.ground_truth(&recipients, &sent)?;
+        let mut truth = self.ground_truth(&recipients, &sent)?;
+        truth.scaled_out_at_unix_ms = scaled_out_at
+            .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+            .and_then(|since| u64::try_from(since.as_millis()).ok());
         self.progress(format!(
             "{} users, {} deliveries, {} real-time misses ({} users), {} connect failures, {:.1}s",
             truth.summary.users,
@@ -438,6 +445,24 @@ impl Lab {
             scenario_started.elapsed().as_secs_f64()
         ));
         Ok(truth)
+    }
+
+    /// Pushes one group message to `recipients`, numbered after those already `sent`.
+    async fn push_round(
+        &mut self,
+        run_tag: &str,
+        recipients: &[String],
+        sent: &mut Vec<(i64, Instant, PushOutcome)>,
+    ) -> anyhow::Result<()> {
+        let round = sent.len();
+        let client_msg_id = format!("lab-{run_tag}-{round}");
+        let seq = i64::try_from(round)? + 1;
+        let sent_at = Instant::now();
+        let outcome = self
+            .push_message(&client_msg_id, seq, recipients.to_vec())
+            .await?;
+        sent.push((seq, sent_at, outcome));
+        Ok(())
     }
 
     /// Waits until every connected user has every message, or the real-time window closed.
@@ -514,6 +539,10 @@ impl Lab {
                     .calls
                     .iter()
                     .find(|call| call.recipients.contains(user_id));
+                // Messages pushed before this user connected were not for it.
+                if call.is_none() && self.late_users.contains(user_id) {
+                    continue;
+                }
                 let gateway =
                     call.and_then(|call| gateway_by_push_member.get(call.member.as_str()));
                 let result = call.and_then(|call| {
@@ -570,6 +599,7 @@ impl Lab {
             gateways,
             users,
             summary,
+            scaled_out_at_unix_ms: None,
         })
     }
 

@@ -9,14 +9,17 @@
 //! so a system-wide observer sees what it would see on a Kubernetes node.
 //!
 //! Entry points: [`Lab::start`], [`Lab::run_scenario`], [`Lab::push_flood`]; the `openim-lab`
-//! binary wraps them (`openim-lab run`, `openim-lab push-loop`).
+//! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`observed`] runs the real
+//! observer beside a lab and scores its alerts; [`demo`] is `cargo xtask demo`.
 
 pub mod client;
 pub mod control;
+pub mod demo;
 pub mod gateway;
 pub mod lab;
 pub mod names;
 pub mod netns;
+pub mod observed;
 pub mod pod;
 pub mod proxy;
 pub mod push;
@@ -24,6 +27,26 @@ pub mod truth;
 
 pub use lab::{Lab, LabConfig, ProxyMode};
 pub use truth::{FloodReport, GroundTruth, Summary, UserTruth};
+
+/// A workspace binary: `$env_var` if set, else `name` next to this executable or in its
+/// parent directory (cargo puts test binaries in `target/<profile>/deps/` and the others in
+/// `target/<profile>/`).
+pub fn sibling_binary(name: &str, env_var: &str) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    if let Some(path) = std::env::var_os(env_var) {
+        return Ok(std::path::PathBuf::from(path));
+    }
+    let current = std::env::current_exe().context("current executable")?;
+    current
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .with_context(|| {
+            format!("{name} binary not found: build it (cargo xtask build) or set {env_var}")
+        })
+}
 
 /// Code generated from `proto/*.proto` (OpenIM's field numbers and gRPC names).
 pub mod proto {

@@ -17,6 +17,8 @@ pub struct GroundTruth {
     pub gateways: Vec<GatewayTruth>,
     pub users: Vec<UserTruth>,
     pub summary: Summary,
+    /// When the scale-out began (Unix milliseconds), if the run had one.
+    pub scaled_out_at_unix_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

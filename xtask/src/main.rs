@@ -34,6 +34,13 @@ enum Task {
     /// Everything CI checks: formatting, clippy -D warnings (host and eBPF crates), unit tests
     /// and the privileged integration tests (run as root: they load the real programs).
     Test,
+    /// The observer catching OpenIM 3.5.1's scale-out bug in a simulated cluster (network
+    /// namespaces on this machine; needs root). Arguments go to `openim-lab demo`, e.g.
+    /// `cargo xtask demo --mode report-fix --replicas 3 --users 100`.
+    Demo {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Build the release observer and run it with the given arguments, e.g.
     /// `cargo xtask run -- run --events`.
     Run {
@@ -48,6 +55,7 @@ fn main() -> ExitCode {
         Task::Setup => setup().map(|_| ()),
         Task::Build { release } => setup().and_then(|toolchain| build(&toolchain, release)),
         Task::Test => setup().and_then(|toolchain| test(&toolchain)),
+        Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
         Task::Run { args } => setup().and_then(|toolchain| run(&toolchain, &args)),
     };
     match result {
@@ -249,6 +257,24 @@ fn test(toolchain: &Toolchain) -> Result<()> {
         host_cargo("test").args(["--", "--test-threads=1"]),
     )?;
     Ok(())
+}
+
+fn demo(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
+    build_ebpf(toolchain)?;
+    // The debug profile: the same artifacts `cargo xtask test` builds.
+    step(
+        "building the observer and the lab",
+        host_cargo("build").args(["--package", "observer", "--package", "tests"]),
+    )?;
+    let target = workspace_root().join("target/debug");
+    status(
+        Command::new(target.join("openim-lab"))
+            .arg("demo")
+            .arg("--observer")
+            .arg(target.join("observer"))
+            .args(args),
+    )
+    .context("the demo failed")
 }
 
 fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {

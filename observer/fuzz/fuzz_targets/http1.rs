@@ -15,6 +15,19 @@ fuzz_target!(|data: &[u8]| {
     assert_token_values_hidden(&redacted);
 
     let chunk_len = usize::from(chunking % 32) + 1;
+    // How the request is chunked must not change the fact it gives.
+    let whole = WebSocketDecoder::new(Limits::default()).feed(Direction::Send, 0, bytes);
+    let mut chunked_decoder = WebSocketDecoder::new(Limits::default());
+    let mut offset = 0u64;
+    let mut chunked = None;
+    for chunk in bytes.chunks(chunk_len) {
+        chunked = chunked.or(chunked_decoder.feed(Direction::Send, offset, chunk));
+        offset += chunk.len() as u64;
+    }
+    if !bytes.is_empty() {
+        assert_eq!(whole, chunked);
+    }
+
     let mut decoder = WebSocketDecoder::new(Limits::default());
     let mut offsets = [0u64; 2];
     for (index, chunk) in bytes.chunks(chunk_len).enumerate() {

@@ -4,7 +4,15 @@
 use libfuzzer_sys::fuzz_target;
 use observer::capture::Direction;
 use observer::decode::http2::CLIENT_PREFACE;
-use observer::decode::{GrpcConnectionDecoder, Limits};
+use observer::decode::{GrpcConnectionDecoder, GrpcFact, Limits};
+
+const LIMITS: Limits = Limits {
+    max_buffered_bytes: 2048,
+    max_header_block_bytes: 1024,
+    max_dynamic_table_size: 512,
+    max_streams: 4,
+    max_http1_head_bytes: 1024,
+};
 
 fuzz_target!(|data: &[u8]| {
     let [control, split, chunking, rest @ ..] = data else {
@@ -19,42 +27,61 @@ fuzz_target!(|data: &[u8]| {
     let split = usize::from(*split) * rest.len() / 255;
     send.extend_from_slice(&rest[..split]);
     let recv = &rest[split..];
-    let limits = Limits {
-        max_buffered_bytes: 2048,
-        max_header_block_bytes: 1024,
-        max_dynamic_table_size: 512,
-        max_streams: 4,
-        ..Limits::default()
-    };
-    let mut decoder = GrpcConnectionDecoder::new(limits);
     let chunk_len = usize::from(chunking % 64) + 1;
-    // A gap of one byte now and then in either direction when bit 1 is set.
-    let with_gaps = control & 2 != 0;
+    if control & 2 == 0 {
+        // Without gaps, how the bytes are chunked must not change what is decoded.
+        let whole = decode_in_chunks(&send, recv, usize::MAX);
+        let chunked = decode_in_chunks(&send, recv, chunk_len);
+        assert_eq!(whole, chunked);
+    } else {
+        decode_interleaved_with_gaps(*control, &send, recv, chunk_len);
+    }
+});
+
+fn decode_in_chunks(send: &[u8], recv: &[u8], chunk_len: usize) -> Vec<GrpcFact> {
+    let mut decoder = GrpcConnectionDecoder::new(LIMITS);
+    let mut facts = Vec::new();
+    for (direction, bytes) in [(Direction::Send, send), (Direction::Recv, recv)] {
+        let mut offset = 0u64;
+        for chunk in bytes.chunks(chunk_len) {
+            facts.extend(decoder.feed(direction, offset, chunk));
+            offset += chunk.len() as u64;
+        }
+    }
+    facts.extend(decoder.finish());
+    facts
+}
+
+/// Directions alternate as bits 2..8 of `control` say, and every seventh chunk skips a byte.
+fn decode_interleaved_with_gaps(control: u8, send: &[u8], recv: &[u8], chunk_len: usize) {
+    let mut decoder = GrpcConnectionDecoder::new(LIMITS);
     let mut send_chunks = send.chunks(chunk_len);
     let mut recv_chunks = recv.chunks(chunk_len);
     let mut offsets = [0u64; 2];
     for round in 0usize.. {
-        let side = (usize::from(*control) >> (2 + round % 6)) & 1;
-        let chunk = if side == 0 {
-            send_chunks.next()
-        } else {
-            recv_chunks.next()
+        let side = (usize::from(control) >> (2 + round % 6)) & 1;
+        let (chunk, side) = match side {
+            0 => (send_chunks.next(), 0),
+            _ => (recv_chunks.next(), 1),
         };
-        let Some(chunk) = chunk
-            .or_else(|| send_chunks.next())
-            .or_else(|| recv_chunks.next())
-        else {
-            break;
+        let (chunk, side) = match chunk {
+            Some(chunk) => (chunk, side),
+            None => match send_chunks.next() {
+                Some(chunk) => (chunk, 0),
+                None => match recv_chunks.next() {
+                    Some(chunk) => (chunk, 1),
+                    None => break,
+                },
+            },
         };
         let direction = if side == 0 {
             Direction::Send
         } else {
             Direction::Recv
         };
-        let skip = u64::from(with_gaps && round % 7 == 6);
-        let side_offset = &mut offsets[side];
-        decoder.feed(direction, *side_offset + skip, chunk);
-        *side_offset += skip + chunk.len() as u64;
+        let skip = u64::from(round % 7 == 6);
+        decoder.feed(direction, offsets[side] + skip, chunk);
+        offsets[side] += skip + chunk.len() as u64;
     }
     decoder.finish();
-});
+}

@@ -84,20 +84,13 @@ impl ConnectionDecoders {
     pub fn on_event(&mut self, event: &Event, observations: &mut Vec<Observation>) {
         match &event.kind {
             EventKind::TcpConnect => {
-                let opened = open(
+                open(
                     &mut self.connections,
                     &mut self.counters,
                     self.limits,
                     self.max_connections,
                     event,
                 );
-                if opened.is_some() && event.port_class == PortClass::Grpc {
-                    observations.push(Observation::GrpcConnectionOpened {
-                        connection: event.connection,
-                        ts_ns: event.ts_ns,
-                        pusher: process_of(event),
-                    });
-                }
             }
             EventKind::Data {
                 direction,
@@ -141,6 +134,13 @@ impl ConnectionDecoders {
             connection.protocol = if is_http1 {
                 Protocol::UpgradeOnGrpcPort(WebSocketDecoder::new(limits))
             } else {
+                // Only now is it a gRPC client connection (a WebSocket sent to this port is
+                // not one, and must not count as push churn).
+                observations.push(Observation::GrpcConnectionOpened {
+                    connection: event.connection,
+                    ts_ns: event.ts_ns,
+                    pusher: connection.process.clone(),
+                });
                 Protocol::Grpc(Box::new(GrpcConnectionDecoder::new(limits)))
             };
         }
@@ -231,6 +231,7 @@ fn open<'a>(
                     ip: event.daddr,
                     port: event.dport,
                     name: None,
+                    pod: None,
                 },
                 protocol: match event.port_class {
                     PortClass::WebSocket => Protocol::WebSocket(WebSocketDecoder::new(limits)),
@@ -250,6 +251,8 @@ fn process_of(event: &Event) -> Process {
     Process {
         pid: event.pid,
         comm: event.comm.clone(),
+        cgroup_id: event.cgroup_id,
+        pod: None,
     }
 }
 
@@ -258,6 +261,7 @@ fn named_gateway(gateway: &Gateway, name: Option<String>) -> Gateway {
         ip: gateway.ip,
         port: gateway.port,
         name,
+        pod: None,
     }
 }
 

@@ -5,6 +5,7 @@
 //! alerts out. It needs no privileges, so replays and tests drive it directly.
 
 pub mod connections;
+pub mod rings;
 pub mod routes;
 
 use crate::{alert::Alert, capture::Event, decode::Limits};

@@ -81,7 +81,7 @@ pub enum BodyError {
 /// Decodes one push → gateway connection. Feed every `Data` event of the connection in order,
 /// then call `finish` when the connection closes. A `Data` event marked `truncated` needs no
 /// special care: the next event's offset shows the gap, and `finish` reports a cut at the end.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct GrpcConnectionDecoder {
     limits: Limits,
     send: Http2Direction,
@@ -91,6 +91,20 @@ pub struct GrpcConnectionDecoder {
     streams: BTreeMap<u32, StreamState>,
     counters: DecodeCounters,
     events: Vec<StreamEvent>,
+}
+
+/// Shows state and counters only: the buffers hold message bodies.
+impl std::fmt::Debug for GrpcConnectionDecoder {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("GrpcConnectionDecoder")
+            .field("connection_undecodable", &self.connection_undecodable)
+            .field("send_lost", &self.send.is_lost())
+            .field("recv_lost", &self.recv.is_lost())
+            .field("open_streams", &self.streams.len())
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
 }
 
 impl GrpcConnectionDecoder {
@@ -437,7 +451,7 @@ fn header_value(fields: &[HeaderField], name: &str) -> Option<String> {
         .map(|field| String::from_utf8_lossy(&field.value).into_owned())
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct StreamState {
     method: String,
     authority: Option<String>,
@@ -579,7 +593,7 @@ enum ReadMessage {
 }
 
 /// Reassembles the first gRPC message of one direction of a stream.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 struct MessageReader {
     /// The message header and body bytes read so far.
     pending: Vec<u8>,

@@ -696,6 +696,8 @@ fn the_message_content_never_reaches_a_fact() {
             cut as u64 + 1,
             send.get(cut + 1..).unwrap_or_default(),
         ));
+        let state = format!("{decoder:?}");
+        assert!(!state.contains("CANARY") && state.contains("counters"));
         facts.extend(decoder.finish());
         let debug = format!("{facts:?}");
         assert!(!debug.contains("CANARY"), "cut {cut}: {debug}");

@@ -120,7 +120,7 @@ pub enum Http1Error {
 
 /// Decodes one proxy → gateway WebSocket connection: the first request head on the send side,
 /// the first response head on the receive side. Later bytes are ignored.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WebSocketDecoder {
     max_head_bytes: usize,
     send: HeadReader,
@@ -128,12 +128,24 @@ pub struct WebSocketDecoder {
     counters: DecodeCounters,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 struct HeadReader {
     buffer: Vec<u8>,
     /// Stream position of the next byte expected; `None` before the first chunk.
     next_offset: Option<u64>,
     done: bool,
+}
+
+/// Shows progress and counters only: the buffers hold raw request bytes.
+impl std::fmt::Debug for WebSocketDecoder {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("WebSocketDecoder")
+            .field("request_done", &self.send.done)
+            .field("response_done", &self.recv.done)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
 }
 
 impl WebSocketDecoder {

@@ -69,8 +69,8 @@ pub enum FrameError {
     HeaderBlockTooLarge(usize),
 }
 
-/// What one direction's frames say about its streams.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What one direction's frames say about its streams. Not `Debug`: DATA holds message bodies.
+#[derive(Clone, PartialEq, Eq)]
 pub enum StreamEvent {
     Headers {
         stream_id: u32,
@@ -101,7 +101,7 @@ enum HeaderBlockKind {
     PushPromise,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct OpenHeaderBlock {
     stream_id: u32,
     kind: HeaderBlockKind,
@@ -109,8 +109,8 @@ struct OpenHeaderBlock {
     fragments: Vec<u8>,
 }
 
-/// One direction of an HTTP/2 client connection.
-#[derive(Clone, Debug)]
+/// One direction of an HTTP/2 client connection. Not `Debug`: its buffer holds raw bytes.
+#[derive(Clone)]
 pub struct Http2Direction {
     direction: Direction,
     limits: Limits,

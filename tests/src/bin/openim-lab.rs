@@ -29,6 +29,9 @@ struct Cli {
 enum Command {
     /// Run the scenario and print the ground truth (JSON lines) on stdout.
     Run(RunArgs),
+    /// Run the scale-out scenario with the real observer watching, and show what it caught
+    /// against the lab's ground truth (what `cargo xtask demo` runs; needs root).
+    Demo(DemoArgs),
     /// Push at full speed and print pushes/s and call latency percentiles.
     PushLoop(PushLoopArgs),
     #[command(hide = true)]
@@ -75,6 +78,27 @@ struct RunArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct DemoArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Users in all: half connect before the scale-out, half after.
+    #[arg(long, default_value_t = 50)]
+    users: usize,
+    /// Gateways before the scale-out (equal to --replicas for none).
+    #[arg(long, default_value_t = 1)]
+    scale_from: usize,
+    /// Group messages pushed to everyone after the scale-out.
+    #[arg(long, default_value_t = 5)]
+    messages: usize,
+    /// The observer binary [default: `observer` beside this one, or $OBSERVER_BIN].
+    #[arg(long)]
+    observer: Option<PathBuf>,
+    /// Where alerts, the observer's capture and the ground truth are written.
+    #[arg(long, default_value = "target/demo")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
 struct PushLoopArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
@@ -92,6 +116,7 @@ fn main() -> ExitCode {
         Command::Proxy(args) => run_role("msggw-proxy", tests::proxy::run(args)),
         Command::Push(args) => run_role("openim-push", tests::push::run(args)),
         Command::Run(args) => run_lab(scenario(args)),
+        Command::Demo(args) => run_lab(demo(args)),
         Command::PushLoop(args) => run_lab(push_loop(args)),
     };
     match outcome {
@@ -176,6 +201,31 @@ async fn scenario(args: RunArgs) -> anyhow::Result<()> {
             .with_context(|| format!("write {}", path.display()))?;
     }
     truth.write_json_lines(std::io::stdout().lock())?;
+    Ok(())
+}
+
+async fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    let observer = match args.observer {
+        Some(path) => path,
+        None => tests::observed::find_observer_binary()?,
+    };
+    let scale_from = args.scale_from.clamp(1, args.cluster.replicas.max(1));
+    let scaling = scale_from < args.cluster.replicas;
+    let early_users = if scaling { args.users / 2 } else { args.users };
+    let lab = LabConfig {
+        replicas_initial: scale_from,
+        late_users: args.users - early_users,
+        messages_per_user: args.messages,
+        messages_before_scale: usize::from(scaling),
+        ..config(&args.cluster, early_users)
+    };
+    let text = tests::demo::run(tests::demo::DemoConfig {
+        lab,
+        observer,
+        out_dir: args.out,
+    })
+    .await?;
+    println!("{text}");
     Ok(())
 }
 

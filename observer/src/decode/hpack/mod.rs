@@ -49,7 +49,8 @@ impl HeaderField {
     }
 }
 
-#[derive(Clone, Debug)]
+/// Not `Debug`: the dynamic table may hold credentials sent as headers.
+#[derive(Clone)]
 pub struct HpackDecoder {
     /// Newest entry first (index 62 is the front).
     dynamic: VecDeque<HeaderField>,

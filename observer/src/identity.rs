@@ -1,0 +1,541 @@
+//! Pod identity for alerts (`observer run --kube`): which pod holds a gateway IP, and which pod
+//! a pusher or proxy process runs in.
+//!
+//! Pods come from a watch on the Kubernetes API and are kept in a bounded [`PodIndex`]. A
+//! process is tied to its pod through its cgroup: events carry the cgroup v2 id, which is the
+//! inode number of the cgroup's directory, and the kubelet names pod cgroups after the pod UID.
+//! Alerts are enriched at output time ([`PodDirectory::enrich`]) so the correlation engine knows
+//! nothing of Kubernetes, and a replay without `--kube` prints exactly what it did before.
+
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
+
+use futures_util::TryStreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{WatchStreamExt, watcher};
+use thiserror::Error;
+
+use crate::alert::{Alert, AlertBody, Gateway, PodRef, Process};
+
+#[derive(Debug, Error)]
+pub enum IdentityError {
+    #[error("--kube: no in-cluster service account and no kubeconfig: {0}")]
+    NoConfig(String),
+    #[error("--kube: cannot build a Kubernetes client: {0}")]
+    Client(String),
+}
+
+/// A client for the cluster the observer runs in (its service account), or the kubeconfig's.
+pub async fn connect() -> Result<kube::Client, IdentityError> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|error| IdentityError::NoConfig(one_line(&error)))?;
+    kube::Client::try_from(config).map_err(|error| IdentityError::Client(one_line(&error)))
+}
+
+/// An error and its causes on one line.
+fn one_line(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        // Many errors already print their cause: say it once.
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line.replace('\n', " ")
+}
+
+/// The pod index shared between the watch task (writer) and the output (reader).
+pub type SharedPods = Arc<RwLock<PodIndex>>;
+
+/// Keeps `pods` in step with every pod of the cluster until the process ends. Restarts and
+/// relists are the watcher's (with backoff); a relist replaces the index only once complete, so
+/// lookups keep answering from the previous state meanwhile and pods deleted while the watch
+/// was down disappear.
+pub async fn watch_pods(client: kube::Client, pods: SharedPods) {
+    let capacity = read(&pods).capacity;
+    let api = kube::Api::<Pod>::all(client);
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    futures_util::pin_mut!(events);
+    let mut relisted: Option<PodIndex> = None;
+    loop {
+        match events.try_next().await {
+            Ok(Some(watcher::Event::Init)) => relisted = Some(PodIndex::new(capacity)),
+            Ok(Some(watcher::Event::InitApply(pod))) => {
+                if let Some(index) = &mut relisted {
+                    index.apply(&pod);
+                }
+            }
+            Ok(Some(watcher::Event::InitDone)) => {
+                if let Some(index) = relisted.take() {
+                    tracing::info!(
+                        pods = index.pod_count(),
+                        turned_away = index.turned_away,
+                        "pod list loaded"
+                    );
+                    *write(&pods) = index;
+                }
+            }
+            Ok(Some(watcher::Event::Apply(pod))) => write(&pods).apply(&pod),
+            Ok(Some(watcher::Event::Delete(pod))) => write(&pods).delete(&pod),
+            Ok(None) => return,
+            // The backoff spaces the retries; every failure is worth a line.
+            Err(error) => tracing::warn!("pod watch: {}", one_line(&error)),
+        }
+    }
+}
+
+// A panic while the lock is held leaves at worst one pod's entries stale, which the next event
+// for that pod repairs: a poisoned lock is still worth reading.
+fn read(pods: &SharedPods) -> std::sync::RwLockReadGuard<'_, PodIndex> {
+    pods.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write(pods: &SharedPods) -> std::sync::RwLockWriteGuard<'_, PodIndex> {
+    pods.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[derive(Debug)]
+struct PodEntry {
+    pod: PodRef,
+    ips: Vec<IpAddr>,
+}
+
+/// Pods by UID and by IP, at most `capacity` pods; pods beyond it are counted and not named.
+#[derive(Debug)]
+pub struct PodIndex {
+    capacity: usize,
+    by_uid: HashMap<String, PodEntry>,
+    /// IP → UID of the pod holding it.
+    by_ip: HashMap<IpAddr, String>,
+    /// Pods not indexed because the index was full.
+    pub turned_away: u64,
+}
+
+impl PodIndex {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            by_uid: HashMap::new(),
+            by_ip: HashMap::new(),
+            turned_away: 0,
+        }
+    }
+
+    pub fn shared(capacity: usize) -> SharedPods {
+        Arc::new(RwLock::new(Self::new(capacity)))
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    /// Records a pod as added or modified.
+    pub fn apply(&mut self, pod: &Pod) {
+        let (Some(uid), Some(namespace), Some(name)) = (
+            pod.metadata.uid.as_ref(),
+            pod.metadata.namespace.as_ref(),
+            pod.metadata.name.as_ref(),
+        ) else {
+            return;
+        };
+        if !self.by_uid.contains_key(uid) && self.by_uid.len() >= self.capacity {
+            self.turned_away += 1;
+            return;
+        }
+        self.forget_ips(uid);
+        let ips = ips_of(pod);
+        for ip in &ips {
+            // The newest pod to claim an IP holds it: IPs are reused once a pod is gone.
+            self.by_ip.insert(*ip, uid.clone());
+        }
+        let pod = PodRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        self.by_uid.insert(uid.clone(), PodEntry { pod, ips });
+    }
+
+    pub fn delete(&mut self, pod: &Pod) {
+        if let Some(uid) = &pod.metadata.uid {
+            self.forget_ips(uid);
+            self.by_uid.remove(uid);
+        }
+    }
+
+    /// Drops the IPs `uid` holds, unless another pod has claimed them since.
+    fn forget_ips(&mut self, uid: &str) {
+        let Some(entry) = self.by_uid.get(uid) else {
+            return;
+        };
+        for ip in &entry.ips {
+            if self.by_ip.get(ip).is_some_and(|holder| holder == uid) {
+                self.by_ip.remove(ip);
+            }
+        }
+    }
+
+    pub fn pod_by_ip(&self, ip: IpAddr) -> Option<PodRef> {
+        let uid = self.by_ip.get(&ip)?;
+        self.pod_by_uid(uid)
+    }
+
+    pub fn pod_by_uid(&self, uid: &str) -> Option<PodRef> {
+        self.by_uid.get(uid).map(|entry| entry.pod.clone())
+    }
+}
+
+/// The IPs that identify `pod`: none for host-network pods (they share the node's IP) and for
+/// finished pods (their IPs go to new pods).
+fn ips_of(pod: &Pod) -> Vec<IpAddr> {
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.host_network)
+        .unwrap_or(false)
+    {
+        return Vec::new();
+    }
+    let Some(status) = &pod.status else {
+        return Vec::new();
+    };
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return Vec::new();
+    }
+    let listed = status.pod_ips.iter().flatten().map(|pod_ip| &pod_ip.ip);
+    let mut ips: Vec<IpAddr> = listed
+        .chain(status.pod_ip.as_ref())
+        .filter_map(|ip| ip.parse().ok())
+        .collect();
+    ips.sort_unstable();
+    ips.dedup();
+    ips
+}
+
+/// Most cgroups remembered: far more than the containers of one node.
+const MAX_CGROUPS: usize = 65_536;
+/// Most directories one scan visits, so a huge hierarchy costs a bounded amount of work.
+const MAX_SCANNED_DIRECTORIES: usize = 200_000;
+/// The kubelet's pod cgroups sit a few levels down (`kubepods.slice/kubepods-burstable.slice/
+/// kubepods-burstable-pod….slice/cri-containerd-….scope`), deeper when the node itself is nested.
+const MAX_SCAN_DEPTH: usize = 8;
+
+/// cgroup id → pod UID, learned by scanning the cgroup v2 hierarchy for the kubelet's pod
+/// directories. A miss rescans, at most once per `min_rescan_interval`: processes outside pods
+/// miss every time, and a new pod's cgroup appears between two scans.
+#[derive(Debug)]
+pub struct CgroupIndex {
+    root: PathBuf,
+    pod_uids: HashMap<u64, String>,
+    last_scan: Option<Instant>,
+    min_rescan_interval: Duration,
+}
+
+impl CgroupIndex {
+    pub fn new(root: PathBuf, min_rescan_interval: Duration) -> Self {
+        Self {
+            root,
+            pod_uids: HashMap::new(),
+            last_scan: None,
+            min_rescan_interval,
+        }
+    }
+
+    /// The UID of the pod whose cgroup (or a container cgroup inside it) has id `cgroup_id`.
+    pub fn pod_uid(&mut self, cgroup_id: u64) -> Option<&str> {
+        let due = self
+            .last_scan
+            .is_none_or(|last| last.elapsed() >= self.min_rescan_interval);
+        if !self.pod_uids.contains_key(&cgroup_id) && due {
+            self.rescan();
+        }
+        self.pod_uids.get(&cgroup_id).map(String::as_str)
+    }
+
+    fn rescan(&mut self) {
+        self.last_scan = Some(Instant::now());
+        self.pod_uids.clear();
+        let mut pending = vec![(self.root.clone(), 0)];
+        let mut visited = 0;
+        while let Some((directory, depth)) = pending.pop() {
+            visited += 1;
+            if visited > MAX_SCANNED_DIRECTORIES || self.pod_uids.len() >= MAX_CGROUPS {
+                tracing::debug!(root = %self.root.display(), "cgroup scan stopped at its bound");
+                break;
+            }
+            let relative = directory.strip_prefix(&self.root).unwrap_or(&directory);
+            if let Some(uid) = pod_uid_from_cgroup_path(relative)
+                && let Ok(metadata) = std::fs::metadata(&directory)
+            {
+                self.pod_uids.insert(metadata.ino(), uid);
+            }
+            // Below the top level only the kubelet's subtree holds pods.
+            let descend = depth == 0 || relative.to_string_lossy().contains("kubepods");
+            if depth >= MAX_SCAN_DEPTH || !descend {
+                continue;
+            }
+            // Cgroups come and go while we read: an unreadable directory is skipped.
+            let Ok(entries) = std::fs::read_dir(&directory) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                    pending.push((entry.path(), depth + 1));
+                }
+            }
+        }
+    }
+}
+
+/// The pod UID in a kubelet cgroup path, from the innermost component that names one: the
+/// systemd driver's `kubepods-besteffort-pod<uid with '_' for '-'>.slice` (or
+/// `kubepods-pod….slice` for Guaranteed pods) or the cgroupfs driver's `pod<uid>`.
+pub fn pod_uid_from_cgroup_path(path: &Path) -> Option<String> {
+    path.components().rev().find_map(|component| {
+        let component = component.as_os_str().to_str()?;
+        let candidate = match component.strip_suffix(".slice") {
+            Some(slice) => slice.rsplit_once("-pod")?.1.replace('_', "-"),
+            None => component.strip_prefix("pod")?.to_owned(),
+        };
+        is_uid(&candidate).then_some(candidate)
+    })
+}
+
+/// A UID as Kubernetes writes it: 8-4-4-4-12 hex digits.
+fn is_uid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(group, length)| {
+            group.len() == length && group.bytes().all(|byte| byte.is_ascii_hexdigit())
+        })
+}
+
+/// Pod names for IPs and processes, from the watched pods and the node's cgroups.
+#[derive(Debug)]
+pub struct PodDirectory {
+    pods: SharedPods,
+    cgroups: CgroupIndex,
+}
+
+impl PodDirectory {
+    pub fn new(pods: SharedPods, cgroups: CgroupIndex) -> Self {
+        Self { pods, cgroups }
+    }
+
+    pub fn pod_by_ip(&self, ip: IpAddr) -> Option<PodRef> {
+        read(&self.pods).pod_by_ip(ip)
+    }
+
+    pub fn pod_by_cgroup(&mut self, cgroup_id: u64) -> Option<PodRef> {
+        let uid = self.cgroups.pod_uid(cgroup_id)?;
+        read(&self.pods).pod_by_uid(uid)
+    }
+
+    /// Puts the pod next to every gateway IP and process of `alert` that it can name.
+    pub fn enrich(&mut self, alert: &mut Alert) {
+        match &mut alert.body {
+            AlertBody::RouteMismatch {
+                placed_on,
+                pushed_to,
+                ..
+            } => {
+                for placement in placed_on {
+                    self.name_gateway(&mut placement.gateway);
+                    self.name_process(&mut placement.proxy);
+                }
+                self.name_gateway(&mut pushed_to.gateway);
+                self.name_process(&mut pushed_to.pusher);
+            }
+            AlertBody::RingDivergence { .. } => {}
+            AlertBody::WsUpgradeOnGrpcPort { gateway, proxy, .. } => {
+                self.name_gateway(gateway);
+                self.name_process(proxy);
+            }
+            AlertBody::PushConnectionChurn { pusher, .. } => self.name_process(pusher),
+        }
+    }
+
+    fn name_gateway(&self, gateway: &mut Gateway) {
+        gateway.pod = self.pod_by_ip(gateway.ip);
+    }
+
+    fn name_process(&mut self, process: &mut Process) {
+        process.pod = self.pod_by_cgroup(process.cgroup_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::{
+        api::core::v1::{PodIP, PodSpec, PodStatus},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+
+    const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+    fn pod(uid: &str, name: &str, ip: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                uid: Some(uid.into()),
+                namespace: Some("chat".into()),
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec::default()),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                pod_ip: Some(ip.into()),
+                pod_ips: Some(vec![PodIP { ip: ip.into() }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    fn named(name: &str) -> Option<PodRef> {
+        Some(PodRef {
+            namespace: "chat".into(),
+            name: name.into(),
+        })
+    }
+
+    #[test]
+    fn systemd_driver_paths_name_the_pod_with_dashes_restored() {
+        let path = Path::new(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0.slice/cri-containerd-4f2a.scope",
+        );
+        assert_eq!(pod_uid_from_cgroup_path(path).as_deref(), Some(UID));
+        let guaranteed =
+            Path::new("kubepods.slice/kubepods-pod0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0.slice");
+        assert_eq!(pod_uid_from_cgroup_path(guaranteed).as_deref(), Some(UID));
+    }
+
+    #[test]
+    fn cgroupfs_driver_paths_name_the_pod() {
+        let path = Path::new("kubepods/burstable/pod0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0/8a9b");
+        assert_eq!(pod_uid_from_cgroup_path(path).as_deref(), Some(UID));
+        let guaranteed = Path::new("kubepods/pod0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
+        assert_eq!(pod_uid_from_cgroup_path(guaranteed).as_deref(), Some(UID));
+    }
+
+    #[test]
+    fn paths_outside_pods_name_nothing() {
+        for path in [
+            "kubepods.slice/kubepods-besteffort.slice",
+            "kubepods/besteffort",
+            "system.slice/containerd.service",
+            "user.slice/user-1000.slice/podman-pod.slice",
+            "kubepods/podnot-a-uid",
+        ] {
+            assert_eq!(pod_uid_from_cgroup_path(Path::new(path)), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn cgroup_ids_resolve_through_directory_inodes_and_rescan_on_miss() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let pod_dir = root
+            .path()
+            .join("kubepods.slice/kubepods-burstable.slice")
+            .join("kubepods-burstable-pod0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0.slice");
+        let container = pod_dir.join("cri-containerd-4f2a.scope");
+        std::fs::create_dir_all(&container).expect("create cgroup dirs");
+        let outside = root.path().join("system.slice/sshd.service");
+        std::fs::create_dir_all(&outside).expect("create cgroup dirs");
+        let inode = |path: &Path| std::fs::metadata(path).expect("stat").ino();
+
+        let mut cgroups = CgroupIndex::new(root.path().to_owned(), Duration::ZERO);
+        assert_eq!(cgroups.pod_uid(inode(&container)), Some(UID));
+        assert_eq!(cgroups.pod_uid(inode(&pod_dir)), Some(UID));
+        assert_eq!(cgroups.pod_uid(inode(&outside)), None);
+
+        // A pod started after the last scan is found by the rescan its first miss triggers.
+        let later = root
+            .path()
+            .join("kubepods.slice/kubepods-pod11111111_2222_3333_4444_555555555555.slice");
+        std::fs::create_dir_all(&later).expect("create cgroup dir");
+        assert_eq!(
+            cgroups.pod_uid(inode(&later)),
+            Some("11111111-2222-3333-4444-555555555555")
+        );
+    }
+
+    #[test]
+    fn misses_rescan_at_most_once_per_interval() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let mut cgroups = CgroupIndex::new(root.path().to_owned(), Duration::from_secs(3600));
+        assert_eq!(cgroups.pod_uid(1), None);
+        let pod_dir = root
+            .path()
+            .join("kubepods/pod0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
+        std::fs::create_dir_all(&pod_dir).expect("create cgroup dir");
+        let inode = std::fs::metadata(&pod_dir).expect("stat").ino();
+        assert_eq!(
+            cgroups.pod_uid(inode),
+            None,
+            "rescanned within the interval"
+        );
+    }
+
+    #[test]
+    fn index_follows_modifications_deletions_and_ip_reuse() {
+        let mut index = PodIndex::new(10);
+        let ip: IpAddr = "10.244.1.7".parse().expect("ip");
+        index.apply(&pod(UID, "gateway-0", "10.244.1.7"));
+        assert_eq!(index.pod_by_ip(ip), named("gateway-0"));
+
+        // The pod moves to another IP: the old one no longer names it.
+        index.apply(&pod(UID, "gateway-0", "10.244.1.8"));
+        assert_eq!(index.pod_by_ip(ip), None);
+
+        // A new pod takes the IP; deleting the old pod does not take it away again.
+        let other = "11111111-2222-3333-4444-555555555555";
+        index.apply(&pod(other, "gateway-1", "10.244.1.8"));
+        index.delete(&pod(UID, "gateway-0", "10.244.1.8"));
+        assert_eq!(
+            index.pod_by_ip("10.244.1.8".parse().expect("ip")),
+            named("gateway-1")
+        );
+        assert_eq!(index.pod_by_uid(UID), None);
+        assert_eq!(index.pod_count(), 1);
+    }
+
+    #[test]
+    fn host_network_and_finished_pods_hold_no_ip_and_the_index_is_bounded() {
+        let mut index = PodIndex::new(2);
+        let mut host = pod(UID, "node-agent", "192.168.0.5");
+        host.spec = Some(PodSpec {
+            host_network: Some(true),
+            ..PodSpec::default()
+        });
+        index.apply(&host);
+        assert_eq!(index.pod_by_ip("192.168.0.5".parse().expect("ip")), None);
+        assert_eq!(index.pod_by_uid(UID), named("node-agent"));
+
+        let mut finished = pod("11111111-2222-3333-4444-555555555555", "job", "10.0.0.9");
+        if let Some(status) = &mut finished.status {
+            status.phase = Some("Succeeded".into());
+        }
+        index.apply(&finished);
+        assert_eq!(index.pod_by_ip("10.0.0.9".parse().expect("ip")), None);
+
+        index.apply(&pod(
+            "22222222-2222-3333-4444-555555555555",
+            "third",
+            "10.0.0.10",
+        ));
+        assert_eq!(index.pod_count(), 2);
+        assert_eq!(index.turned_away, 1);
+    }
+}

@@ -1,0 +1,381 @@
+//! Prometheus metrics on `--metrics-addr`: what the observer read, dropped, failed to decode,
+//! tracks and alerted, and how long traffic takes to become an alert.
+//!
+//! Counters mirror the kernel's and the engine's own totals: `update` adds what grew since the
+//! last snapshot, so the exported series are monotonic like Prometheus expects.
+
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use thiserror::Error;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+use crate::{capture::kernel::KernelCounters, correlate::EngineCounters};
+
+type Labels = [(&'static str, &'static str); 1];
+
+#[derive(Debug, Error)]
+pub enum MetricsError {
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// Totals last exported, to turn snapshots into counter increments.
+#[derive(Default)]
+struct Exported {
+    kernel: KernelCounters,
+    engine: EngineCounters,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    events: Counter,
+    kernel: Family<Labels, Counter>,
+    decode_failures: Family<Labels, Counter>,
+    evictions: Family<Labels, Counter>,
+    alerts: Family<Labels, Counter>,
+    connections_tracked: Gauge,
+    users_tracked: Gauge,
+    kernel_to_alert_seconds: Histogram,
+    exported: Exported,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("openim_observer");
+        let events = Counter::default();
+        registry.register(
+            "events",
+            "Capture events read from the kernel",
+            events.clone(),
+        );
+        let kernel = Family::<Labels, Counter>::default();
+        registry.register(
+            "kernel",
+            "Kernel-side losses by kind: records dropped on a full ring, bytes not captured (budget and policy), map insert and user-memory read failures",
+            kernel.clone(),
+        );
+        let decode_failures = Family::<Labels, Counter>::default();
+        registry.register(
+            "decode_failures",
+            "Decoding failures and undecodable streams by layer or reason",
+            decode_failures.clone(),
+        );
+        let evictions = Family::<Labels, Counter>::default();
+        registry.register(
+            "evictions",
+            "Entries a bounded table turned away, by table",
+            evictions.clone(),
+        );
+        let alerts = Family::<Labels, Counter>::default();
+        registry.register("alerts", "Alerts printed, by kind", alerts.clone());
+        let connections_tracked = Gauge::default();
+        registry.register(
+            "connections_tracked",
+            "Connections being decoded",
+            connections_tracked.clone(),
+        );
+        let users_tracked = Gauge::default();
+        registry.register(
+            "users_tracked",
+            "Users with a live WebSocket placement",
+            users_tracked.clone(),
+        );
+        // 100 µs … ~100 s: an alert waits at most for the gateway's answer or a window.
+        let kernel_to_alert_seconds = Histogram::new(
+            prometheus_client::metrics::histogram::exponential_buckets(0.0001, 4.0, 11),
+        );
+        registry.register(
+            "kernel_to_alert_seconds",
+            "From the traffic that raised an alert to the alert's line on stdout",
+            kernel_to_alert_seconds.clone(),
+        );
+        Self {
+            registry,
+            events,
+            kernel,
+            decode_failures,
+            evictions,
+            alerts,
+            connections_tracked,
+            users_tracked,
+            kernel_to_alert_seconds,
+            exported: Exported::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Brings every series up to the given totals.
+    pub fn update(&mut self, kernel: &KernelCounters, engine: &EngineCounters) {
+        let previous = &self.exported;
+        self.events
+            .inc_by(engine.events.saturating_sub(previous.engine.events));
+        for (kind, now, before) in [
+            (
+                "ring_full_drops",
+                kernel.ring_full_drops,
+                previous.kernel.ring_full_drops,
+            ),
+            (
+                "bytes_not_captured",
+                kernel.bytes_not_captured,
+                previous.kernel.bytes_not_captured,
+            ),
+            (
+                "map_insert_failures",
+                kernel.map_insert_failures,
+                previous.kernel.map_insert_failures,
+            ),
+            (
+                "user_read_failures",
+                kernel.user_read_failures,
+                previous.kernel.user_read_failures,
+            ),
+        ] {
+            self.kernel
+                .get_or_create(&[("kind", kind)])
+                .inc_by(now.saturating_sub(before));
+        }
+        let (decode, decode_before) = (
+            &engine.connections.decode,
+            &previous.engine.connections.decode,
+        );
+        for (layer, now, before) in [
+            ("http1", decode.http1_failures, decode_before.http1_failures),
+            ("http2", decode.http2_failures, decode_before.http2_failures),
+            ("hpack", decode.hpack_failures, decode_before.hpack_failures),
+            ("grpc", decode.grpc_failures, decode_before.grpc_failures),
+            (
+                "protobuf",
+                decode.protobuf_failures,
+                decode_before.protobuf_failures,
+            ),
+            (
+                "joined_mid_stream",
+                decode.undecodable_joined_mid_stream,
+                decode_before.undecodable_joined_mid_stream,
+            ),
+            (
+                "no_client_preface",
+                decode.undecodable_no_client_preface,
+                decode_before.undecodable_no_client_preface,
+            ),
+            (
+                "capture_gap",
+                decode.lost_sync_gap,
+                decode_before.lost_sync_gap,
+            ),
+            (
+                "buffer_overflow",
+                decode.buffer_overflow,
+                decode_before.buffer_overflow,
+            ),
+            (
+                "truncated_call",
+                decode.truncated_calls,
+                decode_before.truncated_calls,
+            ),
+        ] {
+            self.decode_failures
+                .get_or_create(&[("layer", layer)])
+                .inc_by(now.saturating_sub(before));
+        }
+        let (routes, routes_before) = (&engine.routes, &previous.engine.routes);
+        for (table, now, before) in [
+            (
+                "connections",
+                engine.connections.evicted,
+                previous.engine.connections.evicted,
+            ),
+            ("users", routes.users_evicted, routes_before.users_evicted),
+            (
+                "placements",
+                routes.placements_evicted,
+                routes_before.placements_evicted,
+            ),
+            (
+                "pending_calls",
+                routes.pending_calls_evicted,
+                routes_before.pending_calls_evicted,
+            ),
+            (
+                "route_connections",
+                routes.connections_evicted,
+                routes_before.connections_evicted,
+            ),
+            (
+                "alert_folds",
+                routes.fold_keys_evicted,
+                routes_before.fold_keys_evicted,
+            ),
+        ] {
+            self.evictions
+                .get_or_create(&[("table", table)])
+                .inc_by(now.saturating_sub(before));
+        }
+        self.connections_tracked
+            .set(i64::try_from(engine.connections.tracked).unwrap_or(i64::MAX));
+        self.users_tracked
+            .set(i64::try_from(engine.users_tracked).unwrap_or(i64::MAX));
+        self.exported = Exported {
+            kernel: kernel.clone(),
+            engine: engine.clone(),
+        };
+    }
+
+    pub fn alert(&self, kind: &'static str, kernel_to_alert_seconds: f64) {
+        self.alerts.get_or_create(&[("kind", kind)]).inc();
+        self.kernel_to_alert_seconds
+            .observe(kernel_to_alert_seconds.max(0.0));
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// Binds the metrics address now, so a bad address is a startup error rather than a silent
+/// background failure.
+pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
+/// Serves `GET /metrics` (and `/healthz` for probes) until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Mutex<Metrics>>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let respond = answer(stream, &metrics);
+            // A scraper that stalls must not hold a task forever.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), respond).await;
+        });
+    }
+}
+
+async fn answer(mut stream: TcpStream, metrics: &Mutex<Metrics>) -> std::io::Result<()> {
+    let mut request = Vec::with_capacity(1024);
+    let mut buffer = [0u8; 1024];
+    // A request head is small; stop reading at 8 KiB whatever the peer sends.
+    let path = loop {
+        let read = stream.read(&mut buffer).await?;
+        if read == 0 {
+            return Ok(());
+        }
+        request.extend_from_slice(&buffer[..read]);
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut parsed = httparse::Request::new(&mut headers);
+        match parsed.parse(&request) {
+            Ok(httparse::Status::Complete(_)) => {
+                break parsed.path.unwrap_or("/").to_owned();
+            }
+            Ok(httparse::Status::Partial) if request.len() < 8192 => {}
+            _ => return respond(&mut stream, "400 Bad Request", "bad request\n").await,
+        }
+    };
+    match path.as_str() {
+        "/metrics" => {
+            let body = metrics
+                .lock()
+                .map(|metrics| metrics.render())
+                .unwrap_or_default();
+            respond(&mut stream, "200 OK", &body).await
+        }
+        "/healthz" => respond(&mut stream, "200 OK", "ok\n").await,
+        _ => respond(&mut stream, "404 Not Found", "try /metrics\n").await,
+    }
+}
+
+async fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_follow_the_totals() {
+        let mut metrics = Metrics::default();
+        let mut engine = EngineCounters {
+            events: 10,
+            ..EngineCounters::default()
+        };
+        engine.connections.decode.hpack_failures = 2;
+        let kernel = KernelCounters {
+            ring_full_drops: 3,
+            ..KernelCounters::default()
+        };
+        metrics.update(&kernel, &engine);
+        engine.events = 25;
+        metrics.update(&kernel, &engine);
+        metrics.alert("route_mismatch", 0.002);
+        let text = metrics.render();
+        assert!(text.contains("openim_observer_events_total 25"), "{text}");
+        assert!(
+            text.contains("openim_observer_kernel_total{kind=\"ring_full_drops\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("openim_observer_decode_failures_total{layer=\"hpack\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("openim_observer_alerts_total{kind=\"route_mismatch\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("openim_observer_kernel_to_alert_seconds_count 1"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http() {
+        let listener = bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = Arc::new(Mutex::new(Metrics::default()));
+        let server = tokio::spawn(serve(listener, metrics));
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+        assert!(
+            response.contains("openim_observer_events_total"),
+            "{response}"
+        );
+        server.abort();
+    }
+}
