@@ -18,7 +18,7 @@ use crate::{
     capture::{
         Event,
         kernel::{CaptureError, CaptureOptions, KernelCapture, KernelCounters},
-        recording::{self, RecordingError},
+        recording::{self, PrivateLines, RecordingError},
     },
     correlate::{Engine, EngineConfig, routes::RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
@@ -166,6 +166,7 @@ struct EventSink {
     stdout: BufWriter<io::Stdout>,
     print_events: bool,
     record: Option<(PathBuf, BufWriter<File>)>,
+    private_lines: PrivateLines,
     engine: Engine,
     alerts: Vec<Alert>,
     metrics: Option<Arc<Mutex<Metrics>>>,
@@ -183,6 +184,7 @@ impl EventSink {
             stdout: BufWriter::new(io::stdout()),
             print_events,
             record,
+            private_lines: PrivateLines::new(engine.max_connections),
             engine: Engine::new(engine.config()),
             alerts: Vec::new(),
             metrics: None,
@@ -193,7 +195,7 @@ impl EventSink {
     fn consume(&mut self, event: &Event) -> Result<(), DaemonError> {
         self.engine.on_event(event, &mut self.alerts);
         if self.print_events || self.record.is_some() {
-            let line = recording::to_json_line(event);
+            let line = self.private_lines.line(event);
             if self.print_events {
                 writeln!(self.stdout, "{line}").map_err(DaemonError::Output)?;
             }

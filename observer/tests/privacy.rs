@@ -12,11 +12,10 @@ use std::process::Command;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use observer::alert::Alert;
-use observer::capture::{Direction, Event, EventKind, PortClass, recording};
+use observer::capture::recording::{self, PrivateLines};
+use observer::capture::{Direction, Event, EventKind, PortClass};
 use observer::correlate::{Engine, EngineConfig};
-use observer::decode::{
-    ContentScrubber, GrpcConnectionDecoder, Limits, WebSocketDecoder, redact_secrets,
-};
+use observer::decode::{GrpcConnectionDecoder, Limits, WebSocketDecoder, redact_secrets};
 
 const TOKEN_CANARY: &str = "CANARY-TOKEN-5b1e";
 const AUTH_CANARY: &str = "CANARY-AUTH-90cd";
@@ -39,37 +38,24 @@ fn canary_traffic() -> synthetic::Traffic {
     })
 }
 
-/// What `observer run --record` would write: WebSocket payloads redacted as the capture layer
-/// does (kernel.rs), gRPC payloads through a per-connection `ContentScrubber`.
+/// What `observer run --record` writes: WebSocket payloads redacted by the capture layer
+/// (kernel.rs does it before events exist), then every event through `PrivateLines`, the
+/// daemon's writer, which scrubs gRPC payloads.
 fn recordable(events: &[Event]) -> Vec<Event> {
-    let mut scrubbers: HashMap<u64, ContentScrubber> = HashMap::new();
+    let mut writer = PrivateLines::new(1024);
     events
         .iter()
-        .map(|event| {
+        .enumerate()
+        .map(|(index, event)| {
             let mut event = event.clone();
-            match &mut event.kind {
-                EventKind::Data {
-                    direction,
-                    offset,
-                    payload,
-                    ..
-                } => {
-                    let mut bytes = payload.to_vec();
-                    match event.port_class {
-                        PortClass::WebSocket => redact_secrets(&mut bytes),
-                        PortClass::Grpc => scrubbers
-                            .entry(event.connection)
-                            .or_default()
-                            .scrub(*direction, *offset, &mut bytes),
-                    }
-                    *payload = bytes.into();
-                }
-                EventKind::Close => {
-                    scrubbers.remove(&event.connection);
-                }
-                EventKind::TcpConnect | EventKind::TcpState { .. } => {}
+            if let EventKind::Data { payload, .. } = &mut event.kind
+                && event.port_class == PortClass::WebSocket
+            {
+                let mut bytes = payload.to_vec();
+                redact_secrets(&mut bytes);
+                *payload = bytes.into();
             }
-            event
+            recording::from_json_line(&writer.line(&event), index + 1).expect("our own line")
         })
         .collect()
 }
@@ -261,6 +247,42 @@ fn observer_replay_prints_no_canary() {
             assert_no_canary("a replayed payload", &String::from_utf8_lossy(&bytes));
         }
     }
+}
+
+/// `observer replay --events` scrubs too: even a capture written without scrubbing (by an
+/// older observer, or by hand) prints no message content.
+#[test]
+fn replaying_an_unscrubbed_capture_prints_no_content() {
+    let traffic = canary_traffic();
+    let path = std::env::temp_dir().join(format!("observer-raw-{}.jsonl", std::process::id()));
+    let lines: Vec<String> = traffic
+        .events
+        .iter()
+        .filter(|event| event.port_class == PortClass::Grpc)
+        .map(recording::to_json_line)
+        .collect();
+    std::fs::write(&path, lines.join("\n") + "\n").expect("temp folder is writable");
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["replay", "--events"])
+        .arg(&path)
+        .output()
+        .expect("the observer binary runs");
+    let _ = std::fs::remove_file(&path);
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut payloads = 0;
+    for line in stdout.lines() {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        if let Some(payload) = value["payload_b64"].as_str() {
+            payloads += 1;
+            let bytes = BASE64.decode(payload).unwrap_or_default();
+            assert!(
+                !contains(&bytes, CONTENT_CANARY),
+                "content in a replayed payload"
+            );
+        }
+    }
+    assert!(payloads > 0);
 }
 
 /// The gap the scrubber closes: without it, recordings carry message bodies.

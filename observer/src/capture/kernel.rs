@@ -449,8 +449,12 @@ fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
         RecordKind::Data => {
             let payload = record.get(header_size..header_size + header.len as usize)?;
             let mut payload = payload.to_vec();
-            if port_class == PortClass::WebSocket {
-                // Credentials never leave the capture layer.
+            // Credentials never leave the capture layer: WebSocket upgrades carry the user's
+            // token, also when they are sent to a gRPC port by mistake.
+            let upgrade_on_grpc_port = header.direction == observer_ebpf::DIRECTION_SEND
+                && header.offset == 0
+                && crate::decode::http1::starts_like_http1_request(&payload);
+            if port_class == PortClass::WebSocket || upgrade_on_grpc_port {
                 crate::decode::redact_secrets(&mut payload);
             }
             EventKind::Data {

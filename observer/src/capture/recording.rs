@@ -4,9 +4,11 @@
 //! One object per line, with `kind` (`tcp_connect`, `tcp_state`, `data`, `close`), `ts`
 //! (RFC 3339) and `ts_ns` (Unix nanoseconds, exact), the process and the 4-tuple, and for data
 //! `direction`, `offset`, `len`, `call_len`, `truncated` and `payload_b64`. WebSocket
-//! payloads were scrubbed of credentials before they became events.
+//! payloads were scrubbed of credentials before they became events; `PrivateLines` zeroes
+//! message content out of gRPC payloads before they are written anywhere.
 
 use std::{
+    collections::HashMap,
     net::IpAddr,
     time::{Duration, UNIX_EPOCH},
 };
@@ -17,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::event::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
+use crate::decode::ContentScrubber;
 
 #[derive(Debug, Error)]
 pub enum RecordingError {
@@ -116,6 +119,71 @@ pub fn to_json_line(event: &Event) -> String {
         EventKind::Close => line.kind = LineKind::Close,
     }
     serde_json::to_string(&line).expect("event lines contain only serialisable fields")
+}
+
+/// Writes events as lines with message content zeroed: the chat text inside push calls must
+/// reach no output, so gRPC payloads pass a per-connection `ContentScrubber` first.
+pub struct PrivateLines {
+    scrubbers: HashMap<ConnectionId, ContentScrubber>,
+    max_connections: usize,
+}
+
+impl PrivateLines {
+    pub fn new(max_connections: usize) -> Self {
+        Self {
+            scrubbers: HashMap::new(),
+            max_connections,
+        }
+    }
+
+    pub fn line(&mut self, event: &Event) -> String {
+        match &event.kind {
+            EventKind::Data {
+                direction,
+                offset,
+                call_len,
+                truncated,
+                payload,
+            } if event.port_class == PortClass::Grpc => {
+                let mut bytes = payload.to_vec();
+                match self.scrubber(event.connection) {
+                    Some(scrubber) => scrubber.scrub(*direction, *offset, &mut bytes),
+                    // No room to follow this connection: nothing of it can be vouched for.
+                    None => bytes.fill(0),
+                }
+                let scrubbed = Event {
+                    kind: EventKind::Data {
+                        direction: *direction,
+                        offset: *offset,
+                        call_len: *call_len,
+                        truncated: *truncated,
+                        payload: Bytes::from(bytes),
+                    },
+                    ..event.clone()
+                };
+                to_json_line(&scrubbed)
+            }
+            EventKind::TcpConnect
+            | EventKind::Close
+            | EventKind::TcpState {
+                new: TcpState::Close,
+                ..
+            } => {
+                // A socket address is reused by a later connection: start it afresh.
+                self.scrubbers.remove(&event.connection);
+                to_json_line(event)
+            }
+            _ => to_json_line(event),
+        }
+    }
+
+    fn scrubber(&mut self, connection: ConnectionId) -> Option<&mut ContentScrubber> {
+        if !self.scrubbers.contains_key(&connection) && self.scrubbers.len() >= self.max_connections
+        {
+            return None;
+        }
+        Some(self.scrubbers.entry(connection).or_default())
+    }
 }
 
 /// Parses a line written by `to_json_line`; `line_number` (1-based) goes into errors.

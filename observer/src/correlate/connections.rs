@@ -5,22 +5,18 @@
 //! - gRPC ports: HTTP/2 from the preface on, push calls and the gateway's answers. If the first
 //!   bytes are an HTTP/1 request instead, it is a WebSocket upgrade sent to the gRPC port.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::{
     alert::{self, Gateway, PlatformResult, Process},
     capture::{Direction, Event, EventKind, PortClass, TcpState, event::ConnectionId},
     decode::{
         DecodeCounters, GrpcConnectionDecoder, GrpcFact, Limits, RequestBody, ResponseBody,
-        WebSocketDecoder, WebSocketFact, protobuf,
+        WebSocketDecoder, WebSocketFact, http1::starts_like_http1_request, protobuf,
     },
 };
 
 use super::routes::{Observation, UserAnswer};
-
-/// HTTP/1 request methods that can open a request line; anything else on a gRPC port is taken
-/// for HTTP/2.
-const HTTP1_METHODS: [&[u8]; 4] = [b"GET ", b"POST ", b"PUT ", b"HEAD "];
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConnectionCounters {
@@ -52,8 +48,15 @@ pub struct ConnectionDecoders {
     limits: Limits,
     max_connections: usize,
     connections: HashMap<ConnectionId, Connection>,
+    /// WebSocket connections whose upgrade and answer are read: only their close still
+    /// matters (it ends the placement). An id costs far less than a decoder, and a proxy holds
+    /// one such connection per online user.
+    upgraded: HashSet<ConnectionId>,
     counters: ConnectionCounters,
 }
+
+/// Upgraded WebSocket connections remembered per decoder slot (`max_connections`).
+const UPGRADED_PER_SLOT: usize = 16;
 
 impl ConnectionDecoders {
     pub fn new(limits: Limits, max_connections: usize) -> Self {
@@ -61,6 +64,7 @@ impl ConnectionDecoders {
             limits,
             max_connections,
             connections: HashMap::new(),
+            upgraded: HashSet::new(),
             counters: ConnectionCounters::default(),
         }
     }
@@ -68,7 +72,7 @@ impl ConnectionDecoders {
     /// Counters of closed connections plus those of the live ones.
     pub fn counters(&self) -> ConnectionCounters {
         let mut counters = self.counters.clone();
-        counters.tracked = self.connections.len();
+        counters.tracked = self.connections.len() + self.upgraded.len();
         for connection in self.connections.values() {
             match &connection.protocol {
                 Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
@@ -115,6 +119,9 @@ impl ConnectionDecoders {
         payload: &[u8],
         observations: &mut Vec<Observation>,
     ) {
+        if self.upgraded.contains(&event.connection) {
+            return;
+        }
         let limits = self.limits;
         let Some(connection) = open(
             &mut self.connections,
@@ -126,11 +133,8 @@ impl ConnectionDecoders {
             return;
         };
         if let Protocol::Undetermined = connection.protocol {
-            let is_http1 = direction == Direction::Send
-                && offset == 0
-                && HTTP1_METHODS
-                    .iter()
-                    .any(|method| payload.starts_with(method));
+            let is_http1 =
+                direction == Direction::Send && offset == 0 && starts_like_http1_request(payload);
             connection.protocol = if is_http1 {
                 Protocol::UpgradeOnGrpcPort(WebSocketDecoder::new(limits))
             } else {
@@ -157,6 +161,16 @@ impl ConnectionDecoders {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
                     observations.extend(websocket_observation(event, &view, fact, counters));
                 }
+                if decoder.is_done() {
+                    counters.decode.add(decoder.counters());
+                    self.connections.remove(&event.connection);
+                    if self.upgraded.len() < self.max_connections * UPGRADED_PER_SLOT {
+                        self.upgraded.insert(event.connection);
+                    } else {
+                        // Its close will go unseen: the placement then ends by eviction.
+                        counters.evicted += 1;
+                    }
+                }
             }
             Protocol::UpgradeOnGrpcPort(decoder) => {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
@@ -178,6 +192,13 @@ impl ConnectionDecoders {
     }
 
     fn close(&mut self, event: &Event, observations: &mut Vec<Observation>) {
+        if self.upgraded.remove(&event.connection) {
+            observations.push(Observation::ConnectionClosed {
+                connection: event.connection,
+                ts_ns: event.ts_ns,
+            });
+            return;
+        }
         let Some(mut connection) = self.connections.remove(&event.connection) else {
             return;
         };
@@ -394,5 +415,72 @@ fn user_answer(result: protobuf::UserResult) -> UserAnswer {
                 result_code: platform.result_code,
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn event(kind: EventKind) -> Event {
+        Event {
+            ts_ns: 1,
+            connection: 7,
+            pid: 10,
+            comm: "msggw-proxy".into(),
+            cgroup_id: 1,
+            saddr: "10.0.0.2".parse().unwrap(),
+            sport: 40000,
+            daddr: "10.0.0.10".parse().unwrap(),
+            dport: 80,
+            port_class: PortClass::WebSocket,
+            kind,
+        }
+    }
+
+    fn data(direction: Direction, bytes: &'static [u8]) -> Event {
+        event(EventKind::Data {
+            direction,
+            offset: 0,
+            call_len: bytes.len() as u64,
+            truncated: false,
+            payload: Bytes::from_static(bytes),
+        })
+    }
+
+    #[test]
+    fn an_upgraded_websocket_keeps_only_its_id_until_it_closes() {
+        let mut decoders = ConnectionDecoders::new(Limits::default(), 4);
+        let mut observations = Vec::new();
+        decoders.on_event(&event(EventKind::TcpConnect), &mut observations);
+        decoders.on_event(
+            &data(
+                Direction::Send,
+                b"GET /?sendID=42&platformID=2 HTTP/1.1\r\nHost: gw-0\r\nUpgrade: websocket\r\n\r\n",
+            ),
+            &mut observations,
+        );
+        decoders.on_event(
+            &data(Direction::Recv, b"HTTP/1.1 101 Switching Protocols\r\n\r\n"),
+            &mut observations,
+        );
+        assert!(decoders.connections.is_empty(), "the decoder is released");
+        assert_eq!(decoders.counters().tracked, 1);
+        assert!(matches!(
+            observations.as_slice(),
+            [
+                Observation::UpgradeRequested { user, .. },
+                Observation::UpgradeAnswered { status: 101, .. }
+            ] if user == "42"
+        ));
+        observations.clear();
+        decoders.on_event(&event(EventKind::Close), &mut observations);
+        assert!(matches!(
+            observations.as_slice(),
+            [Observation::ConnectionClosed { connection: 7, .. }]
+        ));
+        assert_eq!(decoders.counters().tracked, 0);
     }
 }

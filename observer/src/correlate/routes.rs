@@ -213,9 +213,12 @@ pub struct RouteTable {
     connections: HashMap<ConnectionId, TrackedConnection>,
     upgrades_on_grpc: HashMap<ConnectionId, (IpAddr, u16, u32)>,
     rings: LearnedRings,
-    /// When ring evidence last changed (a member or a placement); a verdict waits for it to
-    /// settle.
-    rings_changed_ns: Option<u64>,
+    /// When a learned member last changed; a verdict waits for membership to settle.
+    members_changed_ns: Option<u64>,
+    /// Placements arrived since the last verdict.
+    evidence_since_verdict: bool,
+    /// Verdicts rehash every placement seen: at most one per settle period.
+    last_verdict_ns: u64,
     reported_divergence: Option<(Vec<String>, Vec<String>)>,
     /// Bumped whenever a learned member changes; texts built from the members depend on it.
     members_version: u64,
@@ -239,7 +242,9 @@ impl RouteTable {
             connections: HashMap::new(),
             upgrades_on_grpc: HashMap::new(),
             rings: LearnedRings::default(),
-            rings_changed_ns: None,
+            members_changed_ns: None,
+            evidence_since_verdict: false,
+            last_verdict_ns: 0,
             reported_divergence: None,
             members_version: 0,
             spelling_cause: None,
@@ -307,8 +312,7 @@ impl RouteTable {
                 if let Some(name) = &gateway.name
                     && self.rings.learn_push_member(name, gateway.ip)
                 {
-                    self.rings_changed_ns = Some(ts_ns);
-                    self.members_changed();
+                    self.members_changed(ts_ns);
                 }
                 if let Some(TrackedConnection::Push { pusher_pid }) =
                     self.connections.get(&connection)
@@ -461,10 +465,10 @@ impl RouteTable {
         if let Some(name) = &gateway.name
             && self.rings.learn_proxy_host(name, gateway.ip)
         {
-            self.members_changed();
+            self.members_changed(ts_ns);
         }
         self.rings.record_placement(&user, gateway.ip);
-        self.rings_changed_ns = Some(ts_ns);
+        self.evidence_since_verdict = true;
         if !self.placements.contains_key(&user) && self.placements.len() >= self.limits.max_users {
             self.counters.users_evicted += 1;
             return;
@@ -814,29 +818,32 @@ impl RouteTable {
     }
 
     /// A learned member changed: texts quoting the members must be rebuilt.
-    fn members_changed(&mut self) {
+    fn members_changed(&mut self, ts_ns: u64) {
         self.members_version += 1;
         self.spelling_cause = None;
+        self.members_changed_ns = Some(ts_ns);
     }
 
     fn evaluate_rings_at(&mut self, now_ns: u64, force: bool, alerts: &mut Vec<Alert>) {
-        let Some(changed) = self.rings_changed_ns else {
-            return;
-        };
-        if !force && now_ns.saturating_sub(changed) < self.limits.ring_settle_secs * NANOS_PER_SEC {
+        if self.members_changed_ns.is_none() && !self.evidence_since_verdict {
             return;
         }
-        let divergence = match self.rings.verdict() {
-            Verdict::Diverge(divergence) => divergence,
-            // Settled: wait for new evidence before judging again.
-            Verdict::Agree => {
-                self.rings_changed_ns = None;
+        let settle = self.limits.ring_settle_secs * NANOS_PER_SEC;
+        if !force {
+            let membership_moving = self
+                .members_changed_ns
+                .is_some_and(|changed| now_ns.saturating_sub(changed) < settle);
+            if membership_moving || now_ns.saturating_sub(self.last_verdict_ns) < settle {
                 return;
             }
-            // Keep judging as placements come in.
-            Verdict::Undetermined => return,
+        }
+        self.members_changed_ns = None;
+        self.evidence_since_verdict = false;
+        self.last_verdict_ns = now_ns;
+        // Agree and Undetermined wait for new evidence; only a divergence is reported.
+        let Verdict::Diverge(divergence) = self.rings.verdict() else {
+            return;
         };
-        self.rings_changed_ns = None;
         let key = (
             divergence.proxy_members.clone(),
             divergence.push_members.clone(),

@@ -20,6 +20,13 @@ const SECRET_HEADERS: [&[u8]; 4] = [
     b"set-cookie",
 ];
 
+/// Whether `payload` opens like an HTTP/1 request line (a WebSocket upgrade, on a port that
+/// should carry HTTP/2).
+pub fn starts_like_http1_request(payload: &[u8]) -> bool {
+    const METHODS: [&[u8]; 4] = [b"GET ", b"POST ", b"PUT ", b"HEAD "];
+    METHODS.iter().any(|method| payload.starts_with(method))
+}
+
 /// Overwrites credentials in `payload` with `*`, in place, keeping its length: every `token=`
 /// query value (up to `&`, space, CR, LF, `#` or the end) and the values of `Authorization`,
 /// `Proxy-Authorization`, `Cookie` and `Set-Cookie` header lines (up to CR, LF or the end).
@@ -190,6 +197,11 @@ impl WebSocketDecoder {
             self.counters.http1_failures += 1;
         }
         fact
+    }
+
+    /// Both heads are read (or cannot be): later bytes of the connection are never looked at.
+    pub fn is_done(&self) -> bool {
+        self.send.done && self.recv.done
     }
 
     pub fn counters(&self) -> &DecodeCounters {

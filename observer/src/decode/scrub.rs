@@ -24,7 +24,7 @@
 
 use crate::capture::Direction;
 
-use super::http1::redact_secrets;
+use super::http1::{redact_secrets, starts_like_http1_request};
 use super::http2::CLIENT_PREFACE;
 
 const FRAME_HEADER_LEN: usize = 9;
@@ -38,8 +38,6 @@ const MAX_STREAMS: usize = 64;
 const MSG_DATA_FIELD: u64 = 1;
 /// `MsgData.content`: the message body.
 const CONTENT_FIELD: u64 = 12;
-/// HTTP/1 methods that can open a request sent to the gRPC port.
-const HTTP1_METHODS: [&[u8]; 4] = [b"GET ", b"POST ", b"PUT ", b"HEAD "];
 
 /// Per-connection scrubber state: keep one per connection id, feed every `Data` event's payload
 /// in capture order through `scrub`, and drop it when the connection closes.
@@ -72,10 +70,7 @@ impl ContentScrubber {
         if self.protocol == Protocol::Undetermined && direction == Direction::Send {
             self.protocol = if offset != 0 {
                 Protocol::Opaque
-            } else if HTTP1_METHODS
-                .iter()
-                .any(|method| payload.starts_with(method))
-            {
+            } else if starts_like_http1_request(payload) {
                 Protocol::Http1
             } else if CLIENT_PREFACE
                 .starts_with(&payload[..payload.len().min(CLIENT_PREFACE.len())])
