@@ -186,10 +186,9 @@ struct PusherActivity {
 struct Fold {
     window_start_ns: u64,
     count: u64,
-    latest: Alert,
-    /// `RouteTable::members_version` when `latest` was built: its texts still hold while the
-    /// learned members are unchanged.
-    members_version: u64,
+    /// The window's first alert; repeats only update its count, time and merged lists, so a
+    /// repeat costs a lookup, not a new alert text.
+    summary: Alert,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
@@ -220,9 +219,7 @@ pub struct RouteTable {
     /// Verdicts rehash every placement seen: at most one per settle period.
     last_verdict_ns: u64,
     reported_divergence: Option<(Vec<String>, Vec<String>)>,
-    /// Bumped whenever a learned member changes; texts built from the members depend on it.
-    members_version: u64,
-    /// How the two sides spell one gateway differently, computed once per `members_version`
+    /// How the two sides spell one gateway differently, computed once per membership change
     /// (every mismatch quotes it, and a misrouting incident produces mismatches by the
     /// thousand): `None` until computed, `Some(None)` when no gateway is spelled two ways.
     spelling_cause: Option<Option<String>>,
@@ -246,7 +243,6 @@ impl RouteTable {
             evidence_since_verdict: false,
             last_verdict_ns: 0,
             reported_divergence: None,
-            members_version: 0,
             spelling_cause: None,
             pushers: HashMap::new(),
             folds: HashMap::new(),
@@ -526,7 +522,24 @@ impl RouteTable {
             port: gateway.port,
             proxy_pid: proxy.pid,
         };
-        let window_secs = self.limits.fold_window_secs;
+        let merged = fold_repeat(
+            &mut self.folds,
+            self.limits.fold_window_secs,
+            &key,
+            ts_ns,
+            |body| {
+                if let AlertBody::WsUpgradeOnGrpcPort { users, .. } = body
+                    && let Some(user) = &user
+                    && !users.contains(user)
+                    && users.len() < 100
+                {
+                    users.push(user.clone());
+                }
+            },
+        );
+        if merged {
+            return;
+        }
         let diagnosis = format!(
             "a WebSocket upgrade{} was sent to {}:{}, a gRPC port: the proxy dials its ring member literally, so members carrying the gRPC port (the incident report's fix as written) send WebSockets to the gRPC server, which rejects them. Hash on the ':88' spelling but dial the WebSocket port",
             user.as_deref()
@@ -535,31 +548,19 @@ impl RouteTable {
             gateway.ip,
             gateway.port
         );
-        let users: Vec<String> = user.into_iter().collect();
-        self.fold(key, ts_ns, alerts, |previous| {
-            let mut all_users = match previous {
-                Some(AlertBody::WsUpgradeOnGrpcPort { users, .. }) => users.clone(),
-                _ => Vec::new(),
-            };
-            for user in &users {
-                if !all_users.contains(user) && all_users.len() < 100 {
-                    all_users.push(user.clone());
-                }
-            }
-            let answer_status = match previous {
-                Some(AlertBody::WsUpgradeOnGrpcPort { answer_status, .. }) => *answer_status,
-                _ => None,
-            };
-            move |count| AlertBody::WsUpgradeOnGrpcPort {
+        let alert = Alert::new(
+            ts_ns,
+            AlertBody::WsUpgradeOnGrpcPort {
                 gateway,
-                users: all_users,
+                users: user.into_iter().collect(),
                 proxy,
-                answer_status,
-                count,
-                window_secs,
+                answer_status: None,
+                count: 1,
+                window_secs: self.limits.fold_window_secs,
                 diagnosis,
-            }
-        });
+            },
+        );
+        self.fold_first(key, alert, alerts);
     }
 
     fn on_upgrade_on_grpc_answer(&mut self, connection: ConnectionId, status: u16) {
@@ -572,7 +573,7 @@ impl RouteTable {
             proxy_pid,
         };
         if let Some(Fold {
-            latest:
+            summary:
                 Alert {
                     body: AlertBody::WsUpgradeOnGrpcPort { answer_status, .. },
                     ..
@@ -629,73 +630,42 @@ impl RouteTable {
                 .collect();
             placed.sort();
             placed.dedup();
-            let placed_on = summarize_placements(placements);
             let key = FoldKey::Mismatch {
                 user: user.clone(),
                 placed,
                 pushed: call.gateway.ip,
             };
-            let diagnosis = match self.repeated_diagnosis(
+            if fold_repeat(
+                &mut self.folds,
+                self.limits.fold_window_secs,
                 &key,
                 ts_ns,
-                &placed_on,
-                &call.gateway,
-                gateway_answer,
+                |_| {},
             ) {
-                Some(diagnosis) => diagnosis,
-                None => self.mismatch_diagnosis(user, &placed_on, &call.gateway, gateway_answer),
-            };
-            let pushed_to = PushInfo {
-                gateway: call.gateway.clone(),
-                method: call.method.clone(),
-                message: call.message.clone(),
-                pusher: call.pusher.clone(),
-                answer: gateway_answer,
-                answer_platforms,
-            };
-            let window_secs = self.limits.fold_window_secs;
-            let user = user.clone();
-            self.fold(key, ts_ns, alerts, |_| {
-                move |count| AlertBody::RouteMismatch {
-                    user,
-                    placed_on,
-                    pushed_to,
-                    count,
-                    window_secs,
-                    diagnosis,
-                }
-            });
-        }
-    }
-
-    /// The diagnosis of the open window's latest alert for `key`, when it was built from the
-    /// same facts: repeats of a mismatch then skip rebuilding the same text.
-    fn repeated_diagnosis(
-        &self,
-        key: &FoldKey,
-        ts_ns: u64,
-        placed_on: &[PlacementInfo],
-        pushed: &Gateway,
-        answer: GatewayAnswer,
-    ) -> Option<String> {
-        let fold = self.folds.get(key)?;
-        let in_window = ts_ns.saturating_sub(fold.window_start_ns)
-            < self.limits.fold_window_secs * NANOS_PER_SEC;
-        match &fold.latest.body {
-            AlertBody::RouteMismatch {
-                placed_on: previous_placed_on,
-                pushed_to,
-                diagnosis,
-                ..
-            } if in_window
-                && fold.members_version == self.members_version
-                && pushed_to.answer == answer
-                && pushed_to.gateway == *pushed
-                && previous_placed_on.as_slice() == placed_on =>
-            {
-                Some(diagnosis.clone())
+                continue;
             }
-            _ => None,
+            let placed_on = summarize_placements(placements);
+            let diagnosis =
+                self.mismatch_diagnosis(user, &placed_on, &call.gateway, gateway_answer);
+            let alert = Alert::new(
+                ts_ns,
+                AlertBody::RouteMismatch {
+                    user: user.clone(),
+                    placed_on,
+                    pushed_to: PushInfo {
+                        gateway: call.gateway.clone(),
+                        method: call.method.clone(),
+                        message: call.message.clone(),
+                        pusher: call.pusher.clone(),
+                        answer: gateway_answer,
+                        answer_platforms,
+                    },
+                    count: 1,
+                    window_secs: self.limits.fold_window_secs,
+                    diagnosis,
+                },
+            );
+            self.fold_first(key, alert, alerts);
         }
     }
 
@@ -747,36 +717,20 @@ impl RouteTable {
         )
     }
 
-    /// Emits the first alert of a key's window, counts the repeats, and keeps the latest as
-    /// the window's summary. `build` sees the previous body of this window (to merge lists)
-    /// and returns the body for a given count.
-    fn fold<F, B>(&mut self, key: FoldKey, ts_ns: u64, alerts: &mut Vec<Alert>, build: F)
-    where
-        F: FnOnce(Option<&AlertBody>) -> B,
-        B: FnOnce(u64) -> AlertBody,
-    {
-        let window = self.limits.fold_window_secs * NANOS_PER_SEC;
-        if let Some(fold) = self.folds.get_mut(&key)
-            && ts_ns.saturating_sub(fold.window_start_ns) < window
-        {
-            fold.count += 1;
-            let body = build(Some(&fold.latest.body))(fold.count);
-            fold.latest = Alert::new(ts_ns, body);
-            fold.members_version = self.members_version;
-            return;
-        }
+    /// Emits the first alert of a window for `key` and opens the window.
+    fn fold_first(&mut self, key: FoldKey, alert: Alert, alerts: &mut Vec<Alert>) {
         if let Some(expired) = self.folds.remove(&key) {
             emit_summary(expired, alerts);
         }
-        let first = Alert::new(ts_ns, build(None)(1));
-        alerts.push(first.clone());
+        let window_start_ns = alert.ts_ns;
+        alerts.push(alert.clone());
         // A sweep walks the whole table: when it is full of windows still open, sweeping again
         // for every new key made each alert cost O(table) (hundreds of µs at 262,144 keys).
         // Windows expire by the second, so one sweep a second finds all there is to find.
         if self.folds.len() >= self.limits.max_fold_keys
-            && ts_ns.saturating_sub(self.folds_swept_ns) >= NANOS_PER_SEC
+            && window_start_ns.saturating_sub(self.folds_swept_ns) >= NANOS_PER_SEC
         {
-            self.close_fold_windows(ts_ns, false, alerts);
+            self.close_fold_windows(window_start_ns, false, alerts);
         }
         if self.folds.len() >= self.limits.max_fold_keys {
             // Unfolded: repeats of this key will each be emitted.
@@ -786,10 +740,9 @@ impl RouteTable {
         self.folds.insert(
             key,
             Fold {
-                window_start_ns: ts_ns,
+                window_start_ns,
                 count: 1,
-                latest: first,
-                members_version: self.members_version,
+                summary: alert,
             },
         );
     }
@@ -819,7 +772,6 @@ impl RouteTable {
 
     /// A learned member changed: texts quoting the members must be rebuilt.
     fn members_changed(&mut self, ts_ns: u64) {
-        self.members_version += 1;
         self.spelling_cause = None;
         self.members_changed_ns = Some(ts_ns);
     }
@@ -939,11 +891,44 @@ fn assess_pusher(
     ));
 }
 
-/// A window's repeats, as one alert with their count; a key seen once was already emitted.
-fn emit_summary(fold: Fold, alerts: &mut Vec<Alert>) {
-    if fold.count > 1 {
-        alerts.push(fold.latest);
+/// Counts a repeat of `key` inside its open window and lets `merge` fold the repeat's
+/// details into the window's summary; false when `key` has no open window, and the caller
+/// emits a first alert with `RouteTable::fold_first`. A free function
+/// over the fold table, so callers may hold borrows of other fields.
+fn fold_repeat(
+    folds: &mut HashMap<FoldKey, Fold>,
+    window_secs: u64,
+    key: &FoldKey,
+    ts_ns: u64,
+    merge: impl FnOnce(&mut AlertBody),
+) -> bool {
+    let Some(fold) = folds.get_mut(key) else {
+        return false;
+    };
+    if ts_ns.saturating_sub(fold.window_start_ns) >= window_secs * NANOS_PER_SEC {
+        return false;
     }
+    fold.count += 1;
+    fold.summary.ts_ns = ts_ns;
+    merge(&mut fold.summary.body);
+    true
+}
+
+/// A window's repeats, as one alert with their count and the time of the last one; a key seen
+/// once was already emitted.
+fn emit_summary(fold: Fold, alerts: &mut Vec<Alert>) {
+    if fold.count < 2 {
+        return;
+    }
+    let mut summary = fold.summary;
+    summary.ts = rfc3339(summary.ts_ns);
+    match &mut summary.body {
+        AlertBody::RouteMismatch { count, .. } | AlertBody::WsUpgradeOnGrpcPort { count, .. } => {
+            *count = fold.count;
+        }
+        AlertBody::RingDivergence { .. } | AlertBody::PushConnectionChurn { .. } => {}
+    }
+    alerts.push(summary);
 }
 
 /// Appends a timestamp to a sliding window of `window_secs`, dropping what fell out of it; the
