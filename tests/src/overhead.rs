@@ -112,6 +112,11 @@ struct WatcherCounts {
     lines: u64,
     /// Kernel records the observer dropped because its ring was full.
     ring_full_drops: Option<u64>,
+    /// CPU the watcher's own process used while the workload ran (user + system), seconds.
+    cpu_seconds: f64,
+    /// Times the watcher's threads went to sleep and were woken (voluntary context switches)
+    /// while the workload ran: how often the kernel woke it to consume records.
+    wakeups: u64,
 }
 
 /// A running observer or bpftrace. Its stdout is counted (alerts are not kept), its stderr goes
@@ -122,6 +127,9 @@ struct WatcherProcess {
     lines: Arc<AtomicU64>,
     stdout_reader: Option<JoinHandle<()>>,
     stderr_path: PathBuf,
+    /// CPU seconds and wakeups of the process when it was attached.
+    cpu_at_ready: f64,
+    wakeups_at_ready: u64,
 }
 
 impl WatcherProcess {
@@ -190,6 +198,8 @@ impl WatcherProcess {
             lines,
             stdout_reader: Some(stdout_reader),
             stderr_path,
+            cpu_at_ready: 0.0,
+            wakeups_at_ready: 0,
         };
         if ready.recv_timeout(ATTACH_TIMEOUT).is_err() {
             process.shut_down();
@@ -199,8 +209,10 @@ impl WatcherProcess {
                 process.last_stderr_line()
             );
         }
-        // Stdout counted from here on is what the workload caused.
+        // Stdout and CPU counted from here on are what the workload caused.
         process.lines.store(0, Ordering::Relaxed);
+        process.cpu_at_ready = process.cpu_seconds();
+        process.wakeups_at_ready = process.wakeups();
         Ok(Some(process))
     }
 
@@ -226,7 +238,45 @@ impl WatcherProcess {
         self.child.wait().ok()
     }
 
+    /// User + system CPU seconds of the process so far (0 when /proc cannot tell).
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the parenthesised comm, which may hold spaces: state is field 3, utime
+        // and stime are fields 14 and 15.
+        let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let ticks: u64 = after_comm
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|field| field.parse::<u64>().ok())
+            .sum();
+        // SAFETY: sysconf only reads a configuration value.
+        let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+        ticks as f64 / ticks_per_second as f64
+    }
+
+    /// Voluntary context switches summed over the process's threads (0 when /proc cannot tell).
+    fn wakeups(&self) -> u64 {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else {
+            return 0;
+        };
+        tasks
+            .filter_map(Result::ok)
+            .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+            .filter_map(|status| {
+                status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+                    .and_then(|count| count.trim().parse::<u64>().ok())
+            })
+            .sum()
+    }
+
     fn stop(mut self) -> anyhow::Result<WatcherCounts> {
+        // Before SIGINT: the observer's final flush is not the workload's cost.
+        let cpu_seconds = self.cpu_seconds() - self.cpu_at_ready;
+        let wakeups = self.wakeups().saturating_sub(self.wakeups_at_ready);
         let status = self.shut_down();
         if let Some(reader) = self.stdout_reader.take() {
             let _ = reader.join();
@@ -247,6 +297,8 @@ impl WatcherProcess {
         Ok(WatcherCounts {
             lines: self.lines.load(Ordering::Relaxed),
             ring_full_drops,
+            cpu_seconds,
+            wakeups,
         })
     }
 
@@ -531,6 +583,8 @@ struct WriteCosts {
     samples: BTreeMap<(Watcher, Port), Vec<f64>>,
     /// Ring-full drops the observer reported over its write rounds.
     observer_drops: u64,
+    /// Wakeups of each watcher over its write rounds.
+    wakeups: BTreeMap<Watcher, u64>,
 }
 
 async fn measure_writes(config: &BenchConfig, bpftrace: &Path) -> anyhow::Result<WriteCosts> {
@@ -545,6 +599,7 @@ async fn measure_writes(config: &BenchConfig, bpftrace: &Path) -> anyhow::Result
     let mut costs = WriteCosts {
         samples: BTreeMap::new(),
         observer_drops: 0,
+        wakeups: BTreeMap::new(),
     };
     for round in 0..config.rounds {
         for watcher in Watcher::order(round) {
@@ -566,6 +621,7 @@ async fn measure_writes(config: &BenchConfig, bpftrace: &Path) -> anyhow::Result
                     .context("write loop task")??;
             let counts = stop_watcher(process).await?;
             costs.observer_drops += counts.ring_full_drops.unwrap_or(0);
+            *costs.wakeups.entry(watcher).or_default() += counts.wakeups;
             for (port, nanos) in samples {
                 costs
                     .samples
@@ -612,8 +668,16 @@ fn render(
     );
     let _ = writeln!(
         out,
-        "{:<12} {:>10} {:>19} {:>9} {:>8} {:>8} {:>8}  stdout lines",
-        "watcher", "pushes/s", "rounds (min–max)", "loss", "p50 us", "p99 us", "errors"
+        "{:<12} {:>10} {:>19} {:>9} {:>8} {:>8} {:>8} {:>8} {:>13}  stdout lines",
+        "watcher",
+        "pushes/s",
+        "rounds (min–max)",
+        "loss",
+        "p50 us",
+        "p99 us",
+        "errors",
+        "own CPU",
+        "wakeups/push"
     );
     // Throughput over all rounds: calls over seconds, so a short round weighs less.
     let throughput = |rounds: &[FloodRound]| {
@@ -641,7 +705,7 @@ fn render(
         let p99: Vec<f64> = rounds.iter().map(|r| r.report.p99_us as f64).collect();
         let _ = writeln!(
             out,
-            "{:<12} {:>10.0} {:>19} {:>9} {:>8.0} {:>8.0} {:>8}  {}",
+            "{:<12} {:>10.0} {:>19} {:>9} {:>8.0} {:>8.0} {:>8} {:>8} {:>13.1}  {}",
             watcher.label(),
             pushes_per_second,
             format!(
@@ -653,12 +717,23 @@ fn render(
             median(&p50),
             median(&p99),
             rounds.iter().map(|r| r.report.errors).sum::<u64>(),
+            format!(
+                "{:.0}%",
+                100.0 * rounds.iter().map(|r| r.counts.cpu_seconds).sum::<f64>()
+                    / rounds
+                        .iter()
+                        .map(|r| r.report.seconds)
+                        .sum::<f64>()
+                        .max(f64::EPSILON)
+            ),
+            rounds.iter().map(|r| r.counts.wakeups).sum::<u64>() as f64
+                / rounds.iter().map(|r| r.report.calls).sum::<u64>().max(1) as f64,
             rounds.iter().map(|r| r.counts.lines).sum::<u64>(),
         );
     }
     let _ = writeln!(
         out,
-        "p50/p99: median over rounds of each round's hdrhistogram percentile (connect + call); loss: throughput vs. no observer"
+        "p50/p99: median over rounds of each round's hdrhistogram percentile (connect + call); loss: throughput vs. no observer;\nown CPU: the watcher process's user+system CPU over the floods, in % of one CPU (the kernel-side cost is paid inside the lab's syscalls instead);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
     );
     if let Some(loss) = observer_loss {
         let _ = writeln!(
@@ -690,8 +765,13 @@ fn render(
     );
     let _ = writeln!(
         out,
-        "{:<12} {:>12} {:>14} {:>14} {:>16}",
-        "watcher", "watched ns", "unwatched ns", "added watched", "added unwatched"
+        "{:<12} {:>12} {:>14} {:>14} {:>16} {:>22}",
+        "watcher",
+        "watched ns",
+        "unwatched ns",
+        "added watched",
+        "added unwatched",
+        "wakeups/watched write"
     );
     let cell = |watcher: Watcher, port: Port| {
         writes
@@ -699,17 +779,19 @@ fn render(
             .get(&(watcher, port))
             .map_or(f64::NAN, |samples| median(samples))
     };
+    let watched_writes = (config.rounds * (LOOPS_PER_ROUND + 1) * config.writes).max(1);
     for watcher in Watcher::ALL {
         let watched = cell(watcher, Port::Watched);
         let unwatched = cell(watcher, Port::Unwatched);
         let _ = writeln!(
             out,
-            "{:<12} {:>12.0} {:>14.0} {:>14.0} {:>16.0}",
+            "{:<12} {:>12.0} {:>14.0} {:>14.0} {:>16.0} {:>22.2}",
             watcher.label(),
             watched,
             unwatched,
             watched - cell(Watcher::Nothing, Port::Watched),
             unwatched - cell(Watcher::Nothing, Port::Unwatched),
+            writes.wakeups.get(&watcher).copied().unwrap_or(0) as f64 / watched_writes as f64,
         );
     }
     let _ = writeln!(
