@@ -18,6 +18,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
@@ -122,6 +123,7 @@ struct WatcherCounts {
 /// A running observer or bpftrace. Its stdout is counted (alerts are not kept), its stderr goes
 /// to a file so a chatty child never blocks on a full pipe.
 struct WatcherProcess {
+    label: &'static str,
     child: Child,
     reaped: bool,
     lines: Arc<AtomicU64>,
@@ -193,6 +195,7 @@ impl WatcherProcess {
             }
         });
         let mut process = Self {
+            label: watcher.label(),
             child,
             reaped: false,
             lines,
@@ -282,10 +285,18 @@ impl WatcherProcess {
             let _ = reader.join();
         }
         let stderr = self.stderr();
+        // Killed after the grace period: the figures stand, but the slow exit is worth a line.
+        if status.and_then(|status| status.signal()) == Some(libc::SIGKILL) {
+            eprintln!(
+                "bench: {} did not exit within {} s of SIGINT and was killed",
+                self.label,
+                STOP_GRACE.as_secs()
+            );
         // bpftrace ends on SIGINT with status 0; the observer too. Anything else is a failure.
-        if !status.is_some_and(|status| status.success()) {
+        } else if !status.is_some_and(|status| status.success()) {
             bail!(
-                "watcher exited with {status:?}: {}",
+                "{} exited with {status:?}: {}",
+                self.label,
                 self.last_stderr_line()
             );
         }
@@ -389,6 +400,7 @@ tracepoint:syscalls:sys_exit_connect /@pending[tid]/ {{
   delete(@pending[tid]);
 }}
 tracepoint:syscalls:sys_enter_close /@sockets[pid, args->fd]/ {{ delete(@sockets[pid, args->fd]); }}
+END {{ clear(@watched); clear(@pending); clear(@sockets); clear(@inflight); }}
 tracepoint:sock:inet_sock_set_state /@watched[args->dport]/ {{
   printf("state %d %d %d\n", args->dport, args->oldstate, args->newstate);
 }}
