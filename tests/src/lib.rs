@@ -20,6 +20,7 @@ pub mod lab;
 pub mod names;
 pub mod netns;
 pub mod observed;
+pub mod overhead;
 pub mod pod;
 pub mod proxy;
 pub mod push;

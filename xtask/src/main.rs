@@ -41,6 +41,14 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// What watching costs (figures, not a test; needs root): push throughput and latency in
+    /// the lab with no observer, the release observer, and a bpftrace peer, interleaved; and
+    /// nanoseconds added per watched and unwatched write(2). Installs bpftrace when missing
+    /// (apt). Arguments go to `openim-lab bench`, e.g. `cargo xtask bench --rounds 5`.
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Build the release observer and run it with the given arguments, e.g.
     /// `cargo xtask run -- run --events`.
     Run {
@@ -56,6 +64,7 @@ fn main() -> ExitCode {
         Task::Build { release } => setup().and_then(|toolchain| build(&toolchain, release)),
         Task::Test => setup().and_then(|toolchain| test(&toolchain)),
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
+        Task::Bench { args } => setup().and_then(|toolchain| bench(&toolchain, &args)),
         Task::Run { args } => setup().and_then(|toolchain| run(&toolchain, &args)),
     };
     match result {
@@ -275,6 +284,52 @@ fn demo(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
             .args(args),
     )
     .context("the demo failed")
+}
+
+fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
+    ensure_bpftrace()?;
+    build_ebpf(toolchain)?;
+    // Release for both: the observer under test must be optimised, and an optimised load
+    // generator leaves it less CPU to hide in.
+    step(
+        "building the observer and the lab (release)",
+        host_cargo("build").args(["--release", "--package", "observer", "--package", "tests"]),
+    )?;
+    let target = workspace_root().join("target/release");
+    status(
+        Command::new(target.join("openim-lab"))
+            .arg("bench")
+            .arg("--observer")
+            .arg(target.join("observer"))
+            .args(args),
+    )
+    .context("the benchmark failed")
+}
+
+/// The benchmark's peer reference; Debian and Ubuntu package it.
+fn ensure_bpftrace() -> Result<()> {
+    let installed = Command::new("bpftrace")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if installed {
+        return Ok(());
+    }
+    const HOW: &str =
+        "bpftrace is missing: install it (Debian/Ubuntu: `apt-get install -y bpftrace`)";
+    let policy = capture(Command::new("apt-cache").args(["policy", "bpftrace"])).context(HOW)?;
+    let candidate = policy
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("Candidate:"))
+        .map(str::trim);
+    if candidate.is_none_or(|version| version == "(none)") {
+        bail!("{HOW}");
+    }
+    step(
+        "installing bpftrace (apt-get install -y bpftrace)",
+        Command::new("apt-get").args(["install", "-y", "bpftrace"]),
+    )
+    .context(HOW)
 }
 
 fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {

@@ -2,6 +2,7 @@
 //!
 //! `openim-lab run --mode v3.5.1 --replicas 5 --users 50 [--scale-from 1] [--truth-file F]`
 //! `openim-lab push-loop --duration 10 [--replicas 5] [--users 20]`
+//! `openim-lab bench --observer target/release/observer [--rounds 3] [--seconds 8]`
 //! The `gateway`, `proxy` and `push` subcommands are the pod roles the lab starts itself.
 
 use std::path::PathBuf;
@@ -34,6 +35,9 @@ enum Command {
     Demo(DemoArgs),
     /// Push at full speed and print pushes/s and call latency percentiles.
     PushLoop(PushLoopArgs),
+    /// Measure what watching costs: push throughput and latency, and nanoseconds per write(2),
+    /// with no observer, the real observer, and a bpftrace peer (what `cargo xtask bench` runs).
+    Bench(BenchArgs),
     #[command(hide = true)]
     Gateway(GatewayArgs),
     #[command(hide = true)]
@@ -109,6 +113,29 @@ struct PushLoopArgs {
     users: usize,
 }
 
+#[derive(clap::Args, Debug)]
+struct BenchArgs {
+    /// The observer under test, a release build [default: `observer` beside this one, or
+    /// $OBSERVER_BIN].
+    #[arg(long)]
+    observer: Option<PathBuf>,
+    /// Rounds; each runs every configuration once, in a rotated order.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Seconds of push flood per configuration and round.
+    #[arg(long, default_value_t = 8)]
+    seconds: u64,
+    /// Gateway replicas.
+    #[arg(long, default_value_t = 5)]
+    replicas: usize,
+    /// Connected users the pushes go to.
+    #[arg(long, default_value_t = 20)]
+    users: usize,
+    /// 64-byte writes per timed loop in the write(2) benchmark.
+    #[arg(long, default_value_t = 200_000)]
+    writes: usize,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
@@ -118,6 +145,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_lab(scenario(args)),
         Command::Demo(args) => run_lab(demo(args)),
         Command::PushLoop(args) => run_lab(push_loop(args)),
+        Command::Bench(args) => run_lab(bench(args)),
     };
     match outcome {
         Ok(code) => code,
@@ -246,5 +274,23 @@ async fn push_loop(args: PushLoopArgs) -> anyhow::Result<()> {
         report.errors
     );
     println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+async fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    let observer = match args.observer {
+        Some(path) => path,
+        None => tests::observed::find_observer_binary()?,
+    };
+    let text = tests::overhead::run(tests::overhead::BenchConfig {
+        observer,
+        rounds: args.rounds,
+        seconds: args.seconds,
+        replicas: args.replicas,
+        users: args.users,
+        writes: args.writes,
+    })
+    .await?;
+    println!("{text}");
     Ok(())
 }

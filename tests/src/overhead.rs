@@ -1,0 +1,815 @@
+//! What watching costs (`openim-lab bench`, run by `cargo xtask bench`): figures, never a
+//! verdict, since speed on a shared machine is no test.
+//!
+//! 1. Push throughput and latency of the lab's push loop (a new gRPC connection per call to
+//!    gateways on port 88, so every gateway connection is watched) with no watcher, with the real
+//!    observer, and with a `bpftrace` script doing comparable work as a peer reference. Rounds
+//!    interleave the three and rotate their order, so drift on the machine spreads over all.
+//! 2. Nanoseconds one 64-byte `write(2)` on loopback TCP takes, to a watched and to an unwatched
+//!    port, under each watcher; the difference with no watcher is what a watched or an unwatched
+//!    write pays.
+//!
+//! Every watcher runs as a child that is stopped (SIGINT, then SIGKILL) when its handle drops,
+//! so an error or Ctrl-C leaves no process and no program loaded.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+
+use crate::truth::FloodReport;
+use crate::{Lab, LabConfig};
+
+/// The gateways' ports, watched by default by the observer: gRPC (push) and WebSocket (proxy).
+const GATEWAY_PORTS: [u16; 2] = [88, 80];
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
+/// The observer flushes and detaches on SIGINT; past this it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(15);
+const WARM_UP: Duration = Duration::from_secs(2);
+const WRITE_SIZE: usize = 64;
+/// Watched and unwatched loops alternate this many times per watcher and round.
+const LOOPS_PER_ROUND: usize = 3;
+/// The throughput loss the observer is meant to stay under (issue 4).
+const TARGET_LOSS_PERCENT: f64 = 3.0;
+/// `bpftrace` copies at most this many bytes per call: its default string size.
+const BPFTRACE_COPY_BYTES: usize = 64;
+const BPFTRACE_READY: &str = "bench_ready";
+const OBSERVER_READY: &str = "\"observer_started\"";
+
+pub struct BenchConfig {
+    /// The observer under test (a release build).
+    pub observer: PathBuf,
+    pub rounds: usize,
+    /// Seconds of push flood per watcher and round.
+    pub seconds: u64,
+    pub replicas: usize,
+    pub users: usize,
+    /// 64-byte writes per timed loop.
+    pub writes: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Watcher {
+    Nothing,
+    Observer,
+    Bpftrace,
+}
+
+impl Watcher {
+    const ALL: [Self; 3] = [Self::Nothing, Self::Observer, Self::Bpftrace];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Nothing => "no observer",
+            Self::Observer => "observer",
+            Self::Bpftrace => "bpftrace",
+        }
+    }
+
+    /// Round `round` runs the watchers in a rotated order, so none always goes first.
+    fn order(round: usize) -> impl Iterator<Item = Self> {
+        (0..Self::ALL.len()).map(move |step| Self::ALL[(round + step) % Self::ALL.len()])
+    }
+}
+
+/// Runs both benchmarks and returns the report to print.
+pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
+    ensure!(config.rounds >= 1, "at least one round");
+    ensure!(config.writes >= 1, "at least one write per loop");
+    crate::netns::require_root()?;
+    ensure!(
+        config.observer.is_file(),
+        "observer binary {} not found: build it with `cargo xtask build --release`",
+        config.observer.display()
+    );
+    let bpftrace = find_in_path("bpftrace")
+        .context("bpftrace not found: install it with `apt-get install -y bpftrace`")?;
+    let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let floods = measure_pushes(&config, &bpftrace).await?;
+    let writes = measure_writes(&config, &bpftrace).await?;
+    Ok(render(&config, load_before.trim(), &floods, &writes))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watchers.
+// ---------------------------------------------------------------------------------------------
+
+/// What a watcher said about itself when it stopped.
+#[derive(Debug, Default)]
+struct WatcherCounts {
+    /// Lines printed on stdout: alerts for the observer, captured records for bpftrace.
+    lines: u64,
+    /// Kernel records the observer dropped because its ring was full.
+    ring_full_drops: Option<u64>,
+    /// CPU the watcher's own process used while the workload ran (user + system), seconds.
+    cpu_seconds: f64,
+    /// Times the watcher's threads went to sleep and were woken (voluntary context switches)
+    /// while the workload ran: how often the kernel woke it to consume records.
+    wakeups: u64,
+}
+
+/// A running observer or bpftrace. Its stdout is counted (alerts are not kept), its stderr goes
+/// to a file so a chatty child never blocks on a full pipe.
+struct WatcherProcess {
+    label: &'static str,
+    child: Child,
+    reaped: bool,
+    lines: Arc<AtomicU64>,
+    stdout_reader: Option<JoinHandle<()>>,
+    stderr_path: PathBuf,
+    /// CPU seconds and wakeups of the process when it was attached.
+    cpu_at_ready: f64,
+    wakeups_at_ready: u64,
+}
+
+impl WatcherProcess {
+    /// Starts `watcher` over `ports` (the first is a gRPC port, the rest WebSocket ports for the
+    /// observer) and waits until it says its programs are attached. `Nothing` starts nothing.
+    fn start(
+        watcher: Watcher,
+        observer: &Path,
+        bpftrace: &Path,
+        ports: &[u16],
+        grpc_budget: Option<u32>,
+    ) -> anyhow::Result<Option<Self>> {
+        let (mut command, ready_marker) = match watcher {
+            Watcher::Nothing => return Ok(None),
+            Watcher::Observer => {
+                let mut command = Command::new(observer);
+                command.arg("run");
+                let (grpc, websocket) = ports.split_first().context("no port to watch")?;
+                command.arg("--grpc-port").arg(grpc.to_string());
+                for port in websocket {
+                    command.arg("--ws-port").arg(port.to_string());
+                }
+                if let Some(budget) = grpc_budget {
+                    command.arg("--grpc-budget").arg(budget.to_string());
+                }
+                (command, OBSERVER_READY)
+            }
+            Watcher::Bpftrace => {
+                let mut command = Command::new(bpftrace);
+                command.arg("-e").arg(bpftrace_script(ports));
+                (command, BPFTRACE_READY)
+            }
+        };
+        let stderr_path =
+            std::env::temp_dir().join(format!("openim-bench-{}-{}.err", std::process::id(), {
+                watcher.label().replace(' ', "-")
+            }));
+        let stderr = File::create(&stderr_path)
+            .with_context(|| format!("create {}", stderr_path.display()))?;
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("start {}", watcher.label()))?;
+        let stdout = child.stdout.take().context("watcher stdout")?;
+        let lines = Arc::new(AtomicU64::new(0));
+        let (ready_sender, ready) = mpsc::channel();
+        let counted = lines.clone();
+        let stdout_reader = std::thread::spawn(move || {
+            let mut ready_sender = Some(ready_sender);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if ready_sender.is_some() && line.contains(ready_marker) {
+                    if let Some(sender) = ready_sender.take() {
+                        let _ = sender.send(());
+                    }
+                    continue;
+                }
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let mut process = Self {
+            label: watcher.label(),
+            child,
+            reaped: false,
+            lines,
+            stdout_reader: Some(stdout_reader),
+            stderr_path,
+            cpu_at_ready: 0.0,
+            wakeups_at_ready: 0,
+        };
+        if ready.recv_timeout(ATTACH_TIMEOUT).is_err() {
+            process.shut_down();
+            bail!(
+                "{} did not attach: {}",
+                watcher.label(),
+                process.last_stderr_line()
+            );
+        }
+        // Stdout and CPU counted from here on are what the workload caused.
+        process.lines.store(0, Ordering::Relaxed);
+        process.cpu_at_ready = process.cpu_seconds();
+        process.wakeups_at_ready = process.wakeups();
+        Ok(Some(process))
+    }
+
+    /// SIGINT (the observer flushes and detaches, bpftrace prints its maps and exits), SIGKILL
+    /// after the grace period; reaps the child either way.
+    fn shut_down(&mut self) -> Option<ExitStatus> {
+        if self.reaped {
+            return None;
+        }
+        self.reaped = true;
+        let pid = libc::pid_t::try_from(self.child.id()).ok()?;
+        // SAFETY: kill(2) on our own, not yet reaped, child.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+        let deadline = Instant::now() + STOP_GRACE;
+        while Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => break,
+            }
+        }
+        let _ = self.child.kill();
+        self.child.wait().ok()
+    }
+
+    /// User + system CPU seconds of the process so far (0 when /proc cannot tell).
+    fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the parenthesised comm, which may hold spaces: state is field 3, utime
+        // and stime are fields 14 and 15.
+        let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let ticks: u64 = after_comm
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|field| field.parse::<u64>().ok())
+            .sum();
+        // SAFETY: sysconf only reads a configuration value.
+        let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+        ticks as f64 / ticks_per_second as f64
+    }
+
+    /// Voluntary context switches summed over the process's threads (0 when /proc cannot tell).
+    fn wakeups(&self) -> u64 {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else {
+            return 0;
+        };
+        tasks
+            .filter_map(Result::ok)
+            .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+            .filter_map(|status| {
+                status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+                    .and_then(|count| count.trim().parse::<u64>().ok())
+            })
+            .sum()
+    }
+
+    fn stop(mut self) -> anyhow::Result<WatcherCounts> {
+        // Before SIGINT: the observer's final flush is not the workload's cost.
+        let cpu_seconds = self.cpu_seconds() - self.cpu_at_ready;
+        let wakeups = self.wakeups().saturating_sub(self.wakeups_at_ready);
+        let status = self.shut_down();
+        if let Some(reader) = self.stdout_reader.take() {
+            let _ = reader.join();
+        }
+        let stderr = self.stderr();
+        // Killed after the grace period: the figures stand, but the slow exit is worth a line.
+        if status.and_then(|status| status.signal()) == Some(libc::SIGKILL) {
+            eprintln!(
+                "bench: {} did not exit within {} s of SIGINT and was killed",
+                self.label,
+                STOP_GRACE.as_secs()
+            );
+        // bpftrace ends on SIGINT with status 0; the observer too. Anything else is a failure.
+        } else if !status.is_some_and(|status| status.success()) {
+            bail!(
+                "{} exited with {status:?}: {}",
+                self.label,
+                self.last_stderr_line()
+            );
+        }
+        let ring_full_drops = stderr
+            .lines()
+            .filter(|line| line.contains("\"observer_stopped\""))
+            .find_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .and_then(|stopped| stopped["kernel"]["ring_full_drops"].as_u64());
+        Ok(WatcherCounts {
+            lines: self.lines.load(Ordering::Relaxed),
+            ring_full_drops,
+            cpu_seconds,
+            wakeups,
+        })
+    }
+
+    fn stderr(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = File::open(&self.stderr_path) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+
+    fn last_stderr_line(&self) -> String {
+        self.stderr()
+            .lines()
+            .rfind(|line| !line.trim().is_empty())
+            .unwrap_or("no output")
+            .to_owned()
+    }
+}
+
+impl Drop for WatcherProcess {
+    fn drop(&mut self) {
+        self.shut_down();
+        let _ = std::fs::remove_file(&self.stderr_path);
+    }
+}
+
+/// Starts a watcher off the async threads (attaching takes seconds), so Ctrl-C stays heard.
+async fn start_watcher(
+    watcher: Watcher,
+    config: &BenchConfig,
+    bpftrace: &Path,
+    ports: Vec<u16>,
+    grpc_budget: Option<u32>,
+) -> anyhow::Result<Option<WatcherProcess>> {
+    let observer = config.observer.clone();
+    let bpftrace = bpftrace.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        WatcherProcess::start(watcher, &observer, &bpftrace, &ports, grpc_budget)
+    })
+    .await
+    .context("watcher start task")?
+}
+
+async fn stop_watcher(process: Option<WatcherProcess>) -> anyhow::Result<WatcherCounts> {
+    match process {
+        Some(process) => tokio::task::spawn_blocking(move || process.stop())
+            .await
+            .context("watcher stop task")?,
+        None => Ok(WatcherCounts::default()),
+    }
+}
+
+/// The peer reference: the observer's kernel side, done the plain bpftrace way.
+///
+/// Same tracepoints and the same tracking: a connect to a watched port (a map) marks the
+/// thread, its exit (0 or EINPROGRESS) marks (pid, fd) as watched, `close` unmarks it, and the
+/// exits of write/read/sendto/recvfrom/writev/readv/sendmsg/recvmsg on a watched fd copy the
+/// bytes moved; `inet_sock_set_state` on watched ports is reported too. How it differs, honestly:
+/// - it copies at most 64 bytes per call (bpftrace's default string size) and only from the
+///   first iovec entry, where the observer copies 4 KiB chunks over every entry up to a
+///   256 KiB budget per direction of a gRPC connection (then only counts);
+/// - it copies on every call for the life of the connection: no budget, and no "first send and
+///   first receive only" policy for WebSocket ports;
+/// - records go through bpftrace's perf buffer and are formatted as text (`%r`) by bpftrace,
+///   then only counted here; the observer's go through a BPF ring buffer into its decoders
+///   (HTTP/1.1, WebSocket, HTTP/2, gRPC, protobuf) and correlation engine;
+/// - it keeps no per-connection 4-tuple, cgroup or stream offsets, and its maps are bpftrace's
+///   plain hashes, not LRU.
+fn bpftrace_script(ports: &[u16]) -> String {
+    let mut watched = String::new();
+    for port in ports {
+        let _ = write!(watched, "@watched[{port}] = 1; ");
+    }
+    let copy = BPFTRACE_COPY_BYTES;
+    let mut script = format!(
+        r#"BEGIN {{ {watched}printf("{BPFTRACE_READY}\n"); }}
+tracepoint:syscalls:sys_enter_connect {{
+  $family = *uptr((uint16 *)args->uservaddr);
+  if ($family == 2 || $family == 10) {{
+    $raw = *uptr((uint16 *)((uint64)args->uservaddr + 2));
+    $port = (($raw & 0xff) << 8) | ($raw >> 8);
+    if (@watched[$port]) {{ @pending[tid] = args->fd + 1; }}
+  }}
+}}
+tracepoint:syscalls:sys_exit_connect /@pending[tid]/ {{
+  if (args->ret == 0 || args->ret == -115) {{ @sockets[pid, @pending[tid] - 1] = 1; }}
+  delete(@pending[tid]);
+}}
+tracepoint:syscalls:sys_enter_close /@sockets[pid, args->fd]/ {{ delete(@sockets[pid, args->fd]); }}
+END {{ clear(@watched); clear(@pending); clear(@sockets); clear(@inflight); }}
+tracepoint:sock:inet_sock_set_state /@watched[args->dport]/ {{
+  printf("state %d %d %d\n", args->dport, args->oldstate, args->newstate);
+}}
+"#
+    );
+    // (syscall, its buffer argument): buffers are the first iovec entry for the vector calls.
+    let plain = [
+        ("write", "buf"),
+        ("read", "buf"),
+        ("sendto", "buff"),
+        ("recvfrom", "ubuf"),
+    ];
+    for (syscall, buffer) in plain {
+        let _ = writeln!(
+            script,
+            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ @inflight[tid] = (uint64)args->{buffer}; }}"
+        );
+    }
+    for syscall in ["writev", "readv"] {
+        let _ = writeln!(
+            script,
+            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ @inflight[tid] = *uptr((uint64 *)args->vec); }}"
+        );
+    }
+    for syscall in ["sendmsg", "recvmsg"] {
+        // msg_iov sits at offset 16 of struct user_msghdr on 64-bit.
+        let _ = writeln!(
+            script,
+            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ $iov = *uptr((uint64 *)((uint64)args->msg + 16)); @inflight[tid] = *uptr((uint64 *)$iov); }}"
+        );
+    }
+    let exits: Vec<String> = [
+        "write", "read", "sendto", "recvfrom", "writev", "readv", "sendmsg", "recvmsg",
+    ]
+    .iter()
+    .map(|syscall| format!("tracepoint:syscalls:sys_exit_{syscall}"))
+    .collect();
+    let _ = write!(
+        script,
+        r#"{exits} /@inflight[tid]/ {{
+  if (args->ret > 0) {{
+    $len = args->ret < {copy} ? args->ret : {copy};
+    printf("%d %d %d %r\n", pid, tid, args->ret, buf(uptr(@inflight[tid]), $len));
+  }}
+  delete(@inflight[tid]);
+}}
+"#,
+        exits = exits.join(", ")
+    );
+    script
+}
+
+fn find_in_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Push flood.
+// ---------------------------------------------------------------------------------------------
+
+struct FloodRound {
+    report: FloodReport,
+    counts: WatcherCounts,
+}
+
+async fn measure_pushes(
+    config: &BenchConfig,
+    bpftrace: &Path,
+) -> anyhow::Result<BTreeMap<Watcher, Vec<FloodRound>>> {
+    let mut lab = Lab::start(LabConfig {
+        replicas_initial: config.replicas,
+        replicas_final: config.replicas,
+        users: config.users,
+        progress: true,
+        ..LabConfig::default()
+    })
+    .await?;
+    lab.connect_users(0..config.users, false).await;
+    eprintln!("bench: warming up ({} s of push flood)", WARM_UP.as_secs());
+    lab.push_flood(WARM_UP).await?;
+    let mut rounds: BTreeMap<Watcher, Vec<FloodRound>> = BTreeMap::new();
+    for round in 0..config.rounds {
+        for watcher in Watcher::order(round) {
+            eprintln!(
+                "bench: push flood, round {}/{}, {} ({} s)",
+                round + 1,
+                config.rounds,
+                watcher.label(),
+                config.seconds
+            );
+            let process =
+                start_watcher(watcher, config, bpftrace, GATEWAY_PORTS.to_vec(), None).await?;
+            let report = lab.push_flood(Duration::from_secs(config.seconds)).await?;
+            let counts = stop_watcher(process).await?;
+            eprintln!(
+                "bench:   {:.0} pushes/s, p50 {} us, p99 {} us, {} errors",
+                report.pushes_per_second, report.p50_us, report.p99_us, report.errors
+            );
+            rounds
+                .entry(watcher)
+                .or_default()
+                .push(FloodRound { report, counts });
+        }
+    }
+    Ok(rounds)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Cost per write(2).
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Port {
+    Watched,
+    Unwatched,
+}
+
+/// A connected loopback pair: writes go to `writer`, a thread drains the accepted end so the
+/// send buffer never fills and the loop times `write`, not the reader.
+struct LoopbackPair {
+    writer: TcpStream,
+    drainer: JoinHandle<()>,
+}
+
+impl LoopbackPair {
+    fn open(listener: &TcpListener) -> anyhow::Result<Self> {
+        let writer = TcpStream::connect(listener.local_addr()?).context("connect loopback")?;
+        let (mut accepted, _) = listener.accept().context("accept loopback")?;
+        let drainer = std::thread::spawn(move || {
+            let mut buffer = vec![0u8; 1 << 16];
+            while matches!(accepted.read(&mut buffer), Ok(read) if read > 0) {}
+        });
+        Ok(Self { writer, drainer })
+    }
+
+    /// Nanoseconds per 64-byte `write(2)`, over `writes` calls.
+    fn time_writes(&self, writes: usize) -> anyhow::Result<f64> {
+        let payload = [0x5au8; WRITE_SIZE];
+        let fd = self.writer.as_raw_fd();
+        let started = Instant::now();
+        for _ in 0..writes {
+            // SAFETY: `fd` is the open socket `self.writer` owns; `payload` outlives the call.
+            let written = unsafe { libc::write(fd, payload.as_ptr().cast(), WRITE_SIZE) };
+            ensure!(
+                usize::try_from(written) == Ok(WRITE_SIZE),
+                "loopback write returned {written}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(started.elapsed().as_nanos() as f64 / writes as f64)
+    }
+
+    /// Closing the writer ends the drainer (EOF).
+    fn close(self) {
+        drop(self.writer);
+        let _ = self.drainer.join();
+    }
+}
+
+/// Runs one watcher's loops on fresh connections (opened after the watcher attached, so it saw
+/// the connect): a warm-up loop each, then watched and unwatched loops alternately.
+fn time_write_loops(
+    watched: &TcpListener,
+    unwatched: &TcpListener,
+    writes: usize,
+) -> anyhow::Result<Vec<(Port, f64)>> {
+    let pairs = [
+        (Port::Watched, LoopbackPair::open(watched)?),
+        (Port::Unwatched, LoopbackPair::open(unwatched)?),
+    ];
+    for (_, pair) in &pairs {
+        pair.time_writes(writes)?;
+    }
+    let mut samples = Vec::new();
+    for _ in 0..LOOPS_PER_ROUND {
+        for (port, pair) in &pairs {
+            samples.push((*port, pair.time_writes(writes)?));
+        }
+    }
+    for (_, pair) in pairs {
+        pair.close();
+    }
+    Ok(samples)
+}
+
+struct WriteCosts {
+    /// (watcher, port) → ns per write of every timed loop.
+    samples: BTreeMap<(Watcher, Port), Vec<f64>>,
+    /// Ring-full drops the observer reported over its write rounds.
+    observer_drops: u64,
+    /// Wakeups of each watcher over its write rounds.
+    wakeups: BTreeMap<Watcher, u64>,
+}
+
+async fn measure_writes(config: &BenchConfig, bpftrace: &Path) -> anyhow::Result<WriteCosts> {
+    let watched = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("bind loopback")?;
+    let unwatched = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("bind loopback")?;
+    let watched_port = watched.local_addr()?.port();
+    let watched = Arc::new(watched);
+    let unwatched = Arc::new(unwatched);
+    // A budget covering the whole connection: every watched write is copied, the worst case.
+    let loop_bytes = (LOOPS_PER_ROUND + 1) * config.writes * WRITE_SIZE;
+    let budget = u32::try_from(loop_bytes).unwrap_or(u32::MAX);
+    let mut costs = WriteCosts {
+        samples: BTreeMap::new(),
+        observer_drops: 0,
+        wakeups: BTreeMap::new(),
+    };
+    for round in 0..config.rounds {
+        for watcher in Watcher::order(round) {
+            eprintln!(
+                "bench: write loops, round {}/{}, {} ({} × {} writes)",
+                round + 1,
+                config.rounds,
+                watcher.label(),
+                2 * (LOOPS_PER_ROUND + 1),
+                config.writes
+            );
+            let process =
+                start_watcher(watcher, config, bpftrace, vec![watched_port], Some(budget)).await?;
+            let (watched, unwatched) = (watched.clone(), unwatched.clone());
+            let writes = config.writes;
+            let samples =
+                tokio::task::spawn_blocking(move || time_write_loops(&watched, &unwatched, writes))
+                    .await
+                    .context("write loop task")??;
+            let counts = stop_watcher(process).await?;
+            costs.observer_drops += counts.ring_full_drops.unwrap_or(0);
+            *costs.wakeups.entry(watcher).or_default() += counts.wakeups;
+            for (port, nanos) in samples {
+                costs
+                    .samples
+                    .entry((watcher, port))
+                    .or_default()
+                    .push(nanos);
+            }
+        }
+    }
+    Ok(costs)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+// ---------------------------------------------------------------------------------------------
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        len if len % 2 == 1 => sorted[len / 2],
+        len => (sorted[len / 2 - 1] + sorted[len / 2]) / 2.0,
+    }
+}
+
+fn render(
+    config: &BenchConfig,
+    load_before: &str,
+    floods: &BTreeMap<Watcher, Vec<FloodRound>>,
+    writes: &WriteCosts,
+) -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "overhead of watching: {} rounds, watchers interleaved; {cpus} CPUs, load average before: {load_before}",
+        config.rounds
+    );
+    let _ = writeln!(
+        out,
+        "\npush flood: {} s per round, {} gateways, {} users, a new gRPC connection per push (all on watched port 88)",
+        config.seconds, config.replicas, config.users
+    );
+    let _ = writeln!(
+        out,
+        "{:<12} {:>10} {:>19} {:>9} {:>8} {:>8} {:>8} {:>8} {:>13}  stdout lines",
+        "watcher",
+        "pushes/s",
+        "rounds (min–max)",
+        "loss",
+        "p50 us",
+        "p99 us",
+        "errors",
+        "own CPU",
+        "wakeups/push"
+    );
+    // Throughput over all rounds: calls over seconds, so a short round weighs less.
+    let throughput = |rounds: &[FloodRound]| {
+        let calls: u64 = rounds.iter().map(|round| round.report.calls).sum();
+        let seconds: f64 = rounds.iter().map(|round| round.report.seconds).sum();
+        calls as f64 / seconds.max(f64::EPSILON)
+    };
+    let baseline = floods
+        .get(&Watcher::Nothing)
+        .map(|rounds| throughput(rounds));
+    let mut observer_loss = None;
+    for (watcher, rounds) in floods {
+        let per_round: Vec<f64> = rounds
+            .iter()
+            .map(|round| round.report.pushes_per_second)
+            .collect();
+        let pushes_per_second = throughput(rounds);
+        let loss = baseline
+            .filter(|_| *watcher != Watcher::Nothing)
+            .map(|baseline| 100.0 * (baseline - pushes_per_second) / baseline);
+        if *watcher == Watcher::Observer {
+            observer_loss = loss;
+        }
+        let p50: Vec<f64> = rounds.iter().map(|r| r.report.p50_us as f64).collect();
+        let p99: Vec<f64> = rounds.iter().map(|r| r.report.p99_us as f64).collect();
+        let _ = writeln!(
+            out,
+            "{:<12} {:>10.0} {:>19} {:>9} {:>8.0} {:>8.0} {:>8} {:>8} {:>13.1}  {}",
+            watcher.label(),
+            pushes_per_second,
+            format!(
+                "{:.0}–{:.0}",
+                per_round.iter().copied().fold(f64::INFINITY, f64::min),
+                per_round.iter().copied().fold(0.0, f64::max)
+            ),
+            loss.map_or("—".to_owned(), |loss| format!("{loss:.1}%")),
+            median(&p50),
+            median(&p99),
+            rounds.iter().map(|r| r.report.errors).sum::<u64>(),
+            format!(
+                "{:.0}%",
+                100.0 * rounds.iter().map(|r| r.counts.cpu_seconds).sum::<f64>()
+                    / rounds
+                        .iter()
+                        .map(|r| r.report.seconds)
+                        .sum::<f64>()
+                        .max(f64::EPSILON)
+            ),
+            rounds.iter().map(|r| r.counts.wakeups).sum::<u64>() as f64
+                / rounds.iter().map(|r| r.report.calls).sum::<u64>().max(1) as f64,
+            rounds.iter().map(|r| r.counts.lines).sum::<u64>(),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "p50/p99: median over rounds of each round's hdrhistogram percentile (connect + call); loss: throughput vs. no observer;\nown CPU: the watcher process's user+system CPU over the floods, in % of one CPU (the kernel-side cost is paid inside the lab's syscalls instead);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
+    );
+    if let Some(loss) = observer_loss {
+        let _ = writeln!(
+            out,
+            "target: under {TARGET_LOSS_PERCENT}% throughput loss with every gateway connection watched: the observer lost {loss:.1}% ({})",
+            if loss < TARGET_LOSS_PERCENT {
+                "within target"
+            } else {
+                "over target"
+            }
+        );
+    }
+    let observer_drops: u64 = floods.get(&Watcher::Observer).map_or(0, |rounds| {
+        rounds
+            .iter()
+            .filter_map(|round| round.counts.ring_full_drops)
+            .sum()
+    });
+    let _ = writeln!(
+        out,
+        "observer ring-full drops during floods: {observer_drops}"
+    );
+
+    let _ = writeln!(
+        out,
+        "\nwrite(2): {WRITE_SIZE}-byte writes on loopback TCP, {} per loop, median of {} loops per cell; watched = a port the watcher watches, every write copied",
+        config.writes,
+        config.rounds * LOOPS_PER_ROUND
+    );
+    let _ = writeln!(
+        out,
+        "{:<12} {:>12} {:>14} {:>14} {:>16} {:>22}",
+        "watcher",
+        "watched ns",
+        "unwatched ns",
+        "added watched",
+        "added unwatched",
+        "wakeups/watched write"
+    );
+    let cell = |watcher: Watcher, port: Port| {
+        writes
+            .samples
+            .get(&(watcher, port))
+            .map_or(f64::NAN, |samples| median(samples))
+    };
+    let watched_writes = (config.rounds * (LOOPS_PER_ROUND + 1) * config.writes).max(1);
+    for watcher in Watcher::ALL {
+        let watched = cell(watcher, Port::Watched);
+        let unwatched = cell(watcher, Port::Unwatched);
+        let _ = writeln!(
+            out,
+            "{:<12} {:>12.0} {:>14.0} {:>14.0} {:>16.0} {:>22.2}",
+            watcher.label(),
+            watched,
+            unwatched,
+            watched - cell(Watcher::Nothing, Port::Watched),
+            unwatched - cell(Watcher::Nothing, Port::Unwatched),
+            writes.wakeups.get(&watcher).copied().unwrap_or(0) as f64 / watched_writes as f64,
+        );
+    }
+    let _ = writeln!(
+        out,
+        "observer ring-full drops during write loops: {} (a dropped record still paid the copy)",
+        writes.observer_drops
+    );
+    out
+}
