@@ -140,7 +140,10 @@ pub struct DataRecord {
 pub struct CaptureConfig {
     /// Bytes captured per direction of a connection to a gRPC port.
     pub grpc_budget: u32,
-    pub _reserved: u32,
+    /// Records are submitted without waking the reader until this many bytes wait in the ring;
+    /// the reader also drains on a short timer. A wakeup per record cost a busy pusher several
+    /// context switches per call.
+    pub wakeup_bytes: u32,
 }
 
 /// Indexes into the per-CPU `COUNTERS` array; userspace sums the CPUs.

@@ -209,6 +209,10 @@ const MSGHDR_IOV: u64 = 16;
 const MSGHDR_IOVLEN: u64 = 24;
 
 const IPPROTO_TCP: u16 = 6;
+// bpf_ringbuf_query / bpf_ringbuf_output flags (uapi/linux/bpf.h).
+const BPF_RB_AVAIL_DATA: u64 = 0;
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
 const EINPROGRESS: i64 = 115;
 
 // ---------------------------------------------------------------------------------------------
@@ -697,8 +701,24 @@ fn stamp_current(header: &mut RecordHeader, pid_tgid: u64) {
 }
 
 fn output_header(header: &RecordHeader) {
-    if EVENTS.output::<RecordHeader>(header, 0).is_err() {
+    if EVENTS
+        .output::<RecordHeader>(header, wakeup_flags())
+        .is_err()
+    {
         count(Counter::RingFullDrops, 1);
+    }
+}
+
+/// Wakes the reader only once enough bytes wait (see `CaptureConfig::wakeup_bytes`).
+fn wakeup_flags() -> u64 {
+    let threshold = match CONFIG.get(0) {
+        Some(config) => u64::from(config.wakeup_bytes),
+        None => 0,
+    };
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
     }
 }
 
@@ -710,7 +730,7 @@ fn output_data(record: &DataRecord) {
     // SAFETY: `size` is within the record (checked above), which lives in the scratch map.
     let bytes =
         unsafe { core::slice::from_raw_parts((record as *const DataRecord).cast::<u8>(), size) };
-    if EVENTS.output::<[u8]>(bytes, 0).is_err() {
+    if EVENTS.output::<[u8]>(bytes, wakeup_flags()).is_err() {
         count(Counter::RingFullDrops, 1);
     }
 }

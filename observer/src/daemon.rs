@@ -17,7 +17,7 @@ use crate::{
     alert::{Alert, SCHEMA_VERSION},
     capture::{
         Event,
-        kernel::{CaptureError, CaptureOptions, KernelCapture, KernelCounters},
+        kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
         recording::{self, PrivateLines, RecordingError},
     },
     correlate::{Engine, EngineConfig, routes::RouteLimits},
@@ -306,6 +306,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     };
     tokio::pin!(deadline);
     let mut clock = tokio::time::interval(Duration::from_secs(1));
+    let mut drain_timer = tokio::time::interval(DRAIN_INTERVAL);
+    drain_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut batch = Vec::new();
     let mut malformed_records = 0;
     loop {
@@ -316,6 +318,15 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                     sink.consume(&event)?;
                 }
                 sink.flush()?;
+            }
+            _ = drain_timer.tick() => {
+                malformed_records += capture.drain(&mut batch);
+                if !batch.is_empty() {
+                    for event in batch.drain(..) {
+                        sink.consume(&event)?;
+                    }
+                    sink.flush()?;
+                }
             }
             _ = clock.tick() => {
                 sink.tick(unix_now_ns());

@@ -24,6 +24,10 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJE
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 
+/// How often the reader drains the ring without being woken: the programs wake it only once
+/// `CaptureConfig::wakeup_bytes` wait, so this bounds how late a quiet connection's records are.
+pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Which program serves which tracepoints. One program may serve several syscalls whose
 /// arguments share a layout (write and sendto both start with fd, buf, len).
 const ATTACHMENTS: &[(&str, &str, &str)] = &[
@@ -155,7 +159,9 @@ impl KernelCapture {
         let mut config: Array<_, CaptureConfig> = take_map(&mut ebpf, "CONFIG")?;
         let capture_config = CaptureConfig {
             grpc_budget: options.grpc_budget,
-            _reserved: 0,
+            // An eighth of the ring: the reader wakes well before the ring fills, and drains
+            // on its timer (`DRAIN_INTERVAL`) in between.
+            wakeup_bytes: options.ring_bytes / 8,
         };
         config
             .set(0, capture_config, 0)

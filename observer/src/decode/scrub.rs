@@ -18,7 +18,8 @@
 //! The receive side (the gateway's answers: user ids and result codes, no message bodies) is
 //! passed through. A connection whose first bytes are an HTTP/1 request instead of the HTTP/2
 //! preface (a WebSocket upgrade sent to the gRPC port) gets `redact_secrets` on both sides, as
-//! the capture layer does for WebSocket ports.
+//! the capture layer does for WebSocket ports. A connection that starts with neither is not
+//! gRPC (no push message can be in it) and is passed as captured.
 //!
 //! Memory per connection is bounded: a few counters per stream, at most `MAX_STREAMS` streams.
 
@@ -55,8 +56,12 @@ enum Protocol {
     Http2,
     /// The send side began with an HTTP/1 request line.
     Http1,
-    /// The send side did not begin at position 0 with either: nothing can be followed.
+    /// The send side was first seen past position 0: if it is HTTP/2, frame sync is unknown,
+    /// so nothing can be followed and all of it is zeroed.
     Opaque,
+    /// The send side began at position 0 with neither the HTTP/2 preface nor an HTTP/1
+    /// request: not gRPC, so it holds no push message, and it is passed as captured.
+    NotGrpc,
 }
 
 impl ContentScrubber {
@@ -77,12 +82,13 @@ impl ContentScrubber {
             {
                 Protocol::Http2
             } else {
-                Protocol::Opaque
+                Protocol::NotGrpc
             };
         }
         match (self.protocol, direction) {
             (Protocol::Http1, _) => redact_secrets(payload),
             (Protocol::Opaque, Direction::Send) => payload.fill(0),
+            (Protocol::NotGrpc, _) => {}
             (Protocol::Http2, Direction::Send) => self.send.scrub(offset, payload),
             // Answers carry results, not message bodies; before the send side says what the
             // connection is, a client connection has nothing to answer yet.
@@ -735,5 +741,16 @@ mod tests {
         let mut scrubbed = answer.clone();
         scrubber.scrub(Direction::Recv, 0, &mut scrubbed);
         assert_eq!(scrubbed, answer);
+    }
+
+    #[test]
+    fn a_stream_that_starts_as_something_else_is_not_grpc_and_passes() {
+        let mut scrubber = ContentScrubber::new();
+        let mut first = b"hello world".to_vec();
+        scrubber.scrub(Direction::Send, 0, &mut first);
+        assert_eq!(first, b"hello world");
+        let mut later = b"more bytes".to_vec();
+        scrubber.scrub(Direction::Send, 11, &mut later);
+        assert_eq!(later, b"more bytes");
     }
 }
