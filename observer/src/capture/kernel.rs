@@ -24,6 +24,10 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJE
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 
+/// aya-log levels (aya_log_common::Level) for the programs' `AYA_LOG_LEVEL`.
+const KERNEL_LOG_WARN: u8 = 2;
+const KERNEL_LOG_DEBUG: u8 = 4;
+
 /// How often the reader drains the ring without being woken: the programs wake it only once
 /// `CaptureConfig::wakeup_bytes` wait, so this bounds how late a quiet connection's records are.
 pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
@@ -136,8 +140,17 @@ impl KernelCapture {
         validate_options(options)?;
         raise_memlock_limit();
 
+        // The programs' own log statements are filtered in the kernel, before they cost a
+        // ring-buffer record and a reader wakeup: a debug line per watched connect cost a
+        // busy pusher a context switch per call.
+        let kernel_log_level: u8 = if tracing::enabled!(tracing::Level::DEBUG) {
+            KERNEL_LOG_DEBUG
+        } else {
+            KERNEL_LOG_WARN
+        };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", options.ring_bytes)
+            .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
             .map_err(|err| classify_load_error(&err))?;
         let log_task = spawn_kernel_log_reader(&mut ebpf)?;
