@@ -6,25 +6,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use observer::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring};
+use observer::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring, sample_user_ids};
 
 const KEY_COUNT: usize = 1_000_000;
 const BUILD_ROUNDS: u32 = 2_000;
-
-/// Numeric ids shaped like OpenIM's, from a fixed-seed SplitMix64 so runs are comparable.
-fn user_ids(count: usize) -> Vec<String> {
-    let mut state: u64 = 0x5EED;
-    (0..count)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut mixed = state;
-            mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            mixed ^= mixed >> 31;
-            (1_000_000_000 + mixed % 9_000_000_000).to_string()
-        })
-        .collect()
-}
 
 fn time_picks(ring: &Ring, keys: &[String]) -> Duration {
     let started = Instant::now();
@@ -35,7 +20,7 @@ fn time_picks(ring: &Ring, keys: &[String]) -> Duration {
 }
 
 fn main() {
-    let keys = user_ids(KEY_COUNT);
+    let keys = sample_user_ids(KEY_COUNT);
     let template = match MemberTemplate::parse(PUSH_MEMBER_TEMPLATE) {
         Ok(template) => template,
         Err(error) => panic!("the built-in push template must parse: {error}"),

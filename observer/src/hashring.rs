@@ -111,6 +111,22 @@ fn itoa_small(value: usize) -> &'static str {
     DIGITS[value]
 }
 
+/// `count` numeric user ids shaped like OpenIM's (ten digits), the same ones on every call, so
+/// shares measured over them are comparable between runs (SplitMix64 from a fixed seed).
+pub fn sample_user_ids(count: usize) -> Vec<String> {
+    let mut state: u64 = 0x0F3E_11A1_2023_0351;
+    (0..count)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut mixed = state;
+            mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            mixed ^= mixed >> 31;
+            (1_000_000_000 + mixed % 9_000_000_000).to_string()
+        })
+        .collect()
+}
+
 /// How openim-msggateway-proxy spells a gateway in 3.5.1 (no port).
 pub const PROXY_MEMBER_TEMPLATE: &str = "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local";
 /// How openim-push spells a gateway in 3.5.1 (its gRPC port appended).

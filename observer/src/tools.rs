@@ -15,7 +15,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::hashring::{
-    MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring, RingError,
+    MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring, RingError, sample_user_ids,
 };
 
 /// Errors a user of the tools can cause; each displays as one self-contained line.
@@ -239,7 +239,7 @@ impl AuditArgs {
             }
             None if self.sample == 0 => return Err(ToolError::EmptySample),
             None => (
-                synthetic_user_ids(self.sample),
+                sample_user_ids(self.sample),
                 "synthetic numeric user ids".to_owned(),
             ),
         };
@@ -495,22 +495,6 @@ fn read_nonblank_lines(path: &Path) -> Result<Vec<String>, ToolError> {
         .collect())
 }
 
-/// `count` numeric user ids shaped like OpenIM's (ten digits), the same ones on every run so
-/// audits are comparable; SplitMix64 from a fixed seed.
-fn synthetic_user_ids(count: usize) -> Vec<String> {
-    let mut state: u64 = 0x0F3E_11A1_2023_0351;
-    (0..count)
-        .map(|_| {
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut mixed = state;
-            mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            mixed ^= mixed >> 31;
-            (1_000_000_000 + mixed % 9_000_000_000).to_string()
-        })
-        .collect()
-}
-
 fn write_json_line(out: &mut impl Write, value: &impl Serialize) -> Result<(), ToolError> {
     serde_json::to_writer(&mut *out, value).map_err(|error| ToolError::Write(error.into()))?;
     out.write_all(b"\n").map_err(ToolError::Write)
@@ -731,7 +715,7 @@ mod tests {
                 .unwrap()
                 .members("demo", "chat", 3),
         );
-        let users = synthetic_user_ids(100);
+        let users = sample_user_ids(100);
         let gateways = |user: &str| {
             (
                 proxy.get_index(user).unwrap(),
@@ -830,8 +814,8 @@ mod tests {
 
     #[test]
     fn synthetic_ids_are_stable_ten_digit_numbers() {
-        let ids = synthetic_user_ids(1_000);
-        assert_eq!(ids, synthetic_user_ids(1_000));
+        let ids = sample_user_ids(1_000);
+        assert_eq!(ids, sample_user_ids(1_000));
         assert!(
             ids.iter()
                 .all(|id| id.len() == 10 && id.bytes().all(|b| b.is_ascii_digit()))

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use crate::hashring::Ring;
+use crate::hashring::{Ring, sample_user_ids};
 use crate::tools::describe_member_difference;
 
 /// Placements remembered as evidence (user → gateway IP of its latest placement).
@@ -19,7 +19,7 @@ const MAX_EVIDENCE: usize = 100_000;
 /// Users whose two candidate picks differ that must agree with one candidate before a verdict.
 const MIN_DECIDING_USERS: usize = 3;
 /// Keys hashed to estimate the share of all users the two rings split.
-const SAMPLE_KEYS: u64 = 10_000;
+const SAMPLE_KEYS: usize = 10_000;
 
 #[derive(Debug, Default)]
 pub struct LearnedRings {
@@ -118,8 +118,8 @@ impl LearnedRings {
         if follows_proxy < MIN_DECIDING_USERS || follows_proxy < 2 * follows_push {
             return Verdict::Undetermined;
         }
-        let sample_split = (0..SAMPLE_KEYS)
-            .map(|index| (3_000_000_000 + index.wrapping_mul(7_919)).to_string())
+        let sample_split = sample_user_ids(SAMPLE_KEYS)
+            .iter()
             .filter(|user| pick(&proxy_ring, user) != pick(&push_ring, user))
             .count();
         Verdict::Diverge(Divergence {
