@@ -317,13 +317,25 @@ fn ensure_bpftrace() -> Result<()> {
     }
     const HOW: &str =
         "bpftrace is missing: install it (Debian/Ubuntu: `apt-get install -y bpftrace`)";
-    let policy = capture(Command::new("apt-cache").args(["policy", "bpftrace"])).context(HOW)?;
-    let candidate = policy
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("Candidate:"))
-        .map(str::trim);
-    if candidate.is_none_or(|version| version == "(none)") {
-        bail!("{HOW}");
+    let available = || -> Result<bool> {
+        let policy =
+            capture(Command::new("apt-cache").args(["policy", "bpftrace"])).context(HOW)?;
+        Ok(policy
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("Candidate:"))
+            .map(str::trim)
+            .is_some_and(|version| version != "(none)"))
+    };
+    if !available()? {
+        // A fresh machine's package lists are empty until the first update.
+        step(
+            "refreshing the package lists (apt-get update)",
+            Command::new("apt-get").args(["update", "-qq"]),
+        )
+        .context(HOW)?;
+        if !available()? {
+            bail!("{HOW}");
+        }
     }
     step(
         "installing bpftrace (apt-get install -y bpftrace)",
