@@ -261,11 +261,56 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     )?;
     // Integration tests load programs and share kernel state; each test file serialises its own
     // tests, and one test binary at a time runs.
-    step(
-        "cargo test",
-        host_cargo("test").args(["--", "--test-threads=1"]),
-    )?;
+    eprintln!("xtask: cargo test");
+    let totals = run_tests(host_cargo("test").args(["--", "--test-threads=1"]))?;
+    // cargo ends on the last binary's own line (often doc-tests with nothing to run): say what
+    // the whole run did.
+    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    if !totals.succeeded {
+        bail!("cargo test failed");
+    }
     Ok(())
+}
+
+struct TestTotals {
+    passed: u64,
+    failed: u64,
+    succeeded: bool,
+}
+
+/// Runs `cargo test`, passing its output through, and adds up its `test result:` lines.
+fn run_tests(command: &mut Command) -> Result<TestTotals> {
+    use std::io::{BufRead, BufReader};
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("could not start cargo test")?;
+    let stdout = child.stdout.take().context("cargo test's stdout")?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test's output")?;
+        println!("{line}");
+        if let Some(result) = line.strip_prefix("test result: ") {
+            passed += count_before(result, " passed");
+            failed += count_before(result, " failed");
+        }
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+    Ok(TestTotals {
+        passed,
+        failed,
+        succeeded: status.success(),
+    })
+}
+
+/// The number just before `label` in `ok. 12 passed; 0 failed; …`.
+fn count_before(result: &str, label: &str) -> u64 {
+    result
+        .split(';')
+        .find_map(|part| part.trim().strip_suffix(label))
+        .and_then(|number| number.rsplit(' ').next())
+        .and_then(|number| number.parse().ok())
+        .unwrap_or(0)
 }
 
 fn demo(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
