@@ -61,7 +61,8 @@ fn main() -> ExitCode {
         // `observer ring … | head` closes the pipe early: that ends the output, not an error.
         Err(error) if reader_went_away(&error) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("observer: {error:#}");
+            // The library's errors name their cause in their own message: print it once.
+            eprintln!("observer: {error}");
             ExitCode::from(2)
         }
     }

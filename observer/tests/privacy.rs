@@ -60,6 +60,20 @@ fn recordable(events: &[Event]) -> Vec<Event> {
         .collect()
 }
 
+/// Writes `events` as a capture file and runs `observer replay --events` on it.
+fn replay_events<'a>(name: &str, events: impl Iterator<Item = &'a Event>) -> std::process::Output {
+    let path = std::env::temp_dir().join(format!("observer-{name}-{}.jsonl", std::process::id()));
+    let lines: Vec<String> = events.map(recording::to_json_line).collect();
+    std::fs::write(&path, lines.join("\n") + "\n").expect("temp folder is writable");
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["replay", "--events"])
+        .arg(&path)
+        .output()
+        .expect("the observer binary runs");
+    let _ = std::fs::remove_file(&path);
+    output
+}
+
 fn assert_no_canary(what: &str, text: &str) {
     for canary in CANARIES {
         assert!(!text.contains(canary), "{what} leaks {canary}");
@@ -226,15 +240,7 @@ fn recordings_hold_no_canary_and_still_decode_the_same() {
 fn observer_replay_prints_no_canary() {
     let traffic = canary_traffic();
     let recorded = recordable(&traffic.events);
-    let path = std::env::temp_dir().join(format!("observer-privacy-{}.jsonl", std::process::id()));
-    let lines: Vec<String> = recorded.iter().map(recording::to_json_line).collect();
-    std::fs::write(&path, lines.join("\n") + "\n").expect("temp folder is writable");
-    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["replay", "--events"])
-        .arg(&path)
-        .output()
-        .expect("the observer binary runs");
-    let _ = std::fs::remove_file(&path);
+    let output = replay_events("privacy", recorded.iter());
     assert!(output.status.success(), "{output:?}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("route_mismatch"), "replay found the alerts");
@@ -254,20 +260,11 @@ fn observer_replay_prints_no_canary() {
 #[test]
 fn replaying_an_unscrubbed_capture_prints_no_content() {
     let traffic = canary_traffic();
-    let path = std::env::temp_dir().join(format!("observer-raw-{}.jsonl", std::process::id()));
-    let lines: Vec<String> = traffic
+    let grpc_events = traffic
         .events
         .iter()
-        .filter(|event| event.port_class == PortClass::Grpc)
-        .map(recording::to_json_line)
-        .collect();
-    std::fs::write(&path, lines.join("\n") + "\n").expect("temp folder is writable");
-    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
-        .args(["replay", "--events"])
-        .arg(&path)
-        .output()
-        .expect("the observer binary runs");
-    let _ = std::fs::remove_file(&path);
+        .filter(|event| event.port_class == PortClass::Grpc);
+    let output = replay_events("raw", grpc_events);
     assert!(output.status.success(), "{output:?}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let mut payloads = 0;
