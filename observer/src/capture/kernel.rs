@@ -20,7 +20,15 @@ use tokio::io::unix::AsyncFd;
 use super::event::{Direction, Event, EventKind, PortClass, TcpState};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
+#[cfg(ebpf_programs)]
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJECT"));
+/// Built without the object (build.rs warned): `KernelCapture::start` refuses.
+#[cfg(not(ebpf_programs))]
+static EBPF_OBJECT: &[u8] = &[];
+
+/// Whether this build embeds the eBPF programs; without them `KernelCapture::start` fails with
+/// `CaptureError::BuiltWithoutPrograms`.
+pub const PROGRAMS_EMBEDDED: bool = cfg!(ebpf_programs);
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -67,6 +75,8 @@ pub fn program_names() -> impl Iterator<Item = &'static str> {
 
 #[derive(Debug, Error)]
 pub enum CaptureError {
+    #[error("built without the eBPF programs: build with `cargo xtask build`")]
+    BuiltWithoutPrograms,
     #[error(
         "loading eBPF programs needs root or CAP_BPF + CAP_PERFMON (missing: {missing}); run with sudo or grant them"
     )]
@@ -164,6 +174,9 @@ impl KernelCapture {
     /// Checks privileges and tracefs, loads the programs, configures and attaches them.
     /// Must run inside a tokio runtime (the ring buffer and the log reader are async).
     pub fn start(options: &CaptureOptions) -> Result<Self, CaptureError> {
+        if !PROGRAMS_EMBEDDED {
+            return Err(CaptureError::BuiltWithoutPrograms);
+        }
         check_privileges()?;
         ensure_tracefs()?;
         validate_options(options)?;
