@@ -17,7 +17,10 @@ use observer_ebpf::{
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
-use super::event::{Direction, Event, EventKind, PortClass, TcpState};
+use super::{
+    event::{Direction, Event, EventKind, PortClass, TcpState},
+    tracepoint_format::{self, LayoutError},
+};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJECT"));
@@ -83,6 +86,8 @@ pub enum CaptureError {
         name: String,
         reason: String,
     },
+    #[error(transparent)]
+    TracepointLayout(#[from] LayoutError),
     #[error("the kernel rejected program {program}: {reason}")]
     ProgramRejected { program: String, reason: String },
     #[error("too many watched ports ({count}); at most {max}")]
@@ -137,6 +142,7 @@ impl KernelCapture {
     pub fn start(options: &CaptureOptions) -> Result<Self, CaptureError> {
         check_privileges()?;
         ensure_tracefs()?;
+        tracepoint_format::check(Path::new(TRACEFS), ATTACHMENTS)?;
         validate_options(options)?;
         raise_memlock_limit();
 

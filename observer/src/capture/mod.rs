@@ -6,5 +6,6 @@
 pub mod event;
 pub mod kernel;
 pub mod recording;
+pub mod tracepoint_format;
 
 pub use event::{Direction, Event, EventKind, PortClass, TcpState};
