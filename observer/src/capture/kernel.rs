@@ -302,12 +302,16 @@ fn attach(
     Ok(())
 }
 
-/// The verifier log can run to thousands of lines; its last lines say what went wrong.
+/// The verifier log can run to thousands of lines: a feature this kernel lacks is named as
+/// such, otherwise the log's last lines say what went wrong.
 fn verifier_summary(err: &ProgramError) -> String {
     let text = match err {
         ProgramError::LoadError { verifier_log, .. } => verifier_log.to_string(),
         other => other.to_string(),
     };
+    if let Some(feature) = super::kernel_features::missing_feature(&text) {
+        return feature;
+    }
     let lines: Vec<&str> = text
         .lines()
         .filter(|line| !line.trim().is_empty())

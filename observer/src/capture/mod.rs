@@ -5,6 +5,7 @@
 
 pub mod event;
 pub mod kernel;
+mod kernel_features;
 pub mod recording;
 pub mod tracepoint_format;
 
