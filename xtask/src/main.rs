@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod toolchain;
+mod vm;
 
 #[derive(Parser)]
 #[command(
@@ -35,7 +36,8 @@ enum Task {
         release: bool,
     },
     /// Everything CI checks: formatting, clippy -D warnings (host and eBPF crates), unit tests
-    /// and the privileged integration tests (run as root: they load the real programs).
+    /// and the privileged integration tests (run as root: they load the real programs), then
+    /// the kernel tests under Linux 6.1 and 6.12 (`vm`).
     Test,
     /// The observer catching OpenIM 3.5.1's scale-out bug in a simulated cluster (network
     /// namespaces on this machine; needs root). Arguments go to `openim-lab demo`, e.g.
@@ -51,6 +53,15 @@ enum Task {
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
+    },
+    /// The privileged kernel tests (observer/tests/kernel_capture.rs) under another kernel:
+    /// Debian's cloud kernel of that series, booted with qemu (TCG), fetched and cached under
+    /// target/vm. VERSION is a series (`6.1`, `6.12`: its newest kernel) or an exact release
+    /// (`6.1.0-57`). Installs qemu-system-x86 when missing (apt).
+    Vm {
+        /// Repeat to run several kernels, one after the other.
+        #[arg(long = "kernel", value_name = "VERSION", required = true)]
+        kernels: Vec<String>,
     },
     /// Build the release observer and run it with the given arguments, e.g.
     /// `cargo xtask run -- run --events`.
@@ -68,6 +79,7 @@ fn main() -> ExitCode {
         Task::Test => setup().and_then(|toolchain| test(&toolchain)),
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
         Task::Bench { args } => setup().and_then(|toolchain| bench(&toolchain, &args)),
+        Task::Vm { kernels } => setup().and_then(|toolchain| vm(&toolchain, &kernels)),
         Task::Run { args } => setup().and_then(|toolchain| run(&toolchain, &args)),
     };
     match result {
@@ -254,8 +266,12 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     if !totals.succeeded {
         bail!("cargo test failed");
     }
-    Ok(())
+    // The kernels of real nodes (about a minute and a half each under TCG, cached downloads).
+    vm_tests(CI_KERNELS)
 }
+
+/// The kernels `cargo xtask test` boots: Debian 12's 6.1 LTS and the 6.12 LTS.
+const CI_KERNELS: &[&str] = &["6.1", "6.12"];
 
 struct TestTotals {
     passed: u64,
@@ -345,11 +361,16 @@ fn ensure_bpftrace() -> Result<()> {
     if installed {
         return Ok(());
     }
-    const HOW: &str =
-        "bpftrace is missing: install it (Debian/Ubuntu: `apt-get install -y bpftrace`)";
+    apt_install("bpftrace")
+}
+
+/// `apt-get install -y PACKAGE`, refreshing the package lists first if apt does not know it.
+fn apt_install(package: &str) -> Result<()> {
+    let how =
+        format!("{package} is missing: install it (Debian/Ubuntu: `apt-get install -y {package}`)");
     let available = || -> Result<bool> {
         let policy =
-            capture(Command::new("apt-cache").args(["policy", "bpftrace"])).context(HOW)?;
+            capture(Command::new("apt-cache").args(["policy", package])).context(how.clone())?;
         Ok(policy
             .lines()
             .find_map(|line| line.trim().strip_prefix("Candidate:"))
@@ -362,22 +383,77 @@ fn ensure_bpftrace() -> Result<()> {
             "refreshing the package lists (apt-get update)",
             Command::new("apt-get").args(["update", "-qq"]),
         )
-        .context(HOW)?;
+        .context(how.clone())?;
         if !available()? {
-            bail!("{HOW}");
+            bail!("{how}");
         }
     }
     step(
-        "installing bpftrace (apt-get install -y bpftrace)",
-        Command::new("apt-get").args(["install", "-y", "bpftrace"]),
+        &format!("installing {package} (apt-get install -y {package})"),
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
     )
-    .context(HOW)
+    .context(how)
 }
 
 fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     build(toolchain, true)?;
     let binary = workspace_root().join("target/release/observer");
     status(Command::new(binary).args(args)).context("observer exited with an error")
+}
+
+/// The kernel tests each kernel boots: the file that loads, attaches, captures and detaches.
+const VM_TEST_FILE: &str = "kernel_capture";
+
+fn vm(toolchain: &Toolchain, kernels: &[String]) -> Result<()> {
+    build_ebpf(toolchain)?;
+    vm_tests(kernels)
+}
+
+fn vm_tests(kernels: &[impl AsRef<str>]) -> Result<()> {
+    eprintln!("xtask: building the {VM_TEST_FILE} tests");
+    let built = capture(host_cargo("test").args([
+        "--no-run",
+        "--package",
+        "observer",
+        "--test",
+        VM_TEST_FILE,
+        "--message-format=json-render-diagnostics",
+    ]))
+    .context("building the kernel tests failed")?;
+    let binary = built
+        .lines()
+        .filter(|line| line.contains(&format!("\"name\":\"{VM_TEST_FILE}\"")))
+        .find_map(|line| line.split("\"executable\":\"").nth(1)?.split('"').next())
+        .map(PathBuf::from)
+        .with_context(|| format!("cargo named no {VM_TEST_FILE} test binary"))?;
+    let working_dir = workspace_root().join("observer");
+    let tests = vm::GuestTests {
+        binary: &binary,
+        working_dir: &working_dir,
+        args: &["--test-threads=1", "--color=never"],
+    };
+    let cache = vm::cache_dir(&workspace_root());
+    // Every kernel runs, then one verdict: a failure on one says nothing about the next.
+    let mut failures = Vec::new();
+    let mut results = Vec::new();
+    for kernel in kernels.iter().map(AsRef::as_ref) {
+        match vm::run(&cache, kernel, &tests) {
+            Ok(summary) => results.push(format!("{kernel}: {summary}")),
+            Err(err) => {
+                results.push(format!("{kernel}: FAILED: {err:#}"));
+                failures.push(kernel);
+            }
+        }
+    }
+    for result in &results {
+        println!("vm {result}");
+    }
+    if !failures.is_empty() {
+        bail!("kernel tests failed on {}", failures.join(", "));
+    }
+    Ok(())
 }
 
 fn step(name: &str, command: &mut Command) -> Result<()> {

@@ -206,6 +206,47 @@ impl Counter {
     }
 }
 
+/// Where the programs read their arguments in the tracepoint records (each kernel's
+/// `/sys/kernel/tracing/events/<category>/<name>/format`). The programs read these offsets;
+/// userspace checks them against the running kernel's tracefs before loading.
+pub mod tracepoint {
+    /// Syscall tracepoints: 8 bytes of common header, the syscall number, then every argument
+    /// as 8 bytes (`sys_enter_*`), or the return value (`sys_exit_*`).
+    pub const SYSCALL_ARG0: usize = 16;
+    pub const SYSCALL_ARG1: usize = 24;
+    pub const SYSCALL_ARG2: usize = 32;
+    pub const SYSCALL_ARG_SIZE: usize = 8;
+    pub const SYSCALL_RET: usize = 16;
+
+    /// `sock/inet_sock_set_state`, unchanged since 4.16: each field's offset and size.
+    pub const SOCK_SKADDR: usize = 8;
+    pub const SOCK_OLDSTATE: usize = 16;
+    pub const SOCK_NEWSTATE: usize = 20;
+    pub const SOCK_SPORT: usize = 24;
+    pub const SOCK_DPORT: usize = 26;
+    pub const SOCK_FAMILY: usize = 28;
+    pub const SOCK_PROTOCOL: usize = 30;
+    pub const SOCK_SADDR: usize = 32;
+    pub const SOCK_DADDR: usize = 36;
+    pub const SOCK_SADDR_V6: usize = 40;
+    pub const SOCK_DADDR_V6: usize = 56;
+
+    /// `(field name, offset, size)` of every `inet_sock_set_state` field the programs read.
+    pub const INET_SOCK_SET_STATE_FIELDS: [(&str, usize, usize); 11] = [
+        ("skaddr", SOCK_SKADDR, 8),
+        ("oldstate", SOCK_OLDSTATE, 4),
+        ("newstate", SOCK_NEWSTATE, 4),
+        ("sport", SOCK_SPORT, 2),
+        ("dport", SOCK_DPORT, 2),
+        ("family", SOCK_FAMILY, 2),
+        ("protocol", SOCK_PROTOCOL, 2),
+        ("saddr", SOCK_SADDR, 4),
+        ("daddr", SOCK_DADDR, 4),
+        ("saddr_v6", SOCK_SADDR_V6, 16),
+        ("daddr_v6", SOCK_DADDR_V6, 16),
+    ];
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all three are `repr(C)`, contain only integers and byte arrays, and have no

@@ -17,7 +17,10 @@ use observer_records::{
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
-use super::event::{Direction, Event, EventKind, PortClass, TcpState};
+use super::{
+    event::{Direction, Event, EventKind, PortClass, TcpState},
+    tracepoint_format::{self, LayoutError},
+};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
 #[cfg(ebpf_programs)]
@@ -93,6 +96,8 @@ pub enum CaptureError {
         name: String,
         reason: String,
     },
+    #[error(transparent)]
+    TracepointLayout(#[from] LayoutError),
     #[error("the kernel rejected program {program}: {reason}")]
     ProgramRejected { program: String, reason: String },
     #[error("too many watched ports ({count}); at most {max}")]
@@ -179,6 +184,7 @@ impl KernelCapture {
         }
         check_privileges()?;
         ensure_tracefs()?;
+        tracepoint_format::check(Path::new(TRACEFS), ATTACHMENTS)?;
         validate_options(options)?;
         raise_memlock_limit();
 
@@ -333,12 +339,16 @@ fn attach(
     Ok(())
 }
 
-/// The verifier log can run to thousands of lines; its last lines say what went wrong.
+/// The verifier log can run to thousands of lines: a feature this kernel lacks is named as
+/// such, otherwise the log's last lines say what went wrong.
 fn verifier_summary(err: &ProgramError) -> String {
     let text = match err {
         ProgramError::LoadError { verifier_log, .. } => verifier_log.to_string(),
         other => other.to_string(),
     };
+    if let Some(feature) = super::kernel_features::missing_feature(&text) {
+        return feature;
+    }
     let lines: Vec<&str> = text
         .lines()
         .filter(|line| !line.trim().is_empty())

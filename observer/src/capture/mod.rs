@@ -5,6 +5,8 @@
 
 pub mod event;
 pub mod kernel;
+mod kernel_features;
 pub mod recording;
+pub mod tracepoint_format;
 
 pub use event::{Direction, Event, EventKind, PortClass, TcpState};
