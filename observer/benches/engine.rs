@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use observer::alert::Alert;
-use observer::capture::{Event, recording};
+use observer::capture::recording;
 use observer::correlate::routes::RouteLimits;
 use observer::correlate::{Engine, EngineConfig};
+use observer::model::Event;
 
 /// The proxy keeps one upstream WebSocket per online user open, so 100k users need more than
 /// the default 65,536 decoded connections (`--max-connections`); sized as the daemon sizes
@@ -59,7 +60,7 @@ fn main() {
     let payload_bytes: usize = events
         .iter()
         .map(|event| match &event.kind {
-            observer::capture::EventKind::Data { payload, .. } => payload.len(),
+            observer::model::EventKind::Data { payload, .. } => payload.len(),
             _ => 0,
         })
         .sum();

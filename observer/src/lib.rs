@@ -12,4 +12,5 @@ pub mod decode;
 pub mod hashring;
 pub mod identity;
 pub mod metrics;
+pub mod model;
 pub mod tools;

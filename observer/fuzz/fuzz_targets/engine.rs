@@ -7,7 +7,7 @@ mod engine_input;
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use observer::capture::{EventKind, PortClass};
+use observer::model::{EventKind, PortClass};
 use observer::correlate::routes::RouteLimits;
 use observer::correlate::{Engine, EngineConfig};
 use observer::decode::{ContentScrubber, Limits};

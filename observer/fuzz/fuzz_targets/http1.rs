@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use observer::capture::Direction;
+use observer::model::Direction;
 use observer::decode::{Limits, WebSocketDecoder, redact_secrets};
 
 fuzz_target!(|data: &[u8]| {

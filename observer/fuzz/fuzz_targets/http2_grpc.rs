@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use observer::capture::Direction;
+use observer::model::Direction;
 use observer::decode::http2::CLIENT_PREFACE;
 use observer::decode::{GrpcConnectionDecoder, GrpcFact, Limits};
 

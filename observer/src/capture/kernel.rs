@@ -17,7 +17,7 @@ use observer_ebpf::{
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
-use super::event::{Direction, Event, EventKind, PortClass, TcpState};
+use crate::model::{Direction, Event, EventKind, PortClass, TcpState};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJECT"));

@@ -9,11 +9,11 @@ use std::collections::{HashMap, HashSet};
 
 use crate::{
     alert::{self, Gateway, PlatformResult, Process},
-    capture::{Direction, Event, EventKind, PortClass, TcpState, event::ConnectionId},
     decode::{
         DecodeCounters, GrpcConnectionDecoder, GrpcFact, Limits, RequestBody, ResponseBody,
         WebSocketDecoder, WebSocketFact, http1::starts_like_http1_request, protobuf,
     },
+    model::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState},
 };
 
 use super::routes::{Observation, UserAnswer};

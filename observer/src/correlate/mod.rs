@@ -8,7 +8,7 @@ pub mod connections;
 pub mod rings;
 pub mod routes;
 
-use crate::{alert::Alert, capture::Event, decode::Limits};
+use crate::{alert::Alert, decode::Limits, model::Event};
 
 use connections::{ConnectionCounters, ConnectionDecoders};
 use routes::{RouteCounters, RouteLimits, RouteTable};

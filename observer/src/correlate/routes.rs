@@ -20,7 +20,7 @@ use crate::{
         Alert, AlertBody, Gateway, GatewayAnswer, MessageIds, PlacementInfo, PlatformResult,
         Process, PushInfo, rfc3339,
     },
-    capture::event::ConnectionId,
+    model::ConnectionId,
     tools::describe_member_difference,
 };
 

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::capture::Direction;
+use crate::model::Direction;
 
 use super::hpack::HeaderField;
 use super::http2::{Http2Direction, StreamEvent, Undecodable};

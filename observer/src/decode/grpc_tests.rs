@@ -2,7 +2,7 @@
 
 use prost::Message;
 
-use crate::capture::Direction;
+use crate::model::Direction;
 
 use super::grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
 use super::hpack::huffman_encode;

@@ -5,7 +5,7 @@
 //! headers. They are credentials: `redact_secrets` overwrites them in captured bytes, and the
 //! typed `UpgradeRequest` has no field that could hold them.
 
-use crate::capture::Direction;
+use crate::model::Direction;
 
 use super::{DecodeCounters, Limits};
 

@@ -6,7 +6,7 @@
 //! capture gap, a start past position 0) or protocol error ends decoding of that direction for
 //! good; what was decoded before stays valid.
 
-use crate::capture::Direction;
+use crate::model::Direction;
 
 use super::Limits;
 use super::hpack::{HeaderField, HpackDecoder, HpackError};

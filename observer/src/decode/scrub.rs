@@ -23,7 +23,7 @@
 //!
 //! Memory per connection is bounded: a few counters per stream, at most `MAX_STREAMS` streams.
 
-use crate::capture::Direction;
+use crate::model::Direction;
 
 use super::http1::{redact_secrets, starts_like_http1_request};
 use super::http2::CLIENT_PREFACE;

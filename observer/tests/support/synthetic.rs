@@ -26,12 +26,12 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use bytes::Bytes;
-use observer::capture::{Direction, Event, EventKind, PortClass, event::ConnectionId};
 use observer::decode::http2::CLIENT_PREFACE;
 use observer::decode::protobuf::{
     OnlineBatchPushOneMsgResp, SingleMsgToUserPlatform, SingleMsgToUserResults,
 };
 use observer::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring};
+use observer::model::{ConnectionId, Direction, Event, EventKind, PortClass};
 use prost::Message;
 
 pub const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
