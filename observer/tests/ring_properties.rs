@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use observer::hashring::{
+use observer::openim::hashring::{
     MemberTemplate, POINTS_PER_MEMBER, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring,
 };
 

@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use crate::hashring::{Ring, sample_user_ids};
-use crate::tools::describe_member_difference;
+use crate::openim::hashring::{Ring, sample_user_ids};
+use crate::openim::members::describe_member_difference;
 
 /// Placements remembered as evidence (user → gateway IP of its latest placement).
 const MAX_EVIDENCE: usize = 100_000;
@@ -177,7 +177,7 @@ fn round3(value: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
+    use crate::openim::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
 
     fn members(template: &str, replicas: usize) -> Vec<String> {
         MemberTemplate::parse(template)

@@ -21,7 +21,7 @@ use crate::{
         Process, PushInfo, rfc3339,
     },
     model::ConnectionId,
-    tools::describe_member_difference,
+    openim::members::describe_member_difference,
 };
 
 use super::rings::{LearnedRings, Verdict};
@@ -1237,7 +1237,7 @@ mod tests {
         // As shipped: the proxy places with a ring over its own spelling; push learns its
         // members from its calls.
         let place_users = |table: &mut RouteTable, replicas: u8, from: u64, ts: u64| {
-            let ring = crate::hashring::Ring::new((0..replicas).map(proxy_name));
+            let ring = crate::openim::hashring::Ring::new((0..replicas).map(proxy_name));
             for number in from..from + 30 {
                 let user = (4_000_000_000 + number * 7_777).to_string();
                 let index = ring.get_index(&user).unwrap() as u8;

@@ -30,8 +30,10 @@ use observer::decode::http2::CLIENT_PREFACE;
 use observer::decode::protobuf::{
     OnlineBatchPushOneMsgResp, SingleMsgToUserPlatform, SingleMsgToUserResults,
 };
-use observer::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring};
 use observer::model::{ConnectionId, Direction, Event, EventKind, PortClass};
+use observer::openim::hashring::{
+    MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring,
+};
 use prost::Message;
 
 pub const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";

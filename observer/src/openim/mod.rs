@@ -1,0 +1,6 @@
+//! What the observer knows about OpenIM itself, used by the engine and the offline tools alike:
+//! the consistent-hash ring both routing components use (`hashring`), how each spells a
+//! gateway and what separates two spellings (`members`).
+
+pub mod hashring;
+pub mod members;
