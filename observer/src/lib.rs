@@ -13,4 +13,5 @@ pub mod identity;
 pub mod metrics;
 pub mod model;
 pub mod openim;
+pub mod privacy;
 pub mod tools;

@@ -10,7 +10,8 @@ use libfuzzer_sys::fuzz_target;
 use observer::model::{EventKind, PortClass};
 use observer::correlate::routes::RouteLimits;
 use observer::correlate::{Engine, EngineConfig};
-use observer::decode::{ContentScrubber, Limits};
+use observer::decode::Limits;
+use observer::privacy::ContentScrubber;
 
 const MAX_CONNECTIONS: usize = 8;
 const MAX_USERS: usize = 16;

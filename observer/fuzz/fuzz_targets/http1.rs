@@ -3,7 +3,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use observer::model::Direction;
-use observer::decode::{Limits, WebSocketDecoder, redact_secrets};
+use observer::decode::{Limits, WebSocketDecoder};
+use observer::privacy::redact_secrets;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&chunking, bytes)) = data.split_first() else {

@@ -3,7 +3,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use observer::model::Direction;
-use observer::decode::http2::CLIENT_PREFACE;
+use observer::model::wire::CLIENT_PREFACE;
 use observer::decode::{GrpcConnectionDecoder, GrpcFact, Limits};
 
 const LIMITS: Limits = Limits {

@@ -472,9 +472,9 @@ fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
             // token, also when they are sent to a gRPC port by mistake.
             let upgrade_on_grpc_port = header.direction == observer_ebpf::DIRECTION_SEND
                 && header.offset == 0
-                && crate::decode::http1::starts_like_http1_request(&payload);
+                && crate::model::wire::starts_like_http1_request(&payload);
             if port_class == PortClass::WebSocket || upgrade_on_grpc_port {
-                crate::decode::redact_secrets(&mut payload);
+                crate::privacy::redact_secrets(&mut payload);
             }
             EventKind::Data {
                 direction: if header.direction == observer_ebpf::DIRECTION_SEND {

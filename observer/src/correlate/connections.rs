@@ -11,9 +11,12 @@ use crate::{
     alert::{self, Gateway, PlatformResult, Process},
     decode::{
         DecodeCounters, GrpcConnectionDecoder, GrpcFact, Limits, RequestBody, ResponseBody,
-        WebSocketDecoder, WebSocketFact, http1::starts_like_http1_request, protobuf,
+        WebSocketDecoder, WebSocketFact, protobuf,
     },
-    model::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState},
+    model::{
+        ConnectionId, Direction, Event, EventKind, PortClass, TcpState,
+        wire::starts_like_http1_request,
+    },
 };
 
 use super::routes::{Observation, UserAnswer};

@@ -26,10 +26,10 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use bytes::Bytes;
-use observer::decode::http2::CLIENT_PREFACE;
 use observer::decode::protobuf::{
     OnlineBatchPushOneMsgResp, SingleMsgToUserPlatform, SingleMsgToUserResults,
 };
+use observer::model::wire::CLIENT_PREFACE;
 use observer::model::{ConnectionId, Direction, Event, EventKind, PortClass};
 use observer::openim::hashring::{
     MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring,
