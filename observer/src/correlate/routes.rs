@@ -16,11 +16,8 @@ use std::{
 };
 
 use crate::{
-    alert::{
-        Alert, AlertBody, Gateway, GatewayAnswer, MessageIds, PlacementInfo, PlatformResult,
-        Process, PushInfo, rfc3339,
-    },
-    model::ConnectionId,
+    alert::{Alert, AlertBody, PlacementInfo, PushInfo, rfc3339},
+    model::{ConnectionId, Gateway, GatewayAnswer, MessageIds, Process, UserResult},
     openim::members::describe_member_difference,
 };
 
@@ -119,16 +116,8 @@ pub enum Observation {
         connection: ConnectionId,
         stream_id: u32,
         ts_ns: u64,
-        results: Vec<UserAnswer>,
+        results: Vec<UserResult>,
     },
-}
-
-/// The gateway's answer for one user of a push call.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserAnswer {
-    pub user: String,
-    pub online_push: bool,
-    pub platforms: Vec<PlatformResult>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -551,9 +540,9 @@ impl RouteTable {
         let alert = Alert::new(
             ts_ns,
             AlertBody::WsUpgradeOnGrpcPort {
-                gateway,
+                gateway: gateway.into(),
                 users: user.into_iter().collect(),
-                proxy,
+                proxy: proxy.into(),
                 answer_status: None,
                 count: 1,
                 window_secs: self.limits.fold_window_secs,
@@ -589,7 +578,7 @@ impl RouteTable {
     fn judge_call(
         &mut self,
         call: PendingCall,
-        results: Option<&[UserAnswer]>,
+        results: Option<&[UserResult]>,
         ts_ns: u64,
         alerts: &mut Vec<Alert>,
     ) {
@@ -604,7 +593,7 @@ impl RouteTable {
                 continue;
             }
             let answer =
-                results.and_then(|results| results.iter().find(|answer| &answer.user == user));
+                results.and_then(|results| results.iter().find(|answer| &answer.user_id == user));
             let (gateway_answer, answer_platforms) = match answer {
                 None => (GatewayAnswer::Unknown, Vec::new()),
                 Some(answer) if answer.platforms.is_empty() => {
@@ -653,10 +642,10 @@ impl RouteTable {
                     user: user.clone(),
                     placed_on,
                     pushed_to: PushInfo {
-                        gateway: call.gateway.clone(),
+                        gateway: call.gateway.clone().into(),
                         method: call.method.clone(),
                         message: call.message.clone(),
-                        pusher: call.pusher.clone(),
+                        pusher: call.pusher.clone().into(),
                         answer: gateway_answer,
                         answer_platforms,
                     },
@@ -678,7 +667,7 @@ impl RouteTable {
     ) -> String {
         let placed_names: Vec<String> = placed_on
             .iter()
-            .map(|placement| describe_gateway(&placement.gateway))
+            .map(|placement| describe_gateway(&placement.gateway.gateway))
             .collect();
         let consequence = match answer {
             GatewayAnswer::NotOnlineHere => {
@@ -872,7 +861,6 @@ fn assess_pusher(
         pid,
         comm: activity.comm.clone(),
         cgroup_id: activity.cgroup_id,
-        pod: None,
     };
     alerts.push(Alert::new(
         now_ns,
@@ -881,7 +869,7 @@ fn assess_pusher(
                 "{} (pid {pid}) opened {new_connections} gRPC connections to gateways in {window_secs}s, about {calls_per_connection:.1} call per connection, and holds {} open: a new client connection per push call that is never closed, as OpenIM 3.5.1 push does in Kubernetes mode. It leaks sockets and memory in push and in every gateway until restart",
                 pusher.comm, activity.open
             ),
-            pusher,
+            pusher: pusher.into(),
             new_connections,
             window_secs,
             per_second: new_connections as f64 / window_secs.max(1) as f64,
@@ -946,16 +934,16 @@ fn summarize_placements(placements: &[Placement]) -> Vec<PlacementInfo> {
     for placement in placements {
         if let Some(existing) = summary
             .iter_mut()
-            .find(|info| info.gateway.ip == placement.gateway.ip)
+            .find(|info| info.gateway.gateway.ip == placement.gateway.ip)
         {
             existing.platforms.extend(placement.platform);
             continue;
         }
         summary.push(PlacementInfo {
-            gateway: placement.gateway.clone(),
+            gateway: placement.gateway.clone().into(),
             platforms: placement.platform.into_iter().collect(),
             since: rfc3339(placement.since_ns),
-            proxy: placement.proxy.clone(),
+            proxy: placement.proxy.clone().into(),
         });
     }
     summary
@@ -979,7 +967,6 @@ mod tests {
             ip: IpAddr::from([10, 244, 0, 10 + index]),
             port,
             name,
-            pod: None,
         }
     }
 
@@ -994,7 +981,6 @@ mod tests {
             pid,
             comm: comm.into(),
             cgroup_id: 0,
-            pod: None,
         }
     }
 
@@ -1055,11 +1041,11 @@ mod tests {
         );
         let results = users
             .iter()
-            .map(|user| UserAnswer {
-                user: user.to_string(),
+            .map(|user| UserResult {
+                user_id: user.to_string(),
                 online_push: answer_online,
                 platforms: if answer_online {
-                    vec![PlatformResult {
+                    vec![crate::model::PlatformResult {
                         platform_id: 2,
                         result_code: 0,
                     }]

@@ -2,7 +2,7 @@
 
 use prost::Message;
 
-use crate::model::Direction;
+use crate::model::{Direction, MessageIds};
 
 use super::grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
 use super::http2::{FrameError, Undecodable};
@@ -209,7 +209,7 @@ fn a_gap_truncates_the_call_but_keeps_what_was_read() {
         recipients_truncated: true,
     };
     // Fields of msgData after the content (seq) are lost with the cut.
-    expected_call.message.seq = 0;
+    expected_call.message.seq = None;
     assert_eq!(
         facts,
         vec![
@@ -496,9 +496,9 @@ fn trailers_only_answer_and_single_push() {
     facts.extend(decoder.feed(Direction::Recv, 0, &recv));
     facts.extend(decoder.finish());
     let call = PushCall {
-        message: super::protobuf::MessageIds {
-            client_msg_id: "c1".into(),
-            seq: 5,
+        message: MessageIds {
+            client_msg_id: Some("c1".into()),
+            seq: Some(5),
             ..Default::default()
         },
         recipients: vec!["frank".into()],

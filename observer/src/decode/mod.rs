@@ -23,7 +23,7 @@ pub(crate) mod test_streams;
 pub use grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
 pub use http1::{Http1Error, UpgradeRequest, WebSocketDecoder, WebSocketFact};
 pub use http2::Undecodable;
-pub use protobuf::{MessageIds, PlatformResult, PushCall, UserResult};
+pub use protobuf::PushCall;
 
 /// Memory bounds of one connection's decoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,14 +3,13 @@
 
 use prost::Message;
 
-use crate::model::Direction;
+use crate::model::{Direction, PlatformResult, UserResult};
 
 use super::grpc::{GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
 use super::hpack::huffman_encode;
 use super::protobuf::tests::sample_ids;
 use super::protobuf::{
-    OnlineBatchPushOneMsgResp, PlatformResult, PushCall, SingleMsgToUserPlatform,
-    SingleMsgToUserResults, UserResult,
+    OnlineBatchPushOneMsgResp, PushCall, SingleMsgToUserPlatform, SingleMsgToUserResults,
 };
 use crate::model::wire::CLIENT_PREFACE;
 

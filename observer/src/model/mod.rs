@@ -3,8 +3,11 @@
 //!
 //! - `event`: what the capture saw, one typed event per kernel record.
 //! - `wire`: how a connection's first bytes say what it carries.
+//! - `routing`: gateways and processes, and what a push call carries and gets back.
 
 mod event;
+mod routing;
 pub mod wire;
 
 pub use event::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
+pub use routing::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process, UserResult};
