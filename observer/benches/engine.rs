@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use observer::alert::Alert;
 use observer::capture::recording;
-use observer::correlate::routes::RouteLimits;
-use observer::correlate::{Engine, EngineConfig};
+use observer::correlate::{Engine, EngineConfig, RouteLimits};
 use observer::model::Event;
 
 /// The proxy keeps one upstream WebSocket per online user open, so 100k users need more than

@@ -19,7 +19,7 @@ use crate::{
         kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
         recording::{self, PrivateLines, RecordingError},
     },
-    correlate::{Engine, EngineConfig, routes::RouteLimits},
+    correlate::{Engine, EngineConfig, RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     metrics::{self, Metrics, MetricsError},
     model::Event,

@@ -8,8 +8,7 @@ use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
 use observer::model::{EventKind, PortClass};
-use observer::correlate::routes::RouteLimits;
-use observer::correlate::{Engine, EngineConfig};
+use observer::correlate::{Engine, EngineConfig, RouteLimits};
 use observer::decode::Limits;
 use observer::privacy::ContentScrubber;
 

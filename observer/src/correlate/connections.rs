@@ -18,7 +18,7 @@ use crate::{
     },
 };
 
-use super::routes::Observation;
+use super::Observation;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConnectionCounters {

@@ -11,3 +11,6 @@ pub mod wire;
 
 pub use event::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
 pub use routing::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process, UserResult};
+
+/// Timestamps are Unix nanoseconds throughout.
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;

@@ -1,7 +1,14 @@
 //! Alerts: one JSON object per line on stdout, each with `kind`, `schema_version` and `ts`, and
 //! enough context to act on without reading code. The README documents every field.
+//!
+//! The alert is an envelope around model types (`GatewayInfo`, `ProcessInfo` add the pods
+//! `--kube` names); `fold` turns repeats of one alert into one count per window.
 
 use serde::Serialize;
+
+mod fold;
+
+pub use fold::FoldWindows;
 
 use crate::model::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process};
 
@@ -135,6 +142,17 @@ pub enum AlertBody {
         calls_per_connection: f64,
         diagnosis: String,
     },
+}
+
+impl AlertBody {
+    /// The count of alerts a fold window summarises, for the kinds that are folded.
+    fn fold_count_mut(&mut self) -> Option<&mut u64> {
+        match self {
+            AlertBody::RouteMismatch { count, .. }
+            | AlertBody::WsUpgradeOnGrpcPort { count, .. } => Some(count),
+            AlertBody::RingDivergence { .. } | AlertBody::PushConnectionChurn { .. } => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -1,0 +1,115 @@
+//! Every diagnosis the engine prints, in one place: what happened, what it costs OpenIM's
+//! users, and the fix. The texts quote facts; deciding that something happened is the
+//! detectors' job (`correlate`).
+
+use std::net::IpAddr;
+
+use crate::model::{Gateway, GatewayAnswer};
+
+/// What the two rings learned from the wire disagree on, as a ring divergence quotes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Divergence {
+    /// The proxy's ring as inferred (its `Host` spelling of push's gateways).
+    pub proxy_members: Vec<String>,
+    pub push_members: Vec<String>,
+    /// What separates the spellings, in plain words.
+    pub difference: String,
+    pub proxy_example: String,
+    pub push_example: String,
+    /// Placements seen, and how many of them the two rings would have put apart.
+    pub placements_seen: usize,
+    pub placements_split: usize,
+    /// Share of a uniform sample of user ids the two rings send to different gateways.
+    pub sample_split_share: f64,
+}
+
+/// A push for `user` went to a gateway other than those holding its WebSocket.
+/// `spelling_difference` is what separates the two rings' member strings, when learnt.
+pub fn route_mismatch(
+    user: &str,
+    placed_on: &[&Gateway],
+    pushed_to: &Gateway,
+    answer: GatewayAnswer,
+    spelling_difference: Option<&str>,
+) -> String {
+    let placed_names: Vec<String> = placed_on.iter().map(|gateway| describe(gateway)).collect();
+    let consequence = match answer {
+        GatewayAnswer::NotOnlineHere => {
+            "that gateway answered that the user is not online there, so the message missed real time (offline push instead)"
+        }
+        GatewayAnswer::Delivered => {
+            "that gateway still reported a delivery (the user also has a connection there the observer did not see)"
+        }
+        GatewayAnswer::DeliveryFailed => "that gateway failed to deliver it",
+        GatewayAnswer::Unknown => {
+            "the gateway's answer was not seen; the user's connection is not on that gateway, so real-time delivery most likely failed"
+        }
+    };
+    let cause = match spelling_difference {
+        Some(difference) => format!(
+            "; the proxy's and push's rings spell gateways differently ({difference}), so they hash user {user} to different gateways"
+        ),
+        None => String::new(),
+    };
+    format!(
+        "user {user} holds its WebSocket on {} but push delivered to {}: {consequence}{cause}",
+        placed_names.join(" and "),
+        describe(pushed_to),
+    )
+}
+
+/// The proxy sent a WebSocket upgrade (for `user`, when it named one) to a gRPC port.
+pub fn ws_upgrade_on_grpc_port(user: Option<&str>, ip: IpAddr, port: u16) -> String {
+    format!(
+        "a WebSocket upgrade{} was sent to {ip}:{port}, a gRPC port: the proxy dials its ring member literally, so members carrying the gRPC port (the incident report's fix as written) send WebSockets to the gRPC server, which rejects them. Hash on the ':88' spelling but dial the WebSocket port",
+        user.map(|user| format!(" for user {user}"))
+            .unwrap_or_default(),
+    )
+}
+
+/// The proxy's and push's rings, as learnt from the wire, send users to different gateways.
+pub fn ring_divergence(divergence: &Divergence) -> String {
+    format!(
+        "msggateway-proxy places users with a ring over {} members like '{}', push delivers with a ring over {} members like '{}' ({}); the two rings send {:.0}% of user ids to different gateways ({} of the {} placements seen), and every such online user misses real-time messages. Make both hash the same member strings while the proxy keeps dialling the WebSocket port",
+        divergence.proxy_members.len(),
+        divergence.proxy_example,
+        divergence.push_members.len(),
+        divergence.push_example,
+        divergence.difference,
+        divergence.sample_split_share * 100.0,
+        divergence.placements_split,
+        divergence.placements_seen,
+    )
+}
+
+/// What a pusher that opens a connection per call looks like, and what it costs.
+pub struct Churn<'a> {
+    pub comm: &'a str,
+    pub pid: u32,
+    pub new_connections: u64,
+    pub window_secs: u64,
+    pub calls_per_connection: f64,
+    pub open_connections: u64,
+}
+
+/// A pusher opens a new gRPC connection per call and does not close them.
+pub fn push_connection_churn(churn: &Churn<'_>) -> String {
+    let Churn {
+        comm,
+        pid,
+        new_connections,
+        window_secs,
+        calls_per_connection,
+        open_connections,
+    } = churn;
+    format!(
+        "{comm} (pid {pid}) opened {new_connections} gRPC connections to gateways in {window_secs}s, about {calls_per_connection:.1} call per connection, and holds {open_connections} open: a new client connection per push call that is never closed, as OpenIM 3.5.1 push does in Kubernetes mode. It leaks sockets and memory in push and in every gateway until restart"
+    )
+}
+
+fn describe(gateway: &Gateway) -> String {
+    match &gateway.name {
+        Some(name) => format!("{name} ({})", gateway.ip),
+        None => gateway.ip.to_string(),
+    }
+}
