@@ -15,6 +15,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::openim::{
+    diagnosis::{self, Explanation, Pick},
     hashring::{
         MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring, RingError,
         sample_user_ids,
@@ -282,14 +283,7 @@ impl AuditArgs {
                 row.share * 100.0
             ));
         }
-        text.push_str(&if spellings_differ {
-            format!(
-                "Why: {difference}; the ring hashes the member text, so the two rings place \
-                 users independently and about 1 - 1/n of them land on different gateways.\n"
-            )
-        } else {
-            format!("Why: {difference}, so both rings agree for every user.\n")
-        });
+        text.push_str(&diagnosis::audit_why(spellings_differ, &difference));
         out.write_all(text.as_bytes()).map_err(ToolError::Write)
     }
 }
@@ -305,22 +299,6 @@ pub struct ExplainArgs {
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Serialize, Debug)]
-struct Pick<'a> {
-    gateway: usize,
-    member: &'a str,
-}
-
-#[derive(Serialize, Debug)]
-struct Explanation<'a> {
-    user: &'a str,
-    replicas: usize,
-    proxy: Pick<'a>,
-    push: Pick<'a>,
-    agree: bool,
-    difference: &'a str,
 }
 
 impl ExplainArgs {
@@ -347,59 +325,9 @@ impl ExplainArgs {
         if self.json {
             return write_json_line(out, &explanation);
         }
-        let text = explanation_text(&explanation, spellings_differ);
+        let text = diagnosis::explanation(&explanation, spellings_differ);
         out.write_all(text.as_bytes()).map_err(ToolError::Write)
     }
-}
-
-fn explanation_text(explanation: &Explanation, spellings_differ: bool) -> String {
-    let Explanation {
-        user,
-        replicas,
-        proxy,
-        push,
-        agree,
-        difference,
-    } = explanation;
-    let mut text = format!(
-        "User {user} with {replicas} gateway{}:\n\
-         \x20 proxy (WebSocket placement) picks gateway {}: {}\n\
-         \x20 push  (online delivery)     picks gateway {}: {}\n",
-        if *replicas == 1 { "" } else { "s" },
-        proxy.gateway,
-        proxy.member,
-        push.gateway,
-        push.member,
-    );
-    let verdict = if !agree {
-        format!(
-            "They disagree: push delivers to gateway {} but the user's WebSocket is on gateway \
-             {}, which answers \"not online\", so the message falls back to offline push.\n\
-             Why: {difference}; the ring hashes the member text, so the two rings place this \
-             user independently.\n",
-            push.gateway, proxy.gateway
-        )
-    } else if *replicas == 1 {
-        format!(
-            "They agree: with a single gateway every user is on gateway {}.\n",
-            proxy.gateway
-        )
-    } else if spellings_differ {
-        format!(
-            "They agree: both send the user to gateway {}, so pushes reach the WebSocket.\n\
-             Why they could differ: {difference}; the rings place users independently and \
-             agree for this user by chance (about 1 user in {replicas}).\n",
-            proxy.gateway
-        )
-    } else {
-        format!(
-            "They agree: both send the user to gateway {}.\nWhy: {difference}, so both rings \
-             agree for every user.\n",
-            proxy.gateway
-        )
-    };
-    text.push_str(&verdict);
-    text
 }
 
 /// Lines of a text file with trailing whitespace (and CR) removed, blank lines skipped.

@@ -1,8 +1,10 @@
-//! Every diagnosis the engine prints, in one place: what happened, what it costs OpenIM's
-//! users, and the fix. The texts quote facts; deciding that something happened is the
-//! detectors' job (`correlate`).
+//! Every diagnosis the observer prints, in one place: the engine's alerts (what happened, what
+//! it costs OpenIM's users, the fix) and the offline tools' explanations. The texts quote
+//! facts; deciding that something happened is the detectors' and the tools' job.
 
 use std::net::IpAddr;
+
+use serde::Serialize;
 
 use crate::model::{Gateway, GatewayAnswer};
 
@@ -105,6 +107,87 @@ pub fn push_connection_churn(churn: &Churn<'_>) -> String {
     format!(
         "{comm} (pid {pid}) opened {new_connections} gRPC connections to gateways in {window_secs}s, about {calls_per_connection:.1} call per connection, and holds {open_connections} open: a new client connection per push call that is never closed, as OpenIM 3.5.1 push does in Kubernetes mode. It leaks sockets and memory in push and in every gateway until restart"
     )
+}
+
+/// The last line of `observer audit`: why the two rings split users, or why they do not.
+pub fn audit_why(spellings_differ: bool, difference: &str) -> String {
+    if spellings_differ {
+        format!(
+            "Why: {difference}; the ring hashes the member text, so the two rings place \
+             users independently and about 1 - 1/n of them land on different gateways.\n"
+        )
+    } else {
+        format!("Why: {difference}, so both rings agree for every user.\n")
+    }
+}
+
+/// The gateway one ring picks for a user, and that gateway's member string.
+#[derive(Serialize, Debug)]
+pub struct Pick<'a> {
+    pub gateway: usize,
+    pub member: &'a str,
+}
+
+/// Where both rings send one user (`observer explain`; also its JSON form).
+#[derive(Serialize, Debug)]
+pub struct Explanation<'a> {
+    pub user: &'a str,
+    pub replicas: usize,
+    pub proxy: Pick<'a>,
+    pub push: Pick<'a>,
+    pub agree: bool,
+    pub difference: &'a str,
+}
+
+/// `observer explain` in words: both picks, and why they differ or agree.
+pub fn explanation(explanation: &Explanation, spellings_differ: bool) -> String {
+    let Explanation {
+        user,
+        replicas,
+        proxy,
+        push,
+        agree,
+        difference,
+    } = explanation;
+    let mut text = format!(
+        "User {user} with {replicas} gateway{}:\n\
+         \x20 proxy (WebSocket placement) picks gateway {}: {}\n\
+         \x20 push  (online delivery)     picks gateway {}: {}\n",
+        if *replicas == 1 { "" } else { "s" },
+        proxy.gateway,
+        proxy.member,
+        push.gateway,
+        push.member,
+    );
+    let verdict = if !agree {
+        format!(
+            "They disagree: push delivers to gateway {} but the user's WebSocket is on gateway \
+             {}, which answers \"not online\", so the message falls back to offline push.\n\
+             Why: {difference}; the ring hashes the member text, so the two rings place this \
+             user independently.\n",
+            push.gateway, proxy.gateway
+        )
+    } else if *replicas == 1 {
+        format!(
+            "They agree: with a single gateway every user is on gateway {}.\n",
+            proxy.gateway
+        )
+    } else if spellings_differ {
+        format!(
+            "They agree: both send the user to gateway {}, so pushes reach the WebSocket.\n\
+             Why they could differ: {difference}; the rings place users independently and \
+             agree for this user by chance (about 1 user in {replicas}).\n",
+            proxy.gateway
+        )
+    } else {
+        format!(
+            "They agree: both send the user to gateway {}.\nWhy: {difference}, so both rings \
+             agree for every user.\n",
+            proxy.gateway
+        )
+    };
+    text.push_str(&verdict);
+    text
 }
 
 fn describe(gateway: &Gateway) -> String {
