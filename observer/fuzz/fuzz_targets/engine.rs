@@ -7,9 +7,9 @@ mod engine_input;
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use observer::model::{EventKind, PortClass};
 use observer::correlate::{Engine, EngineConfig, RouteLimits};
 use observer::decode::Limits;
+use observer::model::{EventKind, PortClass};
 use observer::privacy::ContentScrubber;
 
 const MAX_CONNECTIONS: usize = 8;

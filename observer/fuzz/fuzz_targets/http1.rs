@@ -2,8 +2,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use observer::model::Direction;
 use observer::decode::{Limits, WebSocketDecoder};
+use observer::model::Direction;
 use observer::privacy::redact_secrets;
 
 fuzz_target!(|data: &[u8]| {
