@@ -20,7 +20,7 @@ use observer::model::Event;
 
 /// The proxy keeps one upstream WebSocket per online user open, so 100k users need more than
 /// the default 65,536 decoded connections (`--max-connections`); sized as the daemon sizes
-/// the route table from that flag.
+/// the detectors from that flag.
 fn engine_config() -> EngineConfig {
     let max_connections = 262_144;
     let defaults = EngineConfig::default();

@@ -1,4 +1,4 @@
-//! The whole engine (decoders, route table, alerts) and the content scrubber over arbitrary
+//! The whole engine (decoders, detectors, alerts) and the content scrubber over arbitrary
 //! event sequences: no panic, and the tables stay within their caps.
 #![no_main]
 
