@@ -16,13 +16,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::{
     alert::{Alert, SCHEMA_VERSION},
     capture::{
-        Event,
         kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
         recording::{self, PrivateLines, RecordingError},
     },
-    correlate::{Engine, EngineConfig, routes::RouteLimits},
+    correlate::{Engine, EngineConfig, RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     metrics::{self, Metrics, MetricsError},
+    model::Event,
 };
 
 #[derive(Debug, Error)]

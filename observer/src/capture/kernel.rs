@@ -17,10 +17,8 @@ use observer_records::{
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
-use super::{
-    event::{Direction, Event, EventKind, PortClass, TcpState},
-    tracepoint_format::{self, LayoutError},
-};
+use super::tracepoint_format::{self, LayoutError};
+use crate::model::{Direction, Event, EventKind, PortClass, TcpState};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
 #[cfg(ebpf_programs)]
@@ -518,9 +516,9 @@ fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
             // token, also when they are sent to a gRPC port by mistake.
             let upgrade_on_grpc_port = direction == Direction::Send
                 && header.offset == 0
-                && crate::decode::http1::starts_like_http1_request(&payload);
+                && crate::model::wire::starts_like_http1_request(&payload);
             if port_class == PortClass::WebSocket || upgrade_on_grpc_port {
-                crate::decode::redact_secrets(&mut payload);
+                crate::privacy::redact_secrets(&mut payload);
             }
             EventKind::Data {
                 direction,
