@@ -10,6 +10,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod apt;
+
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
@@ -332,7 +334,8 @@ fn demo(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
 }
 
 fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
-    ensure_bpftrace()?;
+    // The benchmark's peer reference; Debian and Ubuntu package it.
+    apt::ensure("bpftrace", "bpftrace")?;
     build_ebpf(toolchain)?;
     // Release for both: the observer under test must be optimised, and an optimised load
     // generator leaves it less CPU to hide in.
@@ -349,44 +352,6 @@ fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
             .args(args),
     )
     .context("the benchmark failed")
-}
-
-/// The benchmark's peer reference; Debian and Ubuntu package it.
-fn ensure_bpftrace() -> Result<()> {
-    let installed = Command::new("bpftrace")
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if installed {
-        return Ok(());
-    }
-    const HOW: &str =
-        "bpftrace is missing: install it (Debian/Ubuntu: `apt-get install -y bpftrace`)";
-    let available = || -> Result<bool> {
-        let policy =
-            capture(Command::new("apt-cache").args(["policy", "bpftrace"])).context(HOW)?;
-        Ok(policy
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("Candidate:"))
-            .map(str::trim)
-            .is_some_and(|version| version != "(none)"))
-    };
-    if !available()? {
-        // A fresh machine's package lists are empty until the first update.
-        step(
-            "refreshing the package lists (apt-get update)",
-            Command::new("apt-get").args(["update", "-qq"]),
-        )
-        .context(HOW)?;
-        if !available()? {
-            bail!("{HOW}");
-        }
-    }
-    step(
-        "installing bpftrace (apt-get install -y bpftrace)",
-        Command::new("apt-get").args(["install", "-y", "bpftrace"]),
-    )
-    .context(HOW)
 }
 
 fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
