@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod apt;
+mod toolchain;
 
 #[derive(Parser)]
 #[command(
@@ -24,8 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what the eBPF build needs: rust-src for nightly, and a bpf-linker built against
-    /// nightly's own LLVM (once; later runs find it). Every other task runs this first.
+    /// Install what the eBPF build needs: the nightly pinned in observer-ebpf/rust-toolchain.toml
+    /// with rust-src, and a bpf-linker built against that nightly's own LLVM (once; later runs
+    /// find it). Every other task runs this first.
     Setup,
     /// Build the eBPF object and the `observer` binary that embeds it.
     Build {
@@ -78,8 +80,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// What the eBPF build needs on PATH.
+/// What the eBPF build needs.
 struct Toolchain {
+    /// The pinned nightly's name, for `cargo +<nightly>`.
+    nightly: String,
+    /// The directory holding the bpf-linker built against that nightly's LLVM.
     bpf_linker_bin: PathBuf,
 }
 
@@ -91,42 +96,23 @@ fn workspace_root() -> PathBuf {
 }
 
 fn setup() -> Result<Toolchain> {
-    let nightly = capture(Command::new("rustc").args(["+nightly", "-vV"])).context(
-        "the nightly toolchain is missing; install it with `rustup toolchain install nightly`",
-    )?;
+    let nightly = toolchain::install_pinned_nightly()?;
+    let version = capture(Command::new("rustc").arg(format!("+{nightly}")).arg("-vV"))?;
     let field = |name: &str| {
-        nightly
+        version
             .lines()
             .find_map(|line| line.strip_prefix(name))
             .map(str::trim)
             .map(str::to_owned)
     };
     let commit = field("commit-hash:").unwrap_or_else(|| "unknown".into());
-    let llvm_version = field("LLVM version:").context("`rustc +nightly -vV` names no LLVM")?;
+    let llvm_version =
+        field("LLVM version:").with_context(|| format!("`rustc +{nightly} -vV` names no LLVM"))?;
     let llvm_major = llvm_version
         .split('.')
         .next()
         .unwrap_or_default()
         .to_owned();
-
-    let installed = capture(Command::new("rustup").args([
-        "component",
-        "list",
-        "--installed",
-        "--toolchain",
-        "nightly",
-    ]))?;
-    if !installed.lines().any(|line| line.starts_with("rust-src")) {
-        eprintln!("xtask: adding rust-src to nightly (needed to build core for BPF)");
-        status(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))
-        .context("`rustup component add rust-src --toolchain nightly` failed")?;
-    }
 
     // One linker per nightly: it must link exactly that nightly's libLLVM. The directory doubles
     // as LLVM_PREFIX and as the linker's rpath, so it must outlive the build: keep it out of
@@ -143,15 +129,20 @@ fn setup() -> Result<Toolchain> {
         .output()
         .is_ok_and(|output| output.status.success());
     if !linker_works {
-        install_bpf_linker(&prefix, &llvm_major)?;
+        install_bpf_linker(&nightly, &prefix, &llvm_major)?;
     }
     Ok(Toolchain {
+        nightly,
         bpf_linker_bin: prefix.join("bin"),
     })
 }
 
-fn install_bpf_linker(prefix: &Path, llvm_major: &str) -> Result<()> {
-    let sysroot = capture(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+fn install_bpf_linker(nightly: &str, prefix: &Path, llvm_major: &str) -> Result<()> {
+    let sysroot = capture(
+        Command::new("rustc")
+            .arg(format!("+{nightly}"))
+            .args(["--print", "sysroot"]),
+    )?;
     let lib_dir = Path::new(sysroot.trim()).join("lib");
     let wanted = format!("libLLVM.so.{llvm_major}.");
     let libllvm = std::fs::read_dir(&lib_dir)
@@ -161,7 +152,7 @@ fn install_bpf_linker(prefix: &Path, llvm_major: &str) -> Result<()> {
         .find(|name| name.to_string_lossy().starts_with(&wanted))
         .with_context(|| {
             format!(
-                "nightly ships no {wanted}* in {}: is the nightly toolchain complete?",
+                "{nightly} ships no {wanted}* in {}: is the toolchain complete?",
                 lib_dir.display()
             )
         })?;
@@ -175,19 +166,13 @@ fn install_bpf_linker(prefix: &Path, llvm_major: &str) -> Result<()> {
             .with_context(|| format!("linking {}", link.display()))?;
     }
     eprintln!(
-        "xtask: building bpf-linker against nightly's LLVM {llvm_major} into {} (once, a few minutes)",
+        "xtask: building bpf-linker against {nightly}'s LLVM {llvm_major} into {} (once, a few minutes)",
         prefix.display()
     );
     status(
         Command::new("cargo")
-            .args([
-                "+nightly",
-                "install",
-                "bpf-linker",
-                "--locked",
-                "--version",
-                "0.13.0",
-            ])
+            .arg(format!("+{nightly}"))
+            .args(["install", "bpf-linker", "--locked", "--version", "0.13.0"])
             .args(["--no-default-features", "--features"])
             .arg(format!("llvm-{llvm_major}"))
             .arg("--root")
@@ -202,7 +187,7 @@ fn ebpf_object() -> PathBuf {
     workspace_root().join("target/bpfel-unknown-none/release/observer-ebpf")
 }
 
-/// `cargo +nightly …` for the eBPF crate, with the linker on PATH.
+/// `cargo +<pinned nightly> …` for the eBPF crate, with the linker on PATH.
 fn nightly_cargo(toolchain: &Toolchain, subcommand: &str) -> Command {
     let mut path = OsString::from(&toolchain.bpf_linker_bin);
     if let Some(existing) = std::env::var_os("PATH") {
@@ -217,7 +202,8 @@ fn nightly_cargo(toolchain: &Toolchain, subcommand: &str) -> Command {
         .env_remove("RUSTC")
         .env_remove("RUSTDOC")
         .env_remove("CARGO")
-        .args(["+nightly", subcommand, "-Z", "build-std=core"])
+        .arg(format!("+{}", toolchain.nightly))
+        .args([subcommand, "-Z", "build-std=core"])
         .args(["--target", "bpfel-unknown-none", "--release"])
         .args(["--package", "observer-ebpf", "--bin", "observer-ebpf"]);
     command
