@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod apt;
+mod image;
 mod toolchain;
 
 #[derive(Parser)]
@@ -53,6 +54,10 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Build the container image without Docker: the release observer and the libraries it
+    /// loads, from deploy/Dockerfile's runtime stage with buildah (installed when missing), as
+    /// target/image/openim-observer.oci.tar.
+    Image(image::ImageArgs),
     /// Build the release observer and run it with the given arguments, e.g.
     /// `cargo xtask run -- run --events`.
     Run {
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         Task::Test => setup().and_then(|toolchain| test(&toolchain)),
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
         Task::Bench { args } => setup().and_then(|toolchain| bench(&toolchain, &args)),
+        Task::Image(args) => setup().and_then(|toolchain| image::image(&toolchain, &args)),
         Task::Run { args } => setup().and_then(|toolchain| run(&toolchain, &args)),
     };
     match result {
