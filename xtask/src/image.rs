@@ -16,7 +16,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::{Toolchain, apt, capture, step, workspace_root};
+use crate::{Toolchain, apt, capture, host_cargo, step, workspace_root};
+
+/// Tells tests/tests/image.rs which archive to run.
+pub const ARCHIVE_ENV: &str = "OPENIM_IMAGE_ARCHIVE";
 
 /// Where deploy/Dockerfile's runtime stage finds the root filesystem in the builder stage.
 const ROOTFS_IN_BUILDER: &str = "out/rootfs";
@@ -26,6 +29,10 @@ const IMAGE_NAME: &str = "openim-observer";
 
 #[derive(clap::Args)]
 pub struct ImageArgs {
+    /// Then run the image under runc with the DaemonSet's security contexts
+    /// (tests/tests/image.rs; needs root, loads the eBPF programs).
+    #[arg(long, conflicts_with = "rootfs")]
+    test: bool,
     /// Only build the release observer and lay out the image's root filesystem in DIR (what
     /// deploy/Dockerfile's builder stage runs); no buildah.
     #[arg(long, value_name = "DIR")]
@@ -37,12 +44,24 @@ pub fn image(toolchain: &Toolchain, args: &ImageArgs) -> Result<()> {
         crate::build(toolchain, true)?;
         return lay_out_rootfs(&release_binary(), rootfs);
     }
-    build(toolchain).map(|_| ())
+    let archive = build(toolchain)?;
+    if args.test {
+        step(
+            "running the image under runc (tests/tests/image.rs)",
+            host_cargo("test")
+                .args(["--package", "tests", "--test", "image"])
+                .args(["--", "--test-threads=1"])
+                .env(ARCHIVE_ENV, &archive),
+        )?;
+    }
+    Ok(())
 }
 
-/// Builds the release observer and the image around it; returns the OCI archive's path.
+/// Builds the release observer and the image around it; returns the OCI archive's path. Also
+/// installs runc, which the image's test runs it with.
 pub fn build(toolchain: &Toolchain) -> Result<PathBuf> {
     apt::ensure("buildah", "buildah")?;
+    apt::ensure("runc", "runc")?;
     let started = Instant::now();
     crate::build(toolchain, true)?;
     let release_build = started.elapsed();

@@ -56,7 +56,8 @@ enum Task {
     },
     /// Build the container image without Docker: the release observer and the libraries it
     /// loads, from deploy/Dockerfile's runtime stage with buildah (installed when missing), as
-    /// target/image/openim-observer.oci.tar.
+    /// target/image/openim-observer.oci.tar. `--test` then runs it under runc with the
+    /// DaemonSet's security contexts (needs root).
     Image(image::ImageArgs),
     /// Build the release observer and run it with the given arguments, e.g.
     /// `cargo xtask run -- run --events`.
@@ -241,6 +242,8 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 
 fn test(toolchain: &Toolchain) -> Result<()> {
     build_ebpf(toolchain)?;
+    // tests/tests/image.rs runs it.
+    let image = image::build(toolchain)?;
     step(
         "cargo fmt --check",
         host_cargo("fmt").args(["--all", "--", "--check"]),
@@ -256,7 +259,11 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     // Integration tests load programs and share kernel state; each test file serialises its own
     // tests, and one test binary at a time runs.
     eprintln!("xtask: cargo test");
-    let totals = run_tests(host_cargo("test").args(["--", "--test-threads=1"]))?;
+    let totals = run_tests(
+        host_cargo("test")
+            .args(["--", "--test-threads=1"])
+            .env(image::ARCHIVE_ENV, image),
+    )?;
     // cargo ends on the last binary's own line (often doc-tests with nothing to run): say what
     // the whole run did.
     println!("tests: {} passed, {} failed", totals.passed, totals.failed);
