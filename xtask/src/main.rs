@@ -10,6 +10,8 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod apt;
+mod image;
 mod toolchain;
 mod vm;
 
@@ -63,6 +65,11 @@ enum Task {
         #[arg(long = "kernel", value_name = "VERSION", required = true)]
         kernels: Vec<String>,
     },
+    /// Build the container image without Docker: the release observer and the libraries it
+    /// loads, from deploy/Dockerfile's runtime stage with buildah (installed when missing), as
+    /// target/image/openim-observer.oci.tar. `--test` then runs it under runc with the
+    /// DaemonSet's security contexts (needs root).
+    Image(image::ImageArgs),
     /// Build the release observer and run it with the given arguments, e.g.
     /// `cargo xtask run -- run --events`.
     Run {
@@ -80,6 +87,7 @@ fn main() -> ExitCode {
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
         Task::Bench { args } => setup().and_then(|toolchain| bench(&toolchain, &args)),
         Task::Vm { kernels } => setup().and_then(|toolchain| vm(&toolchain, &kernels)),
+        Task::Image(args) => setup().and_then(|toolchain| image::image(&toolchain, &args)),
         Task::Run { args } => setup().and_then(|toolchain| run(&toolchain, &args)),
     };
     match result {
@@ -244,6 +252,8 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 
 fn test(toolchain: &Toolchain) -> Result<()> {
     build_ebpf(toolchain)?;
+    // tests/tests/image.rs runs it.
+    let image = image::build(toolchain)?;
     step(
         "cargo fmt --check",
         host_cargo("fmt").args(["--all", "--", "--check"]),
@@ -259,15 +269,30 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     // Integration tests load programs and share kernel state; each test file serialises its own
     // tests, and one test binary at a time runs.
     eprintln!("xtask: cargo test");
-    let totals = run_tests(host_cargo("test").args(["--", "--test-threads=1"]))?;
-    // cargo ends on the last binary's own line (often doc-tests with nothing to run): say what
-    // the whole run did.
-    println!("tests: {} passed, {} failed", totals.passed, totals.failed);
+    let totals = run_tests(
+        host_cargo("test")
+            .args(["--", "--test-threads=1"])
+            .env(image::ARCHIVE_ENV, image),
+    )?;
     if !totals.succeeded {
+        println!(
+            "tests: {} passed, {} failed",
+            totals.passed,
+            totals.failed.max(1)
+        );
         bail!("cargo test failed");
     }
     // The kernels of real nodes (about a minute and a half each under TCG, cached downloads).
-    vm_tests(CI_KERNELS)
+    let kernels = vm_tests(CI_KERNELS);
+    let (passed, failed) = match &kernels {
+        Ok(counts) => (totals.passed + counts.passed, totals.failed + counts.failed),
+        // A kernel that failed to boot or to finish counts as one failure at least.
+        Err(_) => (totals.passed, totals.failed + 1),
+    };
+    // cargo and the guests end on their own lines (cargo's often doc-tests with nothing to run):
+    // the run closes with what the whole run did.
+    println!("tests: {passed} passed, {failed} failed");
+    kernels.map(|_| ())
 }
 
 /// The kernels `cargo xtask test` boots: Debian 12's 6.1 LTS and the 6.12 LTS.
@@ -333,7 +358,8 @@ fn demo(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
 }
 
 fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
-    ensure_bpftrace()?;
+    // The benchmark's peer reference; Debian and Ubuntu package it.
+    apt::ensure("bpftrace", "bpftrace")?;
     build_ebpf(toolchain)?;
     // Release for both: the observer under test must be optimised, and an optimised load
     // generator leaves it less CPU to hide in.
@@ -352,51 +378,6 @@ fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     .context("the benchmark failed")
 }
 
-/// The benchmark's peer reference; Debian and Ubuntu package it.
-fn ensure_bpftrace() -> Result<()> {
-    let installed = Command::new("bpftrace")
-        .arg("--version")
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if installed {
-        return Ok(());
-    }
-    apt_install("bpftrace")
-}
-
-/// `apt-get install -y PACKAGE`, refreshing the package lists first if apt does not know it.
-fn apt_install(package: &str) -> Result<()> {
-    let how =
-        format!("{package} is missing: install it (Debian/Ubuntu: `apt-get install -y {package}`)");
-    let available = || -> Result<bool> {
-        let policy =
-            capture(Command::new("apt-cache").args(["policy", package])).context(how.clone())?;
-        Ok(policy
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("Candidate:"))
-            .map(str::trim)
-            .is_some_and(|version| version != "(none)"))
-    };
-    if !available()? {
-        // A fresh machine's package lists are empty until the first update.
-        step(
-            "refreshing the package lists (apt-get update)",
-            Command::new("apt-get").args(["update", "-qq"]),
-        )
-        .context(how.clone())?;
-        if !available()? {
-            bail!("{how}");
-        }
-    }
-    step(
-        &format!("installing {package} (apt-get install -y {package})"),
-        Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends", package])
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
-    .context(how)
-}
-
 fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     build(toolchain, true)?;
     let binary = workspace_root().join("target/release/observer");
@@ -408,10 +389,16 @@ const VM_TEST_FILE: &str = "kernel_capture";
 
 fn vm(toolchain: &Toolchain, kernels: &[String]) -> Result<()> {
     build_ebpf(toolchain)?;
-    vm_tests(kernels)
+    vm_tests(kernels).map(|_| ())
 }
 
-fn vm_tests(kernels: &[impl AsRef<str>]) -> Result<()> {
+/// Tests passed and failed inside the guests, over every kernel.
+struct GuestCounts {
+    passed: u64,
+    failed: u64,
+}
+
+fn vm_tests(kernels: &[impl AsRef<str>]) -> Result<GuestCounts> {
     eprintln!("xtask: building the {VM_TEST_FILE} tests");
     let built = capture(host_cargo("test").args([
         "--no-run",
@@ -438,9 +425,17 @@ fn vm_tests(kernels: &[impl AsRef<str>]) -> Result<()> {
     // Every kernel runs, then one verdict: a failure on one says nothing about the next.
     let mut failures = Vec::new();
     let mut results = Vec::new();
+    let mut counts = GuestCounts {
+        passed: 0,
+        failed: 0,
+    };
     for kernel in kernels.iter().map(AsRef::as_ref) {
         match vm::run(&cache, kernel, &tests) {
-            Ok(summary) => results.push(format!("{kernel}: {summary}")),
+            Ok(summary) => {
+                counts.passed += count_before(&summary, " passed");
+                counts.failed += count_before(&summary, " failed");
+                results.push(format!("{kernel}: {summary}"));
+            }
             Err(err) => {
                 results.push(format!("{kernel}: FAILED: {err:#}"));
                 failures.push(kernel);
@@ -453,7 +448,7 @@ fn vm_tests(kernels: &[impl AsRef<str>]) -> Result<()> {
     if !failures.is_empty() {
         bail!("kernel tests failed on {}", failures.join(", "));
     }
-    Ok(())
+    Ok(counts)
 }
 
 fn step(name: &str, command: &mut Command) -> Result<()> {

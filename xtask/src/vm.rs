@@ -105,11 +105,11 @@ fn ensure_qemu() -> Result<()> {
         .output()
         .is_ok_and(|output| output.status.success());
     if !qemu_works {
-        crate::apt_install("qemu-system-x86")?;
+        crate::apt::install("qemu-system-x86")?;
     }
     if virtiofsd().is_none() {
         // Debian 13 and later ship the Rust virtiofsd on its own; 12 ships it inside qemu.
-        crate::apt_install("virtiofsd")?;
+        crate::apt::install("virtiofsd")?;
     }
     Ok(())
 }

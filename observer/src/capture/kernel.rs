@@ -356,7 +356,17 @@ fn verifier_summary(err: &ProgramError) -> String {
 }
 
 fn classify_load_error(err: &aya::EbpfError) -> CaptureError {
-    let text = err.to_string();
+    let mut text = err.to_string();
+    // aya's messages leave out the system call's answer, which is what tells a seccomp filter
+    // or security module refusing bpf() ("Operation not permitted") from anything else. The
+    // errors between hold no more than their Display already says.
+    let mut cause: &dyn std::error::Error = err;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+        text = format!("{text}: {io}");
+    }
     if let aya::EbpfError::MapError(MapError::CreateError { name, .. }) = err
         && name == "EVENTS"
     {
