@@ -12,23 +12,14 @@
 //! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`observed`] runs the real
 //! observer beside a lab and scores its alerts; [`demo`] is `cargo xtask demo`.
 
-pub mod client;
-pub mod control;
+pub mod bench;
 pub mod demo;
-pub mod gateway;
 pub mod lab;
-pub mod names;
-pub mod netns;
 pub mod observed;
-pub mod overhead;
-pub mod pod;
 pub mod privileges;
-pub mod proxy;
-pub mod push;
-pub mod truth;
 
+pub use lab::truth::{FloodReport, GroundTruth, Summary, UserTruth};
 pub use lab::{Lab, LabConfig, ProxyMode};
-pub use truth::{FloodReport, GroundTruth, Summary, UserTruth};
 
 /// A workspace binary: `$env_var` if set, else `name` next to this executable or in its
 /// parent directory (cargo puts test binaries in `target/<profile>/deps/` and the others in
