@@ -9,8 +9,9 @@
 //! so a system-wide observer sees what it would see on a Kubernetes node.
 //!
 //! Entry points: [`Lab::start`], [`Lab::run_scenario`], [`Lab::push_flood`]; the `openim-lab`
-//! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`observed`] runs the real
-//! observer beside a lab and scores its alerts; [`demo`] is `cargo xtask demo`.
+//! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`lab`] is the cluster stand-in
+//! and its parts; [`observed`] runs the real observer beside a lab and scores its alerts;
+//! [`demo`] is `cargo xtask demo`; [`bench`](mod@bench) is `cargo xtask bench` (what watching costs).
 
 pub mod bench;
 pub mod demo;
