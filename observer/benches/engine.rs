@@ -5,10 +5,6 @@
 //! Run with `cargo bench -p observer --bench engine`; `ENGINE_BENCH_SCALE=0.1` runs a tenth,
 //! `ENGINE_BENCH_MISROUTED=0` a healthy cluster (no alerts).
 
-#[path = "../tests/support/synthetic.rs"]
-#[allow(dead_code)]
-mod synthetic;
-
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -17,6 +13,7 @@ use observer::alert::Alert;
 use observer::capture::recording;
 use observer::correlate::{Engine, EngineConfig, RouteLimits};
 use observer::model::Event;
+use openim_test_kit::synthetic;
 
 /// The proxy keeps one upstream WebSocket per online user open, so 100k users need more than
 /// the default 65,536 decoded connections (`--max-connections`); sized as the daemon sizes

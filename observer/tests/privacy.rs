@@ -2,10 +2,6 @@
 //! come out of any observer output: alerts, counters, decoder facts, recordings (after the
 //! capture layer's redaction and the content scrubber) and `observer replay`.
 
-#[path = "support/synthetic.rs"]
-#[allow(dead_code)]
-mod synthetic;
-
 use std::collections::HashMap;
 use std::process::Command;
 
@@ -17,6 +13,7 @@ use observer::correlate::{Engine, EngineConfig};
 use observer::decode::{GrpcConnectionDecoder, Limits, WebSocketDecoder};
 use observer::model::{Direction, Event, EventKind, PortClass};
 use observer::privacy::redact_secrets;
+use openim_test_kit::synthetic;
 
 const TOKEN_CANARY: &str = "CANARY-TOKEN-5b1e";
 const AUTH_CANARY: &str = "CANARY-AUTH-90cd";

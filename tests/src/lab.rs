@@ -1,6 +1,16 @@
 //! The lab: builds the pods, runs a scenario, collects ground truth, and removes everything it
 //! created when dropped (also when a scenario fails or its future is dropped on Ctrl-C).
 
+pub mod client;
+pub mod control;
+pub mod gateway;
+pub mod names;
+pub mod netns;
+pub mod pod;
+pub mod proxy;
+pub mod push;
+pub mod truth;
+
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -11,13 +21,13 @@ use anyhow::{Context, bail, ensure};
 use observer::openim::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
 use serde::{Deserialize, Serialize};
 
-use crate::client::{self, Arrivals, Client};
-use crate::control::{PodEvent, PushCommand, PushOutcome};
-use crate::names::{NameTable, random_bytes};
-use crate::netns::{self, Network, PodNet};
-use crate::pod::{Observations, PodProcess, SharedObservations};
-use crate::proxy::PROXY_PORT;
-use crate::truth::{
+use crate::lab::client::{Arrivals, Client};
+use crate::lab::control::{PodEvent, PushCommand, PushOutcome};
+use crate::lab::names::{NameTable, random_bytes};
+use crate::lab::netns::{Network, PodNet};
+use crate::lab::pod::{Observations, PodProcess, SharedObservations};
+use crate::lab::proxy::PROXY_PORT;
+use crate::lab::truth::{
     FloodReport, GatewayTruth, GroundTruth, Placement, PushTruth, Summary, UserTruth,
 };
 

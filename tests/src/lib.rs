@@ -9,26 +9,18 @@
 //! so a system-wide observer sees what it would see on a Kubernetes node.
 //!
 //! Entry points: [`Lab::start`], [`Lab::run_scenario`], [`Lab::push_flood`]; the `openim-lab`
-//! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`observed`] runs the real
-//! observer beside a lab and scores its alerts; [`demo`] is `cargo xtask demo`.
+//! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`lab`] is the cluster stand-in
+//! and its parts; [`observed`] runs the real observer beside a lab and scores its alerts;
+//! [`demo`] is `cargo xtask demo`; [`bench`](mod@bench) is `cargo xtask bench` (what watching costs).
 
-pub mod client;
-pub mod control;
+pub mod bench;
 pub mod demo;
-pub mod gateway;
 pub mod lab;
-pub mod names;
-pub mod netns;
 pub mod observed;
-pub mod overhead;
-pub mod pod;
 pub mod privileges;
-pub mod proxy;
-pub mod push;
-pub mod truth;
 
+pub use lab::truth::{FloodReport, GroundTruth, Summary, UserTruth};
 pub use lab::{Lab, LabConfig, ProxyMode};
-pub use truth::{FloodReport, GroundTruth, Summary, UserTruth};
 
 /// A workspace binary: `$env_var` if set, else `name` next to this executable or in its
 /// parent directory (cargo puts test binaries in `target/<profile>/deps/` and the others in

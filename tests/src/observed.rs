@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-use crate::truth::GroundTruth;
+use crate::lab::truth::GroundTruth;
 
 /// The `observer` binary: `$OBSERVER_BIN`, else the one cargo built beside this executable.
 pub fn find_observer_binary() -> anyhow::Result<PathBuf> {

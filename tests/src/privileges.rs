@@ -17,7 +17,7 @@ pub enum Needs {
 /// the test harness's capture, so a passing run shows it) and the test should return early;
 /// with `OBSERVER_REQUIRE_EBPF` set it panics with the reason instead.
 pub fn can_run(needs: Needs) -> bool {
-    let reason = if let Err(error) = crate::netns::require_root() {
+    let reason = if let Err(error) = crate::lab::netns::require_root() {
         error.to_string()
     } else if needs == Needs::RootAndPrograms && !observer::capture::kernel::PROGRAMS_EMBEDDED {
         "the observer was built without its eBPF programs (build with `cargo xtask build`)".into()

@@ -41,7 +41,7 @@ use k8s_openapi::DeepMerge;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use serde_json::{Value, json};
-use tests::netns::{self, Network, PodNet};
+use tests::lab::netns::{self, Network, PodNet};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

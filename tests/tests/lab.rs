@@ -6,7 +6,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tests::netns::leftovers;
+use tests::lab::netns::leftovers;
 use tests::privileges::{Needs, can_run};
 use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
 

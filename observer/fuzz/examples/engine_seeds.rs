@@ -5,9 +5,8 @@
 
 #[path = "../fuzz_targets/engine_input.rs"]
 mod engine_input;
-#[path = "../../tests/support/synthetic.rs"]
-#[allow(dead_code)]
-mod synthetic;
+
+use openim_test_kit::synthetic;
 
 fn main() {
     let directory = std::env::args()

@@ -1,5 +1,6 @@
 //! HTTP/2 + gRPC decoding over hand-built byte streams, fed the way the capture delivers them.
 
+use openim_test_kit::http2::*;
 use prost::Message;
 
 use crate::model::{Direction, MessageIds};
@@ -116,6 +117,7 @@ fn dynamic_table_carries_over_between_requests() {
         3,
         &grpc_message(0, &sample_request(CANARY, &["erin"])),
         16384,
+        true,
     ));
     let mut recv = response_stream(1);
     // The response side has its own table: grpc-message (62), grpc-status (63), content-type (64).

@@ -325,37 +325,12 @@ fn read_varint(bytes: &[u8]) -> Result<Option<(u64, usize)>, ProtobufError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use openim_test_kit::message::{BatchPushRequestWithContent, MsgDataWithContent};
+
     use super::*;
 
-    /// `MsgData` as the sender encodes it, content included (only tests ever hold content).
-    #[derive(Clone, PartialEq, Message)]
-    pub(crate) struct MsgDataWithContent {
-        #[prost(string, tag = "1")]
-        pub send_id: String,
-        #[prost(string, tag = "3")]
-        pub group_id: String,
-        #[prost(string, tag = "4")]
-        pub client_msg_id: String,
-        #[prost(string, tag = "5")]
-        pub server_msg_id: String,
-        #[prost(int32, tag = "9")]
-        pub session_type: i32,
-        #[prost(bytes = "vec", tag = "12")]
-        pub content: Vec<u8>,
-        #[prost(int64, tag = "14")]
-        pub seq: i64,
-    }
-
-    #[derive(Clone, PartialEq, Message)]
-    pub(crate) struct BatchRequestWithContent {
-        #[prost(message, optional, tag = "1")]
-        pub msg_data: Option<MsgDataWithContent>,
-        #[prost(string, repeated, tag = "2")]
-        pub push_to_user_ids: Vec<String>,
-    }
-
     pub(crate) fn sample_request(content: &[u8], recipients: &[&str]) -> Vec<u8> {
-        BatchRequestWithContent {
+        BatchPushRequestWithContent {
             msg_data: Some(MsgDataWithContent {
                 send_id: "sender-1".into(),
                 group_id: "group-9".into(),
@@ -364,6 +339,7 @@ pub(crate) mod tests {
                 session_type: 3,
                 content: content.to_vec(),
                 seq: 42,
+                ..MsgDataWithContent::default()
             }),
             push_to_user_ids: recipients.iter().map(|&r| r.to_owned()).collect(),
         }

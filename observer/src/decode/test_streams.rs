@@ -1,6 +1,10 @@
 //! Hand-built HTTP/2 + gRPC byte streams for the decoders' and the scrubber's tests: frames,
 //! a small HPACK encoder, push requests and answers as grpc-go writes them.
 
+use openim_test_kit::http2::{
+    DATA, END_HEADERS, END_STREAM, HEADERS, PING, SETTINGS, WINDOW_UPDATE, data_frames, frame,
+    grpc_message, hpack_integer,
+};
 use prost::Message;
 
 use crate::model::{Direction, PlatformResult, UserResult};
@@ -18,48 +22,6 @@ pub(crate) const PUSH_PATH: &str =
 pub(crate) const AUTHORITY: &str =
     "im-openim-msggateway-1.im-openim-msggateway-headless.ns.svc.cluster.local:88";
 pub(crate) const CANARY: &[u8] = b"CANARY-private-message-body-7f3a";
-
-pub(crate) const DATA: u8 = 0;
-pub(crate) const HEADERS: u8 = 1;
-pub(crate) const PRIORITY: u8 = 2;
-pub(crate) const RST_STREAM: u8 = 3;
-pub(crate) const SETTINGS: u8 = 4;
-pub(crate) const PING: u8 = 6;
-pub(crate) const WINDOW_UPDATE: u8 = 8;
-pub(crate) const CONTINUATION: u8 = 9;
-pub(crate) const END_STREAM: u8 = 0x1;
-pub(crate) const END_HEADERS: u8 = 0x4;
-pub(crate) const PADDED: u8 = 0x8;
-pub(crate) const PRIORITY_FLAG: u8 = 0x20;
-
-pub(crate) fn frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
-    let length = payload.len() as u32;
-    let mut bytes = length.to_be_bytes()[1..].to_vec();
-    bytes.extend([frame_type, flags]);
-    bytes.extend(stream_id.to_be_bytes());
-    bytes.extend(payload);
-    bytes
-}
-
-pub(crate) fn hpack_integer(
-    first_byte_flags: u8,
-    prefix_bits: u32,
-    value: usize,
-    out: &mut Vec<u8>,
-) {
-    let prefix_max = (1usize << prefix_bits) - 1;
-    if value < prefix_max {
-        out.push(first_byte_flags | value as u8);
-        return;
-    }
-    out.push(first_byte_flags | prefix_max as u8);
-    let mut rest = value - prefix_max;
-    while rest >= 128 {
-        out.push((rest % 128) as u8 | 0x80);
-        rest /= 128;
-    }
-    out.push(rest as u8);
-}
 
 pub(crate) fn hpack_string(text: &str, out: &mut Vec<u8>) {
     let encoded = huffman_encode(text.as_bytes());
@@ -126,13 +88,6 @@ pub(crate) fn first_request_headers(path: &str) -> Vec<u8> {
     ])
 }
 
-pub(crate) fn grpc_message(flag: u8, body: &[u8]) -> Vec<u8> {
-    let mut bytes = vec![flag];
-    bytes.extend((body.len() as u32).to_be_bytes());
-    bytes.extend(body);
-    bytes
-}
-
 /// What grpc-go writes: preface, SETTINGS, WINDOW_UPDATE, HEADERS, then the message in DATA
 /// frames of at most `max_frame` bytes, the last with END_STREAM.
 pub(crate) fn request_stream(
@@ -145,7 +100,7 @@ pub(crate) fn request_stream(
     bytes.extend(frame(SETTINGS, 0, 0, &[0, 2, 0, 0, 0, 0]));
     bytes.extend(frame(WINDOW_UPDATE, 0, 0, &[0, 0x0e, 0, 1]));
     bytes.extend(frame(HEADERS, END_HEADERS, stream_id, headers));
-    bytes.extend(data_frames(stream_id, message, max_frame));
+    bytes.extend(data_frames(stream_id, message, max_frame, true));
     bytes
 }
 
@@ -153,20 +108,6 @@ pub(crate) fn request_stream(
 /// into frames of at most `max_frame` bytes.
 pub(crate) fn push_request_stream(grpc_bytes: &[u8], max_frame: usize) -> Vec<u8> {
     request_stream(1, &first_request_headers(PUSH_PATH), grpc_bytes, max_frame)
-}
-
-pub(crate) fn data_frames(stream_id: u32, message: &[u8], max_frame: usize) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    let chunks: Vec<&[u8]> = message.chunks(max_frame).collect();
-    for (index, chunk) in chunks.iter().enumerate() {
-        let flags = if index + 1 == chunks.len() {
-            END_STREAM
-        } else {
-            0
-        };
-        bytes.extend(frame(DATA, flags, stream_id, chunk));
-    }
-    bytes
 }
 
 pub(crate) fn sample_response() -> Vec<u8> {

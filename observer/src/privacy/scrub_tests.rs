@@ -2,9 +2,11 @@
 //! decodes into the same push calls. The decoders sit above this layer; tests may use them as
 //! an oracle.
 
+use openim_test_kit::http2::{frame, grpc_message};
+
 use super::*;
 use crate::decode::protobuf::tests::sample_request;
-use crate::decode::test_streams::{CANARY, frame, grpc_message, push_request_stream};
+use crate::decode::test_streams::{CANARY, push_request_stream};
 use crate::decode::{GrpcConnectionDecoder, GrpcFact, Limits};
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

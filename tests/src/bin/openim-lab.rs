@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tests::gateway::GatewayArgs;
-use tests::proxy::ProxyArgs;
-use tests::push::PushArgs;
+use tests::lab::gateway::GatewayArgs;
+use tests::lab::proxy::ProxyArgs;
+use tests::lab::push::PushArgs;
 use tests::{Lab, LabConfig, ProxyMode};
 
 #[derive(Parser, Debug)]
@@ -139,9 +139,9 @@ struct BenchArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
-        Command::Gateway(args) => run_role("msggateway", tests::gateway::run(args)),
-        Command::Proxy(args) => run_role("msggw-proxy", tests::proxy::run(args)),
-        Command::Push(args) => run_role("openim-push", tests::push::run(args)),
+        Command::Gateway(args) => run_role("msggateway", tests::lab::gateway::run(args)),
+        Command::Proxy(args) => run_role("msggw-proxy", tests::lab::proxy::run(args)),
+        Command::Push(args) => run_role("openim-push", tests::lab::push::run(args)),
         Command::Run(args) => run_lab(scenario(args)),
         Command::Demo(args) => run_lab(demo(args)),
         Command::PushLoop(args) => run_lab(push_loop(args)),
@@ -282,7 +282,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         Some(path) => path,
         None => tests::observed::find_observer_binary()?,
     };
-    let text = tests::overhead::run(tests::overhead::BenchConfig {
+    let text = tests::bench::run(tests::bench::BenchConfig {
         observer,
         rounds: args.rounds,
         seconds: args.seconds,

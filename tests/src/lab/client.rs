@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
-use crate::names::random_bytes;
+use crate::lab::names::random_bytes;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
-use crate::truth::FloodReport;
+use crate::lab::truth::FloodReport;
 use crate::{Lab, LabConfig};
 
 /// The gateways' ports, watched by default by the observer: gRPC (push) and WebSocket (proxy).
@@ -88,7 +88,7 @@ impl Watcher {
 pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
     ensure!(config.rounds >= 1, "at least one round");
     ensure!(config.writes >= 1, "at least one write per loop");
-    crate::netns::require_root()?;
+    crate::lab::netns::require_root()?;
     ensure!(
         config.observer.is_file(),
         "observer binary {} not found: build it with `cargo xtask build --release`",

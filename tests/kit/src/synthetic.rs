@@ -1,12 +1,6 @@
 //! Synthetic OpenIM 3.5.1 traffic as the capture layer delivers it: real byte streams in
 //! `Event`s, for benches, integration tests and the fuzz seeds.
 //!
-//! Shared by `#[path]` inclusion (benches/engine.rs, tests/privacy.rs, fuzz) rather than a
-//! `testing` cargo feature: it never ships in the library, needs no `--features` flag (so plain
-//! `cargo test` and `cargo bench` run everything), and can hold `MsgData.content` (field 12),
-//! which the library deliberately cannot represent. Each includer uses a different subset of it,
-//! hence the `allow(dead_code)` at the inclusion sites.
-//!
 //! What is generated, as OpenIM 3.5.1 does it:
 //! - proxy → gateway (port 80): per user, `TcpConnect`, the WebSocket upgrade request
 //!   (`Host` = the proxy's ring member, `token` in the query) and the `101` answer. The proxy
@@ -36,6 +30,12 @@ use observer::openim::hashring::{
 };
 use prost::Message;
 
+use crate::http2::{
+    ACK, DEFAULT_MAX_FRAME, END_HEADERS, END_STREAM, HEADERS, SETTINGS, WINDOW_UPDATE, data_frames,
+    frame, grpc_message, hpack_integer, hpack_literal_without_indexing,
+};
+use crate::message::{BatchPushRequestWithContent, MsgDataWithContent};
+
 pub const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
 pub const INSTANCE: &str = "im";
 pub const NAMESPACE: &str = "openim";
@@ -50,40 +50,6 @@ pub const GRPC_PORT: u16 = 88;
 const START_NS: u64 = 1_764_500_000_000_000_000;
 /// Kernel socket addresses live in the direct map.
 const FIRST_SOCKET: u64 = 0xffff_8880_0400_0000;
-
-/// `MsgData` as OpenIM's sender encodes it, content included: the library's `MsgData` omits
-/// field 12 on purpose, so only test support can produce a body.
-#[derive(Clone, PartialEq, Message)]
-pub struct MsgDataWithContent {
-    #[prost(string, tag = "1")]
-    pub send_id: String,
-    #[prost(string, tag = "3")]
-    pub group_id: String,
-    #[prost(string, tag = "4")]
-    pub client_msg_id: String,
-    #[prost(string, tag = "5")]
-    pub server_msg_id: String,
-    #[prost(int32, tag = "6")]
-    pub sender_platform_id: i32,
-    #[prost(int32, tag = "9")]
-    pub session_type: i32,
-    #[prost(int32, tag = "11")]
-    pub content_type: i32,
-    #[prost(bytes = "vec", tag = "12")]
-    pub content: Vec<u8>,
-    #[prost(int64, tag = "14")]
-    pub seq: i64,
-    #[prost(int64, tag = "15")]
-    pub send_time: i64,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct BatchPushRequestWithContent {
-    #[prost(message, optional, tag = "1")]
-    pub msg_data: Option<MsgDataWithContent>,
-    #[prost(string, repeated, tag = "2")]
-    pub push_to_user_ids: Vec<String>,
-}
 
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -464,11 +430,11 @@ fn push_call(
     generator.advance(60_000);
 
     let mut hello = CLIENT_PREFACE.to_vec();
-    hello.extend(http2_frame(FRAME_SETTINGS, 0, 0, &[]));
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
     generator.syscall(&endpoints, &mut offsets, Direction::Send, &hello);
     generator.advance(40_000);
-    let mut server_hello = http2_frame(FRAME_SETTINGS, 0, 0, &[0, 5, 0, 0, 0x40, 0]);
-    server_hello.extend(http2_frame(FRAME_SETTINGS, FLAG_ACK, 0, &[]));
+    let mut server_hello = frame(SETTINGS, 0, 0, &[0, 5, 0, 0, 0x40, 0]);
+    server_hello.extend(frame(SETTINGS, ACK, 0, &[]));
     generator.syscall(&endpoints, &mut offsets, Direction::Recv, &server_hello);
 
     let body = BatchPushRequestWithContent {
@@ -476,15 +442,20 @@ fn push_call(
         push_to_user_ids: recipients.iter().map(|&user| user.to_owned()).collect(),
     }
     .encode_to_vec();
-    let mut request = http2_frame(FRAME_SETTINGS, FLAG_ACK, 0, &[]);
-    request.extend(http2_frame(FRAME_WINDOW_UPDATE, 0, 0, &[0, 0x0e, 0, 0x01]));
-    request.extend(http2_frame(
-        FRAME_HEADERS,
-        FLAG_END_HEADERS,
+    let mut request = frame(SETTINGS, ACK, 0, &[]);
+    request.extend(frame(WINDOW_UPDATE, 0, 0, &[0, 0x0e, 0, 0x01]));
+    request.extend(frame(
+        HEADERS,
+        END_HEADERS,
         STREAM,
         &request_header_block(member),
     ));
-    request.extend(data_frames(&grpc_message(&body), STREAM, true));
+    request.extend(data_frames(
+        STREAM,
+        &grpc_message(0, &body),
+        DEFAULT_MAX_FRAME,
+        true,
+    ));
     generator.advance(30_000);
     generator.syscall(&endpoints, &mut offsets, Direction::Send, &request);
 
@@ -510,16 +481,16 @@ fn push_call(
             .collect(),
     }
     .encode_to_vec();
-    let mut response = http2_frame(
-        FRAME_HEADERS,
-        FLAG_END_HEADERS,
+    let mut response = frame(HEADERS, END_HEADERS, STREAM, &response_header_block());
+    response.extend(data_frames(
         STREAM,
-        &response_header_block(),
-    );
-    response.extend(data_frames(&grpc_message(&answer), STREAM, false));
-    response.extend(http2_frame(
-        FRAME_HEADERS,
-        FLAG_END_HEADERS | FLAG_END_STREAM,
+        &grpc_message(0, &answer),
+        DEFAULT_MAX_FRAME,
+        false,
+    ));
+    response.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
         STREAM,
         &trailer_block(),
     ));
@@ -531,102 +502,28 @@ fn push_call(
     }
 }
 
-const FRAME_DATA: u8 = 0x0;
-const FRAME_HEADERS: u8 = 0x1;
-const FRAME_SETTINGS: u8 = 0x4;
-const FRAME_WINDOW_UPDATE: u8 = 0x8;
-const FLAG_ACK: u8 = 0x1;
-const FLAG_END_STREAM: u8 = 0x1;
-const FLAG_END_HEADERS: u8 = 0x4;
-/// HTTP/2's default SETTINGS_MAX_FRAME_SIZE: longer messages span several DATA frames.
-const MAX_FRAME_PAYLOAD: usize = 16_384;
-
-pub fn http2_frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
-    let length = (payload.len() as u32).to_be_bytes();
-    let mut frame = Vec::with_capacity(9 + payload.len());
-    frame.extend_from_slice(&length[1..]);
-    frame.extend([frame_type, flags]);
-    frame.extend(stream_id.to_be_bytes());
-    frame.extend_from_slice(payload);
-    frame
-}
-
-fn data_frames(data: &[u8], stream_id: u32, end_stream: bool) -> Vec<u8> {
-    let mut frames = Vec::with_capacity(data.len() + 9 * (1 + data.len() / MAX_FRAME_PAYLOAD));
-    let pieces: Vec<&[u8]> = data.chunks(MAX_FRAME_PAYLOAD).collect();
-    for (index, piece) in pieces.iter().enumerate() {
-        let last = index + 1 == pieces.len();
-        let flags = if last && end_stream {
-            FLAG_END_STREAM
-        } else {
-            0
-        };
-        frames.extend(http2_frame(FRAME_DATA, flags, stream_id, piece));
-    }
-    frames
-}
-
-pub fn grpc_message(body: &[u8]) -> Vec<u8> {
-    let mut message = Vec::with_capacity(5 + body.len());
-    message.push(0);
-    message.extend((body.len() as u32).to_be_bytes());
-    message.extend_from_slice(body);
-    message
-}
-
-/// HPACK integer with an N-bit prefix (RFC 7541 §5.1).
-fn hpack_integer(first_byte: u8, prefix_bits: u32, value: usize, out: &mut Vec<u8>) {
-    let prefix_max = (1usize << prefix_bits) - 1;
-    if value < prefix_max {
-        out.push(first_byte | value as u8);
-        return;
-    }
-    out.push(first_byte | prefix_max as u8);
-    let mut rest = value - prefix_max;
-    while rest >= 128 {
-        out.push((rest % 128) as u8 | 0x80);
-        rest /= 128;
-    }
-    out.push(rest as u8);
-}
-
-fn hpack_raw_string(text: &str, out: &mut Vec<u8>) {
-    hpack_integer(0, 7, text.len(), out);
-    out.extend_from_slice(text.as_bytes());
-}
-
-/// A literal field without indexing (RFC 7541 §6.2.2): by static-table name index, or with a
-/// literal name when `name_index` is 0.
-fn hpack_literal(name_index: usize, name: &str, value: &str, out: &mut Vec<u8>) {
-    hpack_integer(0, 4, name_index, out);
-    if name_index == 0 {
-        hpack_raw_string(name, out);
-    }
-    hpack_raw_string(value, out);
-}
-
 fn request_header_block(member: &str) -> Vec<u8> {
     let mut block = Vec::with_capacity(256);
     hpack_integer(0x80, 7, 3, &mut block); // :method POST
     hpack_integer(0x80, 7, 6, &mut block); // :scheme http
-    hpack_literal(4, "", PUSH_PATH, &mut block);
-    hpack_literal(1, "", member, &mut block);
-    hpack_literal(31, "", "application/grpc", &mut block);
-    hpack_literal(0, "te", "trailers", &mut block);
-    hpack_literal(58, "", "grpc-go/1.60.1", &mut block); // user-agent
+    hpack_literal_without_indexing(4, "", PUSH_PATH, &mut block);
+    hpack_literal_without_indexing(1, "", member, &mut block);
+    hpack_literal_without_indexing(31, "", "application/grpc", &mut block);
+    hpack_literal_without_indexing(0, "te", "trailers", &mut block);
+    hpack_literal_without_indexing(58, "", "grpc-go/1.60.1", &mut block); // user-agent
     block
 }
 
 fn response_header_block() -> Vec<u8> {
     let mut block = Vec::new();
     hpack_integer(0x80, 7, 8, &mut block); // :status 200
-    hpack_literal(31, "", "application/grpc", &mut block);
+    hpack_literal_without_indexing(31, "", "application/grpc", &mut block);
     block
 }
 
 fn trailer_block() -> Vec<u8> {
     let mut block = Vec::new();
-    hpack_literal(0, "grpc-status", "0", &mut block);
-    hpack_literal(0, "grpc-message", "", &mut block);
+    hpack_literal_without_indexing(0, "grpc-status", "0", &mut block);
+    hpack_literal_without_indexing(0, "grpc-message", "", &mut block);
     block
 }

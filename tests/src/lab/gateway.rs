@@ -15,7 +15,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
-use crate::control::{PodEvent, emit};
+use crate::lab::control::{PodEvent, emit};
 use crate::proto::msggateway::msg_gateway_server::{MsgGateway, MsgGatewayServer};
 use crate::proto::msggateway::{
     OnlineBatchPushOneMsgReq, OnlineBatchPushOneMsgResp, OnlinePushMsgReq, OnlinePushMsgResp,

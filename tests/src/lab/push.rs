@@ -15,13 +15,13 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::control::{PodEvent, PushCall, PushCommand, PushOutcome, UserPushResult, emit};
-use crate::gateway::GRPC_PORT;
-use crate::names::NameTable;
+use crate::lab::control::{PodEvent, PushCall, PushCommand, PushOutcome, UserPushResult, emit};
+use crate::lab::gateway::GRPC_PORT;
+use crate::lab::names::NameTable;
+use crate::lab::truth::FloodReport;
 use crate::proto::msggateway::OnlineBatchPushOneMsgReq;
 use crate::proto::msggateway::msg_gateway_client::MsgGatewayClient;
 use crate::proto::sdkws::MsgData;
-use crate::truth::FloodReport;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// OpenIM's SuperGroupChatType.

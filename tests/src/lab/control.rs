@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-use crate::truth::FloodReport;
+use crate::lab::truth::FloodReport;
 
 /// What a pod tells the lab.
 #[derive(Clone, Debug, Serialize, Deserialize)]

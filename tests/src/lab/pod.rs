@@ -13,7 +13,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::control::{PodEvent, PushCommand};
+use crate::lab::control::{PodEvent, PushCommand};
 
 #[derive(Debug, Error)]
 pub enum PodError {

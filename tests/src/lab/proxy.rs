@@ -20,10 +20,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use crate::control::{PodEvent, emit};
-use crate::gateway::WEBSOCKET_PORT;
 use crate::lab::ProxyMode;
-use crate::names::{NameTable, split_port};
+use crate::lab::control::{PodEvent, emit};
+use crate::lab::gateway::WEBSOCKET_PORT;
+use crate::lab::names::{NameTable, split_port};
 
 /// Where clients reach the proxy. Not a gateway port: the observer watches gateway ports only,
 /// and a client's upgrade to the proxy is no placement on a gateway.
