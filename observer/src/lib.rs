@@ -6,6 +6,7 @@
 
 pub mod alert;
 pub mod capture;
+pub mod cluster;
 pub mod correlate;
 pub mod daemon;
 pub mod decode;

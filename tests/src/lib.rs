@@ -24,6 +24,7 @@ pub mod overhead;
 pub mod pod;
 pub mod proxy;
 pub mod push;
+pub mod redis_server;
 pub mod truth;
 
 pub use lab::{Lab, LabConfig, ProxyMode};

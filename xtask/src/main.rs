@@ -246,6 +246,8 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 }
 
 fn test(toolchain: &Toolchain) -> Result<()> {
+    // Cluster mode's tests run against a real Redis.
+    ensure_package("redis-server", "redis-server")?;
     build_ebpf(toolchain)?;
     step(
         "cargo fmt --check",
@@ -314,6 +316,8 @@ fn count_before(result: &str, label: &str) -> u64 {
 }
 
 fn demo(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
+    // `--nodes N` shares state through a lab Redis.
+    ensure_package("redis-server", "redis-server")?;
     build_ebpf(toolchain)?;
     // The debug profile: the same artifacts `cargo xtask test` builds.
     step(
@@ -332,7 +336,7 @@ fn demo(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
 }
 
 fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
-    ensure_bpftrace()?;
+    ensure_package("bpftrace", "bpftrace")?;
     build_ebpf(toolchain)?;
     // Release for both: the observer under test must be optimised, and an optimised load
     // generator leaves it less CPU to hide in.
@@ -351,20 +355,21 @@ fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     .context("the benchmark failed")
 }
 
-/// The benchmark's peer reference; Debian and Ubuntu package it.
-fn ensure_bpftrace() -> Result<()> {
-    let installed = Command::new("bpftrace")
+/// Installs a Debian package when its command is missing (the lab's `redis-server`, the
+/// benchmark's bpftrace peer); a fresh machine's package lists are refreshed first.
+fn ensure_package(command: &str, package: &str) -> Result<()> {
+    let installed = Command::new(command)
         .arg("--version")
         .output()
         .is_ok_and(|output| output.status.success());
     if installed {
         return Ok(());
     }
-    const HOW: &str =
-        "bpftrace is missing: install it (Debian/Ubuntu: `apt-get install -y bpftrace`)";
+    let how =
+        format!("{command} is missing: install it (Debian/Ubuntu: `apt-get install -y {package}`)");
     let available = || -> Result<bool> {
-        let policy =
-            capture(Command::new("apt-cache").args(["policy", "bpftrace"])).context(HOW)?;
+        let policy = capture(Command::new("apt-cache").args(["policy", package]))
+            .with_context(|| how.clone())?;
         Ok(policy
             .lines()
             .find_map(|line| line.trim().strip_prefix("Candidate:"))
@@ -377,16 +382,18 @@ fn ensure_bpftrace() -> Result<()> {
             "refreshing the package lists (apt-get update)",
             Command::new("apt-get").args(["update", "-qq"]),
         )
-        .context(HOW)?;
+        .with_context(|| how.clone())?;
         if !available()? {
-            bail!("{HOW}");
+            bail!("{how}");
         }
     }
     step(
-        "installing bpftrace (apt-get install -y bpftrace)",
-        Command::new("apt-get").args(["install", "-y", "bpftrace"]),
+        &format!("installing {package} (apt-get install -y {package})"),
+        Command::new("apt-get")
+            .args(["install", "-y", package])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
     )
-    .context(HOW)
+    .with_context(|| how.clone())
 }
 
 fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
