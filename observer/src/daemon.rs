@@ -20,6 +20,7 @@ use crate::{
         kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
         recording::{self, PrivateLines, RecordingError},
     },
+    cluster::{ClusterArgs, ClusterError, SharedState, StoreMetrics, store::StoreError},
     correlate::{Engine, EngineConfig, routes::RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     metrics::{self, Metrics, MetricsError},
@@ -39,6 +40,10 @@ pub enum DaemonError {
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    SharedState(#[from] StoreError),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -81,6 +86,8 @@ pub struct RunArgs {
     /// pods beyond it stay unnamed.
     #[arg(long, value_name = "N", default_value_t = 150_000)]
     pub kube_max_pods: usize,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -270,10 +277,18 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     } else {
         None
     };
+    let shared_state = match args.cluster.resolve()? {
+        Some(config) => Some(SharedState::start(&config)?),
+        None => None,
+    };
     let metrics_server = match &args.metrics_addr {
         Some(addr) => {
             let listener = metrics::bind(addr).await?;
-            let shared = Arc::new(Mutex::new(Metrics::default()));
+            let mut metrics = Metrics::default();
+            if let Some(state) = &shared_state {
+                metrics.register_collector(Box::new(StoreMetrics(state.health())));
+            }
+            let shared = Arc::new(Mutex::new(metrics));
             sink.metrics = Some(Arc::clone(&shared));
             Some(tokio::spawn(metrics::serve(listener, shared)))
         }
@@ -282,7 +297,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let mut capture = KernelCapture::start(&options)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
-    sink.print_json(&serde_json::json!({
+    let mut started = serde_json::json!({
         "kind": "observer_started",
         "schema_version": SCHEMA_VERSION,
         "ts": now_rfc3339(),
@@ -291,7 +306,11 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "grpc_budget": options.grpc_budget,
         "ring_bytes": options.ring_bytes,
         "version": env!("CARGO_PKG_VERSION"),
-    }))?;
+    });
+    if let Some(state) = &shared_state {
+        started["node"] = state.node().into();
+    }
+    sink.print_json(&started)?;
     tracing::info!(
         grpc_ports = ?options.grpc_ports,
         ws_ports = ?options.websocket_ports,
@@ -353,18 +372,31 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     for task in [metrics_server, pod_watch].into_iter().flatten() {
         task.abort();
     }
-    report_stop(&sink.engine, malformed_records, Some(&kernel));
+    report_stop(
+        &sink.engine,
+        malformed_records,
+        Some(&kernel),
+        shared_state.as_ref(),
+    );
     Ok(())
 }
 
 /// The final counters, on stderr so stdout stays machine-readable.
-fn report_stop(engine: &Engine, malformed_records: usize, kernel: Option<&KernelCounters>) {
-    let line = serde_json::json!({
+fn report_stop(
+    engine: &Engine,
+    malformed_records: usize,
+    kernel: Option<&KernelCounters>,
+    shared_state: Option<&SharedState>,
+) {
+    let mut line = serde_json::json!({
         "kind": "observer_stopped",
         "malformed_records": malformed_records,
         "kernel": kernel,
         "engine": engine.counters(),
     });
+    if let Some(state) = shared_state {
+        line["shared_state"] = serde_json::json!(state.health().counters());
+    }
     eprintln!("{line}");
 }
 
@@ -398,7 +430,7 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
     }
     sink.finish();
     sink.flush()?;
-    report_stop(&sink.engine, 0, None);
+    report_stop(&sink.engine, 0, None, None);
     Ok(())
 }
 
