@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use observer::alert::Alert;
-use observer::capture::{Event, recording};
-use observer::correlate::routes::RouteLimits;
-use observer::correlate::{Engine, EngineConfig};
+use observer::capture::recording;
+use observer::correlate::{Engine, EngineConfig, RouteLimits};
+use observer::model::Event;
 
 /// The proxy keeps one upstream WebSocket per online user open, so 100k users need more than
 /// the default 65,536 decoded connections (`--max-connections`); sized as the daemon sizes
-/// the route table from that flag.
+/// the detectors from that flag.
 fn engine_config() -> EngineConfig {
     let max_connections = 262_144;
     let defaults = EngineConfig::default();
@@ -39,7 +39,7 @@ fn main() {
         .ok()
         .and_then(|value| value.parse().ok())
         .unwrap_or(1.0);
-    // 0.78 is what 3.5.1's two rings produce with 5 gateways (NOTES.md).
+    // 0.78: the share of users 3.5.1's two rings split with 5 gateways (Go code, 300 ids).
     let misrouted_share: f64 = std::env::var("ENGINE_BENCH_MISROUTED")
         .ok()
         .and_then(|value| value.parse().ok())
@@ -59,7 +59,7 @@ fn main() {
     let payload_bytes: usize = events
         .iter()
         .map(|event| match &event.kind {
-            observer::capture::EventKind::Data { payload, .. } => payload.len(),
+            observer::model::EventKind::Data { payload, .. } => payload.len(),
             _ => 0,
         })
         .sum();

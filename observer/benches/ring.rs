@@ -6,7 +6,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use observer::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring, sample_user_ids};
+use observer::openim::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring, sample_user_ids};
 
 const KEY_COUNT: usize = 1_000_000;
 const BUILD_ROUNDS: u32 = 2_000;

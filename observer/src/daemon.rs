@@ -16,14 +16,14 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::{
     alert::{Alert, SCHEMA_VERSION},
     capture::{
-        Event,
         kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
         recording::{self, PrivateLines, RecordingError},
     },
     cluster::{ClusterArgs, ClusterError, SharedState, StoreMetrics, store::StoreError},
-    correlate::{Engine, EngineConfig, routes::RouteLimits},
+    correlate::{Engine, EngineConfig, RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     metrics::{self, Metrics, MetricsError},
+    model::Event,
 };
 
 #[derive(Debug, Error)]
@@ -57,7 +57,7 @@ pub struct RunArgs {
     #[arg(long = "ws-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub websocket_ports: Vec<u16>,
     /// Bytes captured per direction of each gRPC connection; the rest is counted, not copied.
-    #[arg(long, value_name = "BYTES", default_value_t = observer_ebpf::DEFAULT_GRPC_BUDGET)]
+    #[arg(long, value_name = "BYTES", default_value_t = observer_records::DEFAULT_GRPC_BUDGET)]
     pub grpc_budget: u32,
     /// Size of the kernel→userspace ring buffer (power of two, at least a page). Records that
     /// do not fit are counted as dropped.

@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
 use thiserror::Error;
 
-use crate::alert::{Alert, AlertBody, Gateway, PodRef, Process};
+use crate::alert::{Alert, AlertBody, GatewayInfo, PodRef, ProcessInfo};
 
 #[derive(Debug, Error)]
 pub enum IdentityError {
@@ -366,12 +366,12 @@ impl PodDirectory {
         }
     }
 
-    fn name_gateway(&self, gateway: &mut Gateway) {
-        gateway.pod = self.pod_by_ip(gateway.ip);
+    fn name_gateway(&self, gateway: &mut GatewayInfo) {
+        gateway.pod = self.pod_by_ip(gateway.gateway.ip);
     }
 
-    fn name_process(&mut self, process: &mut Process) {
-        process.pod = self.pod_by_cgroup(process.cgroup_id);
+    fn name_process(&mut self, process: &mut ProcessInfo) {
+        process.pod = self.pod_by_cgroup(process.process.cgroup_id);
     }
 }
 

@@ -3,14 +3,24 @@
 //!
 //! Data path: `capture` (kernel records → typed events) → `decode` (HTTP/1 upgrades, HTTP/2 +
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).
+//!
+//! Layers, bottom-up; each imports only from those before it in this list (README:
+//! Architecture): `model`, `openim`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
+//! the edges `cluster`, `identity`, `metrics`, `tools`, `daemon`.
 
-pub mod alert;
+// The shared vocabulary and OpenIM knowledge.
+pub mod model;
+pub mod openim;
+// Bytes: privacy, decoding, capture.
 pub mod capture;
-pub mod cluster;
-pub mod correlate;
-pub mod daemon;
 pub mod decode;
-pub mod hashring;
+pub mod privacy;
+// Alerts and the engine that raises them.
+pub mod alert;
+pub mod correlate;
+// Edges.
+pub mod cluster;
+pub mod daemon;
 pub mod identity;
 pub mod metrics;
 pub mod tools;

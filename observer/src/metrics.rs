@@ -121,31 +121,10 @@ impl Metrics {
         let previous = &self.exported;
         self.events
             .inc_by(engine.events.saturating_sub(previous.engine.events));
-        for (kind, now, before) in [
-            (
-                "ring_full_drops",
-                kernel.ring_full_drops,
-                previous.kernel.ring_full_drops,
-            ),
-            (
-                "bytes_not_captured",
-                kernel.bytes_not_captured,
-                previous.kernel.bytes_not_captured,
-            ),
-            (
-                "map_insert_failures",
-                kernel.map_insert_failures,
-                previous.kernel.map_insert_failures,
-            ),
-            (
-                "user_read_failures",
-                kernel.user_read_failures,
-                previous.kernel.user_read_failures,
-            ),
-        ] {
+        for (counter, now) in kernel.iter() {
             self.kernel
-                .get_or_create(&[("kind", kind)])
-                .inc_by(now.saturating_sub(before));
+                .get_or_create(&[("kind", counter.name())])
+                .inc_by(now.saturating_sub(previous.kernel[counter]));
         }
         let (decode, decode_before) = (
             &engine.connections.decode,
@@ -338,10 +317,8 @@ mod tests {
             ..EngineCounters::default()
         };
         engine.connections.decode.hpack_failures = 2;
-        let kernel = KernelCounters {
-            ring_full_drops: 3,
-            ..KernelCounters::default()
-        };
+        let mut kernel = KernelCounters::default();
+        kernel[observer_records::Counter::RingFullDrops] = 3;
         metrics.update(&kernel, &engine);
         engine.events = 25;
         metrics.update(&kernel, &engine);

@@ -14,8 +14,13 @@ use clap::Args;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::hashring::{
-    MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring, RingError, sample_user_ids,
+use crate::openim::{
+    diagnosis::{self, Explanation, Pick},
+    hashring::{
+        MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring, RingError,
+        sample_user_ids,
+    },
+    members::describe_member_difference,
 };
 
 /// Errors a user of the tools can cause; each displays as one self-contained line.
@@ -278,14 +283,7 @@ impl AuditArgs {
                 row.share * 100.0
             ));
         }
-        text.push_str(&if spellings_differ {
-            format!(
-                "Why: {difference}; the ring hashes the member text, so the two rings place \
-                 users independently and about 1 - 1/n of them land on different gateways.\n"
-            )
-        } else {
-            format!("Why: {difference}, so both rings agree for every user.\n")
-        });
+        text.push_str(&diagnosis::audit_why(spellings_differ, &difference));
         out.write_all(text.as_bytes()).map_err(ToolError::Write)
     }
 }
@@ -301,22 +299,6 @@ pub struct ExplainArgs {
     /// Print one JSON object instead of text
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Serialize, Debug)]
-struct Pick<'a> {
-    gateway: usize,
-    member: &'a str,
-}
-
-#[derive(Serialize, Debug)]
-struct Explanation<'a> {
-    user: &'a str,
-    replicas: usize,
-    proxy: Pick<'a>,
-    push: Pick<'a>,
-    agree: bool,
-    difference: &'a str,
 }
 
 impl ExplainArgs {
@@ -343,141 +325,8 @@ impl ExplainArgs {
         if self.json {
             return write_json_line(out, &explanation);
         }
-        let text = explanation_text(&explanation, spellings_differ);
+        let text = diagnosis::explanation(&explanation, spellings_differ);
         out.write_all(text.as_bytes()).map_err(ToolError::Write)
-    }
-}
-
-fn explanation_text(explanation: &Explanation, spellings_differ: bool) -> String {
-    let Explanation {
-        user,
-        replicas,
-        proxy,
-        push,
-        agree,
-        difference,
-    } = explanation;
-    let mut text = format!(
-        "User {user} with {replicas} gateway{}:\n\
-         \x20 proxy (WebSocket placement) picks gateway {}: {}\n\
-         \x20 push  (online delivery)     picks gateway {}: {}\n",
-        if *replicas == 1 { "" } else { "s" },
-        proxy.gateway,
-        proxy.member,
-        push.gateway,
-        push.member,
-    );
-    let verdict = if !agree {
-        format!(
-            "They disagree: push delivers to gateway {} but the user's WebSocket is on gateway \
-             {}, which answers \"not online\", so the message falls back to offline push.\n\
-             Why: {difference}; the ring hashes the member text, so the two rings place this \
-             user independently.\n",
-            push.gateway, proxy.gateway
-        )
-    } else if *replicas == 1 {
-        format!(
-            "They agree: with a single gateway every user is on gateway {}.\n",
-            proxy.gateway
-        )
-    } else if spellings_differ {
-        format!(
-            "They agree: both send the user to gateway {}, so pushes reach the WebSocket.\n\
-             Why they could differ: {difference}; the rings place users independently and \
-             agree for this user by chance (about 1 user in {replicas}).\n",
-            proxy.gateway
-        )
-    } else {
-        format!(
-            "They agree: both send the user to gateway {}.\nWhy: {difference}, so both rings \
-             agree for every user.\n",
-            proxy.gateway
-        )
-    };
-    text.push_str(&verdict);
-    text
-}
-
-/// Says in plain words what separates two spellings of the same gateway, given one member of
-/// the proxy ring and the matching member of the push ring.
-///
-/// An insertion reads "push members carry ':88', proxy members do not"; a substitution names
-/// whole words ("proxy members carry '80' where push members carry '88'"); spellings with
-/// nothing in common are quoted in full.
-pub fn describe_member_difference(proxy: &str, push: &str) -> String {
-    if proxy == push {
-        return format!("proxy and push spell a gateway the same way ('{proxy}')");
-    }
-    let prefix_len = common_prefix_len(proxy, push);
-    let suffix_len = common_suffix_len(&proxy[prefix_len..], &push[prefix_len..]);
-    if prefix_len == 0 && suffix_len == 0 {
-        return format!("proxy spells the same gateway as '{proxy}', push as '{push}'");
-    }
-    let proxy_part = &proxy[prefix_len..proxy.len() - suffix_len];
-    let push_part = &push[prefix_len..push.len() - suffix_len];
-    if proxy_part.is_empty() {
-        return format!("push members carry '{push_part}', proxy members do not");
-    }
-    if push_part.is_empty() {
-        return format!("proxy members carry '{proxy_part}', push members do not");
-    }
-    // A substitution cut at the first differing character can split a word ('0' vs '8' out of
-    // ':80' vs ':88'); widening to whole alphanumeric words reads better.
-    let start = word_start(proxy, prefix_len);
-    let proxy_end = word_end(proxy, proxy.len() - suffix_len);
-    let push_end = word_end(push, push.len() - suffix_len);
-    format!(
-        "proxy members carry '{}' where push members carry '{}'",
-        &proxy[start..proxy_end],
-        &push[start..push_end]
-    )
-}
-
-/// Byte length of the longest common prefix, on a character boundary of both.
-fn common_prefix_len(left: &str, right: &str) -> usize {
-    left.chars()
-        .zip(right.chars())
-        .take_while(|(left, right)| left == right)
-        .map(|(same, _)| same.len_utf8())
-        .sum()
-}
-
-/// Byte length of the longest common suffix, on a character boundary of both.
-fn common_suffix_len(left: &str, right: &str) -> usize {
-    left.chars()
-        .rev()
-        .zip(right.chars().rev())
-        .take_while(|(left, right)| left == right)
-        .map(|(same, _)| same.len_utf8())
-        .sum()
-}
-
-/// Moves `at` back to the start of the alphanumeric word it falls inside.
-fn word_start(text: &str, at: usize) -> usize {
-    let word_before = text[..at]
-        .chars()
-        .rev()
-        .take_while(|c| c.is_alphanumeric())
-        .map(char::len_utf8)
-        .sum::<usize>();
-    if text[at..].starts_with(char::is_alphanumeric) {
-        at - word_before
-    } else {
-        at
-    }
-}
-
-/// Moves `at` forward to the end of the alphanumeric word it falls inside.
-fn word_end(text: &str, at: usize) -> usize {
-    let word_after = text[at..]
-        .chars()
-        .take_while(|c| c.is_alphanumeric())
-        .map(char::len_utf8)
-        .sum::<usize>();
-    if text[..at].ends_with(char::is_alphanumeric) {
-        at + word_after
-    } else {
-        at
     }
 }
 
@@ -774,51 +623,6 @@ mod tests {
         assert_eq!(
             explanation["difference"],
             "push members carry ':88', proxy members do not"
-        );
-    }
-
-    #[test]
-    fn member_differences_read_as_plain_words() {
-        let proxy =
-            "demo-openim-msggateway-0.demo-openim-msggateway-headless.chat.svc.cluster.local";
-        let push = format!("{proxy}:88");
-        assert_eq!(
-            describe_member_difference(proxy, &push),
-            "push members carry ':88', proxy members do not"
-        );
-        assert_eq!(
-            describe_member_difference(&push, proxy),
-            "proxy members carry ':88', push members do not"
-        );
-        assert_eq!(
-            describe_member_difference("gw-0.chat:80", "gw-0.chat:88"),
-            "proxy members carry '80' where push members carry '88'"
-        );
-        assert_eq!(
-            describe_member_difference("gw-0.chat.svc", "gw-0.im.svc"),
-            "proxy members carry 'chat' where push members carry 'im'"
-        );
-        assert_eq!(
-            describe_member_difference("10.0.0.7", "gw-0:88"),
-            "proxy spells the same gateway as '10.0.0.7', push as 'gw-0:88'"
-        );
-        assert_eq!(
-            describe_member_difference("gw-0:88", "gw-0:88"),
-            "proxy and push spell a gateway the same way ('gw-0:88')"
-        );
-        assert_eq!(
-            describe_member_difference("gw-é0", "gw-é1"),
-            "proxy members carry 'é0' where push members carry 'é1'"
-        );
-    }
-
-    #[test]
-    fn synthetic_ids_are_stable_ten_digit_numbers() {
-        let ids = sample_user_ids(1_000);
-        assert_eq!(ids, sample_user_ids(1_000));
-        assert!(
-            ids.iter()
-                .all(|id| id.len() == 10 && id.bytes().all(|b| b.is_ascii_digit()))
         );
     }
 }

@@ -1,9 +1,10 @@
 //! The kernel side, for real: each test starts the `observer` binary (which loads and attaches
 //! the eBPF programs), makes real loopback connections, and checks what comes out.
 //!
-//! Needs root (or CAP_BPF + CAP_PERFMON); without it these tests fail rather than skip, so a CI
-//! that cannot load the programs is red. Tests share kernel state (attached programs), so they
-//! take `SERIAL` and run one at a time; each uses ports of its own.
+//! Needs root and an observer built with its eBPF programs. Without them the tests skip and say
+//! why, except under `cargo xtask test` (`OBSERVER_REQUIRE_EBPF`), where they fail, so a CI that
+//! cannot load the programs is red. Tests share kernel state (attached programs), so they take
+//! `SERIAL` and run one at a time; each uses ports of its own.
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -22,6 +23,31 @@ use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use serde_json::Value;
 
 static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Whether the calling test can run here (root, programs embedded). When it cannot, it says so
+/// on stderr (written past the harness's capture, so a passing run shows it) and the test
+/// returns early; with `OBSERVER_REQUIRE_EBPF` set it panics instead. The lab's tests do the same
+/// through `tests::privileges`, which this crate cannot depend on.
+fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let reason = if unsafe { libc::geteuid() } != 0 {
+        "needs root"
+    } else if !observer::capture::kernel::PROGRAMS_EMBEDDED {
+        "the observer was built without its eBPF programs (build with `cargo xtask build`)"
+    } else {
+        return true;
+    };
+    let current = std::thread::current();
+    let test = current
+        .name()
+        .filter(|name| *name != "main")
+        .unwrap_or("test");
+    if std::env::var_os("OBSERVER_REQUIRE_EBPF").is_some() {
+        panic!("{test} cannot run: {reason} (OBSERVER_REQUIRE_EBPF is set)");
+    }
+    let _ = writeln!(std::io::stderr(), "skipped {test}: {reason}");
+    false
+}
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -174,6 +200,9 @@ fn msghdr(iov: &mut [libc::iovec]) -> libc::msghdr {
 
 #[test]
 fn a_watched_connect_reports_its_lifecycle_with_process_and_ports() {
+    if !can_run() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let port = 18801;
     let listener = listen(port);
@@ -218,6 +247,9 @@ fn a_watched_connect_reports_its_lifecycle_with_process_and_ports() {
 
 #[test]
 fn an_unwatched_port_produces_nothing() {
+    if !can_run() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let (watched, unwatched) = (18811, 18812);
     let listener = listen(unwatched);
@@ -248,6 +280,9 @@ fn an_unwatched_port_produces_nothing() {
 
 #[test]
 fn every_send_and_receive_syscall_is_captured_byte_exact_and_in_order() {
+    if !can_run() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let port = 18821;
     let listener = listen(port);
@@ -319,6 +354,9 @@ fn every_send_and_receive_syscall_is_captured_byte_exact_and_in_order() {
 
 #[test]
 fn a_large_grpc_write_arrives_in_ordered_chunks_up_to_the_budget() {
+    if !can_run() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let port = 18831;
     let budget: usize = 64 * 1024;
@@ -369,6 +407,9 @@ fn a_large_grpc_write_arrives_in_ordered_chunks_up_to_the_budget() {
 
 #[test]
 fn a_websocket_port_captures_only_the_upgrade_and_its_answer_without_the_token() {
+    if !can_run() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let port = 18841;
     let secret = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LWNhbmFyeQ.Zm9vYmFy";
@@ -420,6 +461,9 @@ fn a_websocket_port_captures_only_the_upgrade_and_its_answer_without_the_token()
 
 #[test]
 fn a_full_ring_counts_its_drops() {
+    if !can_run() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let port = 18851;
     let listener = listen(port);
@@ -451,6 +495,9 @@ fn a_full_ring_counts_its_drops() {
 
 #[test]
 fn stopping_leaves_no_program_loaded() {
+    if !can_run() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let observer = Observer::start(&["--grpc-port", "18861"]);
     let ours = |name: &str| {
@@ -486,6 +533,9 @@ fn usage_errors_are_one_line_with_exit_code_two() {
 
 #[test]
 fn ipv6_connections_are_watched_too() {
+    if !can_run() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let port = 18871;
     let listener = TcpListener::bind(("::1", port)).expect("bind [::1]");
@@ -515,6 +565,9 @@ fn ipv6_connections_are_watched_too() {
 
 #[test]
 fn without_privileges_the_error_is_one_line_with_exit_code_two() {
+    if !can_run() {
+        return;
+    }
     // Root, but with every capability dropped: what an unprivileged container looks like.
     let output = Command::new("setpriv")
         .args([

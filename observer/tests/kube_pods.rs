@@ -15,10 +15,9 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Status, WatchEvent},
 };
 use observer::{
-    alert::{
-        Alert, AlertBody, Gateway, GatewayAnswer, MessageIds, PlacementInfo, Process, PushInfo,
-    },
+    alert::{Alert, AlertBody, PlacementInfo, PushInfo},
     identity::{self, CgroupIndex, PodDirectory, PodIndex, SharedPods},
+    model::{Gateway, GatewayAnswer, MessageIds, Process},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -178,17 +177,21 @@ fn named(name: &str) -> Option<observer::alert::PodRef> {
 }
 
 fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
-    let gateway = |address: &str, port: u16| Gateway {
-        ip: ip(address),
-        port,
-        name: None,
-        pod: None,
+    let gateway = |address: &str, port: u16| {
+        Gateway {
+            ip: ip(address),
+            port,
+            name: None,
+        }
+        .into()
     };
-    let process = |pid: u32, comm: &str, cgroup_id: u64| Process {
-        pid,
-        comm: comm.into(),
-        cgroup_id,
-        pod: None,
+    let process = |pid: u32, comm: &str, cgroup_id: u64| {
+        Process {
+            pid,
+            comm: comm.into(),
+            cgroup_id,
+        }
+        .into()
     };
     Alert::new(
         1,
@@ -337,7 +340,7 @@ async fn pod_names_follow_the_watch_and_reach_the_alerts() {
     // Without a pod for them, IPs and processes print as before: no `pod` key.
     let mut unknown = route_mismatch(1, 2);
     if let AlertBody::RouteMismatch { pushed_to, .. } = &mut unknown.body {
-        pushed_to.gateway.ip = ip("10.9.9.9");
+        pushed_to.gateway.gateway.ip = ip("10.9.9.9");
     }
     directory.enrich(&mut unknown);
     let line = unknown.to_json_line();

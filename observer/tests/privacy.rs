@@ -13,9 +13,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use observer::alert::Alert;
 use observer::capture::recording::{self, PrivateLines};
-use observer::capture::{Direction, Event, EventKind, PortClass};
 use observer::correlate::{Engine, EngineConfig};
-use observer::decode::{GrpcConnectionDecoder, Limits, WebSocketDecoder, redact_secrets};
+use observer::decode::{GrpcConnectionDecoder, Limits, WebSocketDecoder};
+use observer::model::{Direction, Event, EventKind, PortClass};
+use observer::privacy::redact_secrets;
 
 const TOKEN_CANARY: &str = "CANARY-TOKEN-5b1e";
 const AUTH_CANARY: &str = "CANARY-AUTH-90cd";

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use observer::hashring::{
+use observer::openim::hashring::{
     MemberTemplate, POINTS_PER_MEMBER, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring,
 };
 
@@ -190,8 +190,8 @@ fn on_a_collision_the_member_added_last_owns_the_point() {
 /// OpenIM's proxy ring spells gateways without a port and its push ring with `:88`, so the two
 /// place users independently: about 1 - 1/n of them end up on different gateways. That is an
 /// average over deployments: with 20 points per member, one deployment's arcs are uneven and its
-/// share can sit 10+ points off (demo/chat splits 62% at 2 replicas, 81% at 3). NOTES.md measured
-/// 46%, 57%, 72%, 78%, 86% for 2, 3, 4, 5, 8 replicas over 300 ids with the Go code.
+/// share can sit 10+ points off (demo/chat splits 62% at 2 replicas, 81% at 3). OpenIM's Go code
+/// splits 46%, 57%, 72%, 78%, 86% for 2, 3, 4, 5, 8 replicas over 300 ids.
 #[test]
 fn proxy_and_push_rings_split_about_one_minus_one_over_n_of_users() {
     let proxy = MemberTemplate::parse(PROXY_MEMBER_TEMPLATE).unwrap();

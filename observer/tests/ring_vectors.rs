@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use observer::hashring::Ring;
+use observer::openim::hashring::Ring;
 use serde::Deserialize;
 
 /// One line of `ring-vectors.jsonl`.

@@ -22,6 +22,7 @@ pub mod netns;
 pub mod observed;
 pub mod overhead;
 pub mod pod;
+pub mod privileges;
 pub mod proxy;
 pub mod push;
 pub mod redis_server;

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
-use observer::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring};
+use observer::openim::hashring::{
+    MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::signal::unix::{SignalKind, signal};

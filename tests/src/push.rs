@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use hyper_util::rt::TokioIo;
-use observer::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring};
+use observer::openim::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};

@@ -8,12 +8,12 @@ use std::{
 };
 
 use observer::{
-    alert::{GatewayAnswer, MessageIds},
     cluster::{
         ClusterArgs, ClusterConfig, ConnectionKey, PushOutcome, RingSide, SharedPlacement,
         SharedState, StoreMetrics, keys::DEFAULT_PREFIX, store::Fact,
     },
     metrics::Metrics,
+    model::{GatewayAnswer, MessageIds},
 };
 use tests::redis_server::{AclUser, RedisServer, free_port};
 

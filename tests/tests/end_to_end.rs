@@ -1,14 +1,16 @@
 //! The observer, unmodified and through the kernel, against the lab: does it catch the
 //! scale-out bug on real traffic, and nothing else?
 //!
-//! Needs root (eBPF and network namespaces). Tests take `SERIAL`: one observer and one lab at a
-//! time, since every observer sees every lab's traffic on the gateway ports.
+//! Needs root (eBPF and network namespaces) and an observer built with its eBPF programs; without
+//! them the tests skip (see `tests::privileges`). Tests take `SERIAL`: one observer and one lab
+//! at a time, since every observer sees every lab's traffic on the gateway ports.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
 use tests::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary};
+use tests::privileges::{Needs, can_run};
 use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -69,6 +71,9 @@ fn assert_churn_reported(output: &ObserverOutput) {
 
 #[test]
 fn as_shipped_every_user_that_missed_real_time_is_alerted_and_no_other() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let (truth, output) = observe(lab(ProxyMode::V351, 5, 200));
     let score = Score::new(&truth, &output.alerts);
@@ -115,6 +120,9 @@ fn as_shipped_every_user_that_missed_real_time_is_alerted_and_no_other() {
 
 #[test]
 fn the_correct_fix_raises_no_routing_alert() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let (truth, output) = observe(lab(ProxyMode::Correct, 5, 200));
     assert_eq!(truth.summary.users_missing, 0, "{:?}", truth.summary);
@@ -125,6 +133,9 @@ fn the_correct_fix_raises_no_routing_alert() {
 
 #[test]
 fn one_replica_raises_no_routing_alert() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let (truth, output) = observe(LabConfig {
         messages_per_user: 1,
@@ -137,6 +148,9 @@ fn one_replica_raises_no_routing_alert() {
 
 #[test]
 fn the_report_fix_is_caught_sending_upgrades_to_the_grpc_port() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let (truth, output) = observe(lab(ProxyMode::ReportFix, 5, 30));
     assert_eq!(truth.summary.connected, 0, "{:?}", truth.summary);
@@ -175,6 +189,9 @@ fn the_report_fix_is_caught_sending_upgrades_to_the_grpc_port() {
 
 #[test]
 fn after_a_scale_out_alerts_start_only_then_for_early_and_late_users() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let (truth, output) = observe(LabConfig {
         replicas_initial: 1,
@@ -226,6 +243,9 @@ fn after_a_scale_out_alerts_start_only_then_for_early_and_late_users() {
 
 #[test]
 fn no_client_token_appears_in_any_observer_output() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let record = std::env::temp_dir().join(format!("observer-e2e-{}.jsonl", std::process::id()));
     let observer_binary = find_observer_binary().expect("observer binary");
@@ -287,6 +307,9 @@ fn no_client_token_appears_in_any_observer_output() {
 
 #[test]
 fn prometheus_metrics_are_served_during_a_run() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let metrics_addr = "127.0.0.1:19400";
     let observer_binary = find_observer_binary().expect("observer binary");

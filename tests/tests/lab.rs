@@ -1,20 +1,19 @@
-//! End-to-end lab scenarios. They need root (network namespaces, veth, bridge) and take turns
-//! (a lock below); `cargo test -p tests --test lab -- --test-threads=1` keeps their output tidy.
+//! End-to-end lab scenarios. They need root (network namespaces, veth, bridge; without it they
+//! skip, see `tests::privileges`) and take turns (a lock below);
+//! `cargo test -p tests --test lab -- --test-threads=1` keeps their output tidy.
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tests::netns::{leftovers, require_root};
+use tests::netns::leftovers;
+use tests::privileges::{Needs, can_run};
 use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
 
 /// Every scenario stops by itself well within this.
 const TEST_TIMEOUT: Duration = Duration::from_secs(90);
 
 fn config(mode: ProxyMode, replicas: usize, users: usize) -> LabConfig {
-    if let Err(error) = require_root() {
-        panic!("the lab tests need root: {error}");
-    }
     LabConfig {
         mode,
         replicas_initial: replicas,
@@ -76,6 +75,9 @@ fn assert_wire_names_are_openims(truth: &GroundTruth) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn as_shipped_five_replicas_most_users_miss_real_time() {
+    if !can_run(Needs::Root) {
+        return;
+    }
     let truth = scenario(config(ProxyMode::V351, 5, 200)).await;
     let summary = &truth.summary;
     assert_eq!(summary.connected, 200, "{summary:?}");
@@ -103,6 +105,9 @@ async fn as_shipped_five_replicas_most_users_miss_real_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn correct_fix_delivers_every_message_in_real_time() {
+    if !can_run(Needs::Root) {
+        return;
+    }
     let truth = scenario(config(ProxyMode::Correct, 5, 200)).await;
     assert_eq!(truth.summary.connected, 200, "{:?}", truth.summary);
     assert_eq!(truth.summary.realtime_misses, 0, "{:?}", truth.summary);
@@ -111,6 +116,9 @@ async fn correct_fix_delivers_every_message_in_real_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_delivers_every_message_in_real_time() {
+    if !can_run(Needs::Root) {
+        return;
+    }
     let truth = scenario(LabConfig {
         messages_per_user: 3,
         ..config(ProxyMode::V351, 1, 50)
@@ -123,6 +131,9 @@ async fn one_replica_delivers_every_message_in_real_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_fix_sends_upgrades_to_the_grpc_port_and_websockets_fail() {
+    if !can_run(Needs::Root) {
+        return;
+    }
     let truth = scenario(config(ProxyMode::ReportFix, 5, 20)).await;
     assert_eq!(truth.summary.connected, 0, "{:?}", truth.summary);
     assert_eq!(truth.summary.connect_failures, 20);
@@ -134,6 +145,9 @@ async fn report_fix_sends_upgrades_to_the_grpc_port_and_websockets_fail() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_out_keeps_websockets_where_they_were_placed() {
+    if !can_run(Needs::Root) {
+        return;
+    }
     let truth = scenario(LabConfig {
         replicas_initial: 1,
         late_users: 50,
@@ -174,6 +188,9 @@ async fn scale_out_keeps_websockets_where_they_were_placed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lab_leaves_no_namespace_link_or_process_behind() {
+    if !can_run(Needs::Root) {
+        return;
+    }
     let (prefix, pids) = bounded(async {
         let mut lab = Lab::start(config(ProxyMode::V351, 3, 10)).await?;
         lab.connect_users(0..10, false).await;
@@ -206,6 +223,9 @@ async fn lab_leaves_no_namespace_link_or_process_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_flood_measures_calls() {
+    if !can_run(Needs::Root) {
+        return;
+    }
     let report = bounded(async {
         let mut lab = Lab::start(config(ProxyMode::Correct, 2, 10)).await?;
         lab.connect_users(0..10, false).await;

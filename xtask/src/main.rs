@@ -10,6 +10,9 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+mod toolchain;
+mod vm;
+
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
@@ -22,8 +25,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what the eBPF build needs: rust-src for nightly, and a bpf-linker built against
-    /// nightly's own LLVM (once; later runs find it). Every other task runs this first.
+    /// Install what the eBPF build needs: the nightly pinned in observer-ebpf/rust-toolchain.toml
+    /// with rust-src, and a bpf-linker built against that nightly's own LLVM (once; later runs
+    /// find it). Every other task runs this first.
     Setup,
     /// Build the eBPF object and the `observer` binary that embeds it.
     Build {
@@ -32,7 +36,8 @@ enum Task {
         release: bool,
     },
     /// Everything CI checks: formatting, clippy -D warnings (host and eBPF crates), unit tests
-    /// and the privileged integration tests (run as root: they load the real programs).
+    /// and the privileged integration tests (run as root: they load the real programs), then
+    /// the kernel tests under Linux 6.1 and 6.12 (`vm`).
     Test,
     /// The observer catching OpenIM 3.5.1's scale-out bug in a simulated cluster (network
     /// namespaces on this machine; needs root). Arguments go to `openim-lab demo`, e.g.
@@ -48,6 +53,15 @@ enum Task {
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
+    },
+    /// The privileged kernel tests (observer/tests/kernel_capture.rs) under another kernel:
+    /// Debian's cloud kernel of that series, booted with qemu (TCG), fetched and cached under
+    /// target/vm. VERSION is a series (`6.1`, `6.12`: its newest kernel) or an exact release
+    /// (`6.1.0-57`). Installs qemu-system-x86 when missing (apt).
+    Vm {
+        /// Repeat to run several kernels, one after the other.
+        #[arg(long = "kernel", value_name = "VERSION", required = true)]
+        kernels: Vec<String>,
     },
     /// Build the release observer and run it with the given arguments, e.g.
     /// `cargo xtask run -- run --events`.
@@ -65,6 +79,7 @@ fn main() -> ExitCode {
         Task::Test => setup().and_then(|toolchain| test(&toolchain)),
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
         Task::Bench { args } => setup().and_then(|toolchain| bench(&toolchain, &args)),
+        Task::Vm { kernels } => setup().and_then(|toolchain| vm(&toolchain, &kernels)),
         Task::Run { args } => setup().and_then(|toolchain| run(&toolchain, &args)),
     };
     match result {
@@ -76,8 +91,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// What the eBPF build needs on PATH.
+/// What the eBPF build needs.
 struct Toolchain {
+    /// The pinned nightly's name, for `cargo +<nightly>`.
+    nightly: String,
+    /// The directory holding the bpf-linker built against that nightly's LLVM.
     bpf_linker_bin: PathBuf,
 }
 
@@ -89,42 +107,23 @@ fn workspace_root() -> PathBuf {
 }
 
 fn setup() -> Result<Toolchain> {
-    let nightly = capture(Command::new("rustc").args(["+nightly", "-vV"])).context(
-        "the nightly toolchain is missing; install it with `rustup toolchain install nightly`",
-    )?;
+    let nightly = toolchain::install_pinned_nightly()?;
+    let version = capture(Command::new("rustc").arg(format!("+{nightly}")).arg("-vV"))?;
     let field = |name: &str| {
-        nightly
+        version
             .lines()
             .find_map(|line| line.strip_prefix(name))
             .map(str::trim)
             .map(str::to_owned)
     };
     let commit = field("commit-hash:").unwrap_or_else(|| "unknown".into());
-    let llvm_version = field("LLVM version:").context("`rustc +nightly -vV` names no LLVM")?;
+    let llvm_version =
+        field("LLVM version:").with_context(|| format!("`rustc +{nightly} -vV` names no LLVM"))?;
     let llvm_major = llvm_version
         .split('.')
         .next()
         .unwrap_or_default()
         .to_owned();
-
-    let installed = capture(Command::new("rustup").args([
-        "component",
-        "list",
-        "--installed",
-        "--toolchain",
-        "nightly",
-    ]))?;
-    if !installed.lines().any(|line| line.starts_with("rust-src")) {
-        eprintln!("xtask: adding rust-src to nightly (needed to build core for BPF)");
-        status(Command::new("rustup").args([
-            "component",
-            "add",
-            "rust-src",
-            "--toolchain",
-            "nightly",
-        ]))
-        .context("`rustup component add rust-src --toolchain nightly` failed")?;
-    }
 
     // One linker per nightly: it must link exactly that nightly's libLLVM. The directory doubles
     // as LLVM_PREFIX and as the linker's rpath, so it must outlive the build: keep it out of
@@ -141,15 +140,20 @@ fn setup() -> Result<Toolchain> {
         .output()
         .is_ok_and(|output| output.status.success());
     if !linker_works {
-        install_bpf_linker(&prefix, &llvm_major)?;
+        install_bpf_linker(&nightly, &prefix, &llvm_major)?;
     }
     Ok(Toolchain {
+        nightly,
         bpf_linker_bin: prefix.join("bin"),
     })
 }
 
-fn install_bpf_linker(prefix: &Path, llvm_major: &str) -> Result<()> {
-    let sysroot = capture(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))?;
+fn install_bpf_linker(nightly: &str, prefix: &Path, llvm_major: &str) -> Result<()> {
+    let sysroot = capture(
+        Command::new("rustc")
+            .arg(format!("+{nightly}"))
+            .args(["--print", "sysroot"]),
+    )?;
     let lib_dir = Path::new(sysroot.trim()).join("lib");
     let wanted = format!("libLLVM.so.{llvm_major}.");
     let libllvm = std::fs::read_dir(&lib_dir)
@@ -159,7 +163,7 @@ fn install_bpf_linker(prefix: &Path, llvm_major: &str) -> Result<()> {
         .find(|name| name.to_string_lossy().starts_with(&wanted))
         .with_context(|| {
             format!(
-                "nightly ships no {wanted}* in {}: is the nightly toolchain complete?",
+                "{nightly} ships no {wanted}* in {}: is the toolchain complete?",
                 lib_dir.display()
             )
         })?;
@@ -173,19 +177,13 @@ fn install_bpf_linker(prefix: &Path, llvm_major: &str) -> Result<()> {
             .with_context(|| format!("linking {}", link.display()))?;
     }
     eprintln!(
-        "xtask: building bpf-linker against nightly's LLVM {llvm_major} into {} (once, a few minutes)",
+        "xtask: building bpf-linker against {nightly}'s LLVM {llvm_major} into {} (once, a few minutes)",
         prefix.display()
     );
     status(
         Command::new("cargo")
-            .args([
-                "+nightly",
-                "install",
-                "bpf-linker",
-                "--locked",
-                "--version",
-                "0.13.0",
-            ])
+            .arg(format!("+{nightly}"))
+            .args(["install", "bpf-linker", "--locked", "--version", "0.13.0"])
             .args(["--no-default-features", "--features"])
             .arg(format!("llvm-{llvm_major}"))
             .arg("--root")
@@ -196,11 +194,7 @@ fn install_bpf_linker(prefix: &Path, llvm_major: &str) -> Result<()> {
     Ok(())
 }
 
-fn ebpf_object() -> PathBuf {
-    workspace_root().join("target/bpfel-unknown-none/release/observer-ebpf")
-}
-
-/// `cargo +nightly …` for the eBPF crate, with the linker on PATH.
+/// `cargo +<pinned nightly> …` for the eBPF crate, with the linker on PATH.
 fn nightly_cargo(toolchain: &Toolchain, subcommand: &str) -> Command {
     let mut path = OsString::from(&toolchain.bpf_linker_bin);
     if let Some(existing) = std::env::var_os("PATH") {
@@ -215,18 +209,21 @@ fn nightly_cargo(toolchain: &Toolchain, subcommand: &str) -> Command {
         .env_remove("RUSTC")
         .env_remove("RUSTDOC")
         .env_remove("CARGO")
-        .args(["+nightly", subcommand, "-Z", "build-std=core"])
+        .arg(format!("+{}", toolchain.nightly))
+        .args([subcommand, "-Z", "build-std=core"])
         .args(["--target", "bpfel-unknown-none", "--release"])
         .args(["--package", "observer-ebpf", "--bin", "observer-ebpf"]);
     command
 }
 
-/// Host cargo with the eBPF object's path, which `observer`'s build script embeds.
+/// Host cargo, after the eBPF object is built: `OBSERVER_REQUIRE_EBPF` makes `observer`'s build
+/// script fail rather than build without the programs, and the tests that need root and the
+/// programs fail rather than skip, so a run of xtask never passes by leaving them out.
 fn host_cargo(subcommand: &str) -> Command {
     let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     command
         .current_dir(workspace_root())
-        .env("OBSERVER_EBPF_OBJECT", ebpf_object())
+        .env("OBSERVER_REQUIRE_EBPF", "1")
         .arg(subcommand);
     command
 }
@@ -271,8 +268,12 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     if !totals.succeeded {
         bail!("cargo test failed");
     }
-    Ok(())
+    // The kernels of real nodes (about a minute and a half each under TCG, cached downloads).
+    vm_tests(CI_KERNELS)
 }
+
+/// The kernels `cargo xtask test` boots: Debian 12's 6.1 LTS and the 6.12 LTS.
+const CI_KERNELS: &[&str] = &["6.1", "6.12"];
 
 struct TestTotals {
     passed: u64,
@@ -365,11 +366,16 @@ fn ensure_package(command: &str, package: &str) -> Result<()> {
     if installed {
         return Ok(());
     }
+    apt_install(package)
+}
+
+/// `apt-get install -y PACKAGE`, refreshing the package lists first if apt does not know it.
+fn apt_install(package: &str) -> Result<()> {
     let how =
-        format!("{command} is missing: install it (Debian/Ubuntu: `apt-get install -y {package}`)");
+        format!("{package} is missing: install it (Debian/Ubuntu: `apt-get install -y {package}`)");
     let available = || -> Result<bool> {
-        let policy = capture(Command::new("apt-cache").args(["policy", package]))
-            .with_context(|| how.clone())?;
+        let policy =
+            capture(Command::new("apt-cache").args(["policy", package])).context(how.clone())?;
         Ok(policy
             .lines()
             .find_map(|line| line.trim().strip_prefix("Candidate:"))
@@ -382,7 +388,7 @@ fn ensure_package(command: &str, package: &str) -> Result<()> {
             "refreshing the package lists (apt-get update)",
             Command::new("apt-get").args(["update", "-qq"]),
         )
-        .with_context(|| how.clone())?;
+        .context(how.clone())?;
         if !available()? {
             bail!("{how}");
         }
@@ -390,16 +396,69 @@ fn ensure_package(command: &str, package: &str) -> Result<()> {
     step(
         &format!("installing {package} (apt-get install -y {package})"),
         Command::new("apt-get")
-            .args(["install", "-y", package])
+            .args(["install", "-y", "--no-install-recommends", package])
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
-    .with_context(|| how.clone())
+    .context(how)
 }
 
 fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     build(toolchain, true)?;
     let binary = workspace_root().join("target/release/observer");
     status(Command::new(binary).args(args)).context("observer exited with an error")
+}
+
+/// The kernel tests each kernel boots: the file that loads, attaches, captures and detaches.
+const VM_TEST_FILE: &str = "kernel_capture";
+
+fn vm(toolchain: &Toolchain, kernels: &[String]) -> Result<()> {
+    build_ebpf(toolchain)?;
+    vm_tests(kernels)
+}
+
+fn vm_tests(kernels: &[impl AsRef<str>]) -> Result<()> {
+    eprintln!("xtask: building the {VM_TEST_FILE} tests");
+    let built = capture(host_cargo("test").args([
+        "--no-run",
+        "--package",
+        "observer",
+        "--test",
+        VM_TEST_FILE,
+        "--message-format=json-render-diagnostics",
+    ]))
+    .context("building the kernel tests failed")?;
+    let binary = built
+        .lines()
+        .filter(|line| line.contains(&format!("\"name\":\"{VM_TEST_FILE}\"")))
+        .find_map(|line| line.split("\"executable\":\"").nth(1)?.split('"').next())
+        .map(PathBuf::from)
+        .with_context(|| format!("cargo named no {VM_TEST_FILE} test binary"))?;
+    let working_dir = workspace_root().join("observer");
+    let tests = vm::GuestTests {
+        binary: &binary,
+        working_dir: &working_dir,
+        args: &["--test-threads=1", "--color=never"],
+    };
+    let cache = vm::cache_dir(&workspace_root());
+    // Every kernel runs, then one verdict: a failure on one says nothing about the next.
+    let mut failures = Vec::new();
+    let mut results = Vec::new();
+    for kernel in kernels.iter().map(AsRef::as_ref) {
+        match vm::run(&cache, kernel, &tests) {
+            Ok(summary) => results.push(format!("{kernel}: {summary}")),
+            Err(err) => {
+                results.push(format!("{kernel}: FAILED: {err:#}"));
+                failures.push(kernel);
+            }
+        }
+    }
+    for result in &results {
+        println!("vm {result}");
+    }
+    if !failures.is_empty() {
+        bail!("kernel tests failed on {}", failures.join(", "));
+    }
+    Ok(())
 }
 
 fn step(name: &str, command: &mut Command) -> Result<()> {

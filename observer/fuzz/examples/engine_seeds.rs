@@ -70,7 +70,7 @@ fn main() {
     }
 }
 
-fn alert_kinds(events: &[observer::capture::Event]) -> Vec<&'static str> {
+fn alert_kinds(events: &[observer::model::Event]) -> Vec<&'static str> {
     let mut engine = observer::correlate::Engine::new(Default::default());
     let mut alerts = Vec::new();
     for event in events {

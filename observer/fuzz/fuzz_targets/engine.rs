@@ -1,4 +1,4 @@
-//! The whole engine (decoders, route table, alerts) and the content scrubber over arbitrary
+//! The whole engine (decoders, detectors, alerts) and the content scrubber over arbitrary
 //! event sequences: no panic, and the tables stay within their caps.
 #![no_main]
 
@@ -7,10 +7,10 @@ mod engine_input;
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use observer::capture::{EventKind, PortClass};
-use observer::correlate::routes::RouteLimits;
-use observer::correlate::{Engine, EngineConfig};
-use observer::decode::{ContentScrubber, Limits};
+use observer::correlate::{Engine, EngineConfig, RouteLimits};
+use observer::decode::Limits;
+use observer::model::{EventKind, PortClass};
+use observer::privacy::ContentScrubber;
 
 const MAX_CONNECTIONS: usize = 8;
 const MAX_USERS: usize = 16;

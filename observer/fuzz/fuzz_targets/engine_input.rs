@@ -15,7 +15,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use bytes::Bytes;
-use observer::capture::{Direction, Event, EventKind, PortClass, TcpState};
+use observer::model::{Direction, Event, EventKind, PortClass, TcpState};
 
 pub const SLOTS: usize = 32;
 const FIRST_WEBSOCKET_SLOT: u8 = 16;

@@ -2,8 +2,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use observer::capture::Direction;
-use observer::decode::{Limits, WebSocketDecoder, redact_secrets};
+use observer::decode::{Limits, WebSocketDecoder};
+use observer::model::Direction;
+use observer::privacy::redact_secrets;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&chunking, bytes)) = data.split_first() else {

@@ -2,9 +2,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use observer::capture::Direction;
-use observer::decode::http2::CLIENT_PREFACE;
 use observer::decode::{GrpcConnectionDecoder, GrpcFact, Limits};
+use observer::model::Direction;
+use observer::model::wire::CLIENT_PREFACE;
 
 const LIMITS: Limits = Limits {
     max_buffered_bytes: 2048,

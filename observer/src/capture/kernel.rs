@@ -11,16 +11,25 @@ use aya::{
     programs::{ProgramError, TracePoint},
 };
 use bytes::Bytes;
-use observer_ebpf::{
+use observer_records::{
     AF_INET6, COUNTER_COUNT, CaptureConfig, Counter, FLAG_TRUNCATED, RecordHeader, RecordKind,
 };
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
-use super::event::{Direction, Event, EventKind, PortClass, TcpState};
+use super::tracepoint_format::{self, LayoutError};
+use crate::model::{Direction, Event, EventKind, PortClass, TcpState};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
+#[cfg(ebpf_programs)]
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJECT"));
+/// Built without the object (build.rs warned): `KernelCapture::start` refuses.
+#[cfg(not(ebpf_programs))]
+static EBPF_OBJECT: &[u8] = &[];
+
+/// Whether this build embeds the eBPF programs; without them `KernelCapture::start` fails with
+/// `CaptureError::BuiltWithoutPrograms`.
+pub const PROGRAMS_EMBEDDED: bool = cfg!(ebpf_programs);
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -67,6 +76,8 @@ pub fn program_names() -> impl Iterator<Item = &'static str> {
 
 #[derive(Debug, Error)]
 pub enum CaptureError {
+    #[error("built without the eBPF programs: build with `cargo xtask build`")]
+    BuiltWithoutPrograms,
     #[error(
         "loading eBPF programs needs root or CAP_BPF + CAP_PERFMON (missing: {missing}); run with sudo or grant them"
     )]
@@ -83,6 +94,8 @@ pub enum CaptureError {
         name: String,
         reason: String,
     },
+    #[error(transparent)]
+    TracepointLayout(#[from] LayoutError),
     #[error("the kernel rejected program {program}: {reason}")]
     ProgramRejected { program: String, reason: String },
     #[error("too many watched ports ({count}); at most {max}")]
@@ -106,13 +119,42 @@ pub struct CaptureOptions {
     pub ring_bytes: u32,
 }
 
-/// Kernel-side counters, summed over CPUs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct KernelCounters {
-    pub ring_full_drops: u64,
-    pub bytes_not_captured: u64,
-    pub map_insert_failures: u64,
-    pub user_read_failures: u64,
+/// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
+/// by `Counter::name`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelCounters([u64; COUNTER_COUNT as usize]);
+
+impl KernelCounters {
+    pub fn iter(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
+        Counter::ALL
+            .into_iter()
+            .map(|counter| (counter, self[counter]))
+    }
+}
+
+impl std::ops::Index<Counter> for KernelCounters {
+    type Output = u64;
+
+    fn index(&self, counter: Counter) -> &u64 {
+        &self.0[counter as usize]
+    }
+}
+
+impl std::ops::IndexMut<Counter> for KernelCounters {
+    fn index_mut(&mut self, counter: Counter) -> &mut u64 {
+        &mut self.0[counter as usize]
+    }
+}
+
+impl serde::Serialize for KernelCounters {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(Counter::ALL.len()))?;
+        for (counter, value) in self.iter() {
+            map.serialize_entry(counter.name(), &value)?;
+        }
+        map.end()
+    }
 }
 
 /// The loaded and attached programs. Dropping it detaches and unloads them all.
@@ -135,8 +177,12 @@ impl KernelCapture {
     /// Checks privileges and tracefs, loads the programs, configures and attaches them.
     /// Must run inside a tokio runtime (the ring buffer and the log reader are async).
     pub fn start(options: &CaptureOptions) -> Result<Self, CaptureError> {
+        if !PROGRAMS_EMBEDDED {
+            return Err(CaptureError::BuiltWithoutPrograms);
+        }
         check_privileges()?;
         ensure_tracefs()?;
+        tracepoint_format::check(Path::new(TRACEFS), ATTACHMENTS)?;
         validate_options(options)?;
         raise_memlock_limit();
 
@@ -157,10 +203,10 @@ impl KernelCapture {
 
         let mut watched: HashMap<_, u16, u8> = take_map(&mut ebpf, "WATCHED_PORTS")?;
         for (ports, class) in [
-            (&options.grpc_ports, observer_ebpf::PortClass::Grpc),
+            (&options.grpc_ports, observer_records::PortClass::Grpc),
             (
                 &options.websocket_ports,
-                observer_ebpf::PortClass::WebSocket,
+                observer_records::PortClass::WebSocket,
             ),
         ] {
             for port in ports {
@@ -211,29 +257,24 @@ impl KernelCapture {
     }
 
     pub fn counters(&self) -> Result<KernelCounters, CaptureError> {
-        let mut totals = [0u64; COUNTER_COUNT as usize];
+        let mut totals = KernelCounters::default();
         for counter in Counter::ALL {
             let per_cpu = self
                 .counters
                 .get(&(counter as u32), 0)
                 .map_err(|err| CaptureError::Setup(format!("COUNTERS: {err}")))?;
-            totals[counter as usize] = per_cpu.iter().sum();
+            totals[counter] = per_cpu.iter().sum();
         }
-        Ok(KernelCounters {
-            ring_full_drops: totals[Counter::RingFullDrops as usize],
-            bytes_not_captured: totals[Counter::BytesNotCaptured as usize],
-            map_insert_failures: totals[Counter::MapInsertFailures as usize],
-            user_read_failures: totals[Counter::UserReadFailures as usize],
-        })
+        Ok(totals)
     }
 }
 
 fn validate_options(options: &CaptureOptions) -> Result<(), CaptureError> {
     let count = options.grpc_ports.len() + options.websocket_ports.len();
-    if count > observer_ebpf::MAX_WATCHED_PORTS as usize {
+    if count > observer_records::MAX_WATCHED_PORTS as usize {
         return Err(CaptureError::TooManyPorts {
             count,
-            max: observer_ebpf::MAX_WATCHED_PORTS,
+            max: observer_records::MAX_WATCHED_PORTS,
         });
     }
     if let Some(port) = options
@@ -296,12 +337,16 @@ fn attach(
     Ok(())
 }
 
-/// The verifier log can run to thousands of lines; its last lines say what went wrong.
+/// The verifier log can run to thousands of lines: a feature this kernel lacks is named as
+/// such, otherwise the log's last lines say what went wrong.
 fn verifier_summary(err: &ProgramError) -> String {
     let text = match err {
         ProgramError::LoadError { verifier_log, .. } => verifier_log.to_string(),
         other => other.to_string(),
     };
+    if let Some(feature) = super::kernel_features::missing_feature(&text) {
+        return feature;
+    }
     let lines: Vec<&str> = text
         .lines()
         .filter(|line| !line.trim().is_empty())
@@ -454,11 +499,8 @@ fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
     // SAFETY: the record starts with a RecordHeader written by our programs; the struct is
     // plain old data, and read_unaligned makes no alignment assumption.
     let header: RecordHeader = unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) };
-    let port_class = match observer_ebpf::PortClass::from_u8(header.port_class)? {
-        observer_ebpf::PortClass::Grpc => PortClass::Grpc,
-        observer_ebpf::PortClass::WebSocket => PortClass::WebSocket,
-    };
-    let kind = match RecordKind::from_u8(header.kind)? {
+    let port_class = PortClass::from(observer_records::PortClass::from_repr(header.port_class)?);
+    let kind = match RecordKind::from_repr(header.kind)? {
         RecordKind::TcpConnect => EventKind::TcpConnect,
         RecordKind::TcpState => EventKind::TcpState {
             old: TcpState::from_kernel(header.old_state),
@@ -466,22 +508,20 @@ fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
         },
         RecordKind::Close => EventKind::Close,
         RecordKind::Data => {
+            let direction =
+                Direction::from(observer_records::Direction::from_repr(header.direction)?);
             let payload = record.get(header_size..header_size + header.len as usize)?;
             let mut payload = payload.to_vec();
             // Credentials never leave the capture layer: WebSocket upgrades carry the user's
             // token, also when they are sent to a gRPC port by mistake.
-            let upgrade_on_grpc_port = header.direction == observer_ebpf::DIRECTION_SEND
+            let upgrade_on_grpc_port = direction == Direction::Send
                 && header.offset == 0
-                && crate::decode::http1::starts_like_http1_request(&payload);
+                && crate::model::wire::starts_like_http1_request(&payload);
             if port_class == PortClass::WebSocket || upgrade_on_grpc_port {
-                crate::decode::redact_secrets(&mut payload);
+                crate::privacy::redact_secrets(&mut payload);
             }
             EventKind::Data {
-                direction: if header.direction == observer_ebpf::DIRECTION_SEND {
-                    Direction::Send
-                } else {
-                    Direction::Recv
-                },
+                direction,
                 offset: header.offset,
                 call_len: header.call_len,
                 truncated: header.flags & FLAG_TRUNCATED != 0,

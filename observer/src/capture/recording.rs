@@ -18,8 +18,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::event::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
-use crate::decode::ContentScrubber;
+use crate::model::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
+use crate::privacy::ContentScrubber;
 
 #[derive(Debug, Error)]
 pub enum RecordingError {

@@ -26,7 +26,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::alert::{GatewayAnswer, MessageIds};
+use crate::model::{GatewayAnswer, MessageIds};
 
 pub const DEFAULT_PREFIX: &str = "openim-observer:";
 

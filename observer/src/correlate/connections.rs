@@ -8,15 +8,17 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::{
-    alert::{self, Gateway, PlatformResult, Process},
-    capture::{Direction, Event, EventKind, PortClass, TcpState, event::ConnectionId},
     decode::{
         DecodeCounters, GrpcConnectionDecoder, GrpcFact, Limits, RequestBody, ResponseBody,
-        WebSocketDecoder, WebSocketFact, http1::starts_like_http1_request, protobuf,
+        WebSocketDecoder, WebSocketFact,
+    },
+    model::{
+        ConnectionId, Direction, Event, EventKind, Gateway, PortClass, Process, TcpState,
+        wire::starts_like_http1_request,
     },
 };
 
-use super::routes::{Observation, UserAnswer};
+use super::Observation;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConnectionCounters {
@@ -252,7 +254,6 @@ fn open<'a>(
                     ip: event.daddr,
                     port: event.dport,
                     name: None,
-                    pod: None,
                 },
                 protocol: match event.port_class {
                     PortClass::WebSocket => Protocol::WebSocket(WebSocketDecoder::new(limits)),
@@ -273,7 +274,6 @@ fn process_of(event: &Event) -> Process {
         pid: event.pid,
         comm: event.comm.clone(),
         cgroup_id: event.cgroup_id,
-        pod: None,
     }
 }
 
@@ -282,7 +282,6 @@ fn named_gateway(gateway: &Gateway, name: Option<String>) -> Gateway {
         ip: gateway.ip,
         port: gateway.port,
         name,
-        pod: None,
     }
 }
 
@@ -359,7 +358,7 @@ fn grpc_observation(
                 method: method.rsplit('/').next().unwrap_or(&method).to_owned(),
                 gateway: named_gateway(view.gateway, authority),
                 pusher: view.process.clone(),
-                message: message_ids(call.message),
+                message: call.message,
                 recipients: call.recipients,
             }),
             RequestBody::OtherMethod => {
@@ -382,7 +381,7 @@ fn grpc_observation(
                 connection,
                 stream_id,
                 ts_ns,
-                results: results.into_iter().map(user_answer).collect(),
+                results,
             }),
             ResponseBody::Compressed | ResponseBody::Malformed(_) => {
                 counters.answers_unreadable += 1;
@@ -390,31 +389,6 @@ fn grpc_observation(
             }
         },
         GrpcFact::Trailers { .. } | GrpcFact::Undecodable(_) => None,
-    }
-}
-
-fn message_ids(ids: protobuf::MessageIds) -> alert::MessageIds {
-    let text = |value: String| (!value.is_empty()).then_some(value);
-    alert::MessageIds {
-        client_msg_id: text(ids.client_msg_id),
-        server_msg_id: text(ids.server_msg_id),
-        seq: (ids.seq != 0).then_some(ids.seq),
-        session_type: (ids.session_type != 0).then_some(ids.session_type),
-    }
-}
-
-fn user_answer(result: protobuf::UserResult) -> UserAnswer {
-    UserAnswer {
-        user: result.user_id,
-        online_push: result.online_push,
-        platforms: result
-            .platforms
-            .into_iter()
-            .map(|platform| PlatformResult {
-                platform_id: platform.platform_id,
-                result_code: platform.result_code,
-            })
-            .collect(),
     }
 }
 

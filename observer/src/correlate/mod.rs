@@ -2,18 +2,30 @@
 //! against each other.
 //!
 //! `Engine` is the whole pipeline after capture: events in (live or replayed, in time order),
-//! alerts out. It needs no privileges, so replays and tests drive it directly.
+//! alerts out. It needs no privileges, so replays and tests drive it directly. Events go
+//! through one decoder per connection (`connections`) into `Observation`s, which `detectors`
+//! dispatches to one detector per alert kind.
 
+mod churn;
 pub mod connections;
-pub mod rings;
-pub mod routes;
+mod detectors;
+mod observation;
+mod placements;
+mod push_calls;
+mod ring_verdicts;
+mod rings;
+mod upgrade_on_grpc;
 
-use crate::{alert::Alert, capture::Event, decode::Limits};
+use crate::{
+    alert::Alert,
+    decode::Limits,
+    model::{Event, NANOS_PER_SEC},
+};
 
 use connections::{ConnectionCounters, ConnectionDecoders};
-use routes::{RouteCounters, RouteLimits, RouteTable};
-
-const NANOS_PER_SEC: u64 = 1_000_000_000;
+use detectors::{Detectors, FoldKey};
+pub use detectors::{RouteCounters, RouteLimits};
+pub use observation::Observation;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -43,8 +55,8 @@ pub struct EngineCounters {
 
 pub struct Engine {
     decoders: ConnectionDecoders,
-    routes: RouteTable,
-    observations: Vec<routes::Observation>,
+    detectors: Detectors,
+    observations: Vec<Observation>,
     events: u64,
     latest_ts_ns: u64,
     last_tick_ns: u64,
@@ -54,7 +66,7 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Self {
         Self {
             decoders: ConnectionDecoders::new(config.decode, config.max_connections),
-            routes: RouteTable::new(config.routes),
+            detectors: Detectors::new(config.routes),
             observations: Vec::new(),
             events: 0,
             latest_ts_ns: 0,
@@ -69,7 +81,7 @@ impl Engine {
         self.latest_ts_ns = self.latest_ts_ns.max(event.ts_ns);
         self.decoders.on_event(event, &mut self.observations);
         for observation in self.observations.drain(..) {
-            self.routes.observe(observation, alerts);
+            self.detectors.observe(observation, alerts);
         }
         if self.latest_ts_ns.saturating_sub(self.last_tick_ns) >= NANOS_PER_SEC {
             self.tick(self.latest_ts_ns, alerts);
@@ -79,20 +91,20 @@ impl Engine {
     /// Lets time pass without events (the live daemon calls it every second).
     pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
         self.last_tick_ns = now_ns;
-        self.routes.tick(now_ns, alerts);
+        self.detectors.tick(now_ns, alerts);
     }
 
     /// End of input: judges pending calls and emits what windows were holding back.
     pub fn finish(&mut self, alerts: &mut Vec<Alert>) {
-        self.routes.finish(self.latest_ts_ns, alerts);
+        self.detectors.finish(self.latest_ts_ns, alerts);
     }
 
     pub fn counters(&self) -> EngineCounters {
         EngineCounters {
             events: self.events,
             connections: self.decoders.counters(),
-            routes: self.routes.counters().clone(),
-            users_tracked: self.routes.tracked_users(),
+            routes: self.detectors.counters(),
+            users_tracked: self.detectors.tracked_users(),
         }
     }
 }

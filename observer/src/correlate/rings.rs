@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use crate::hashring::{Ring, sample_user_ids};
-use crate::tools::describe_member_difference;
+use crate::openim::hashring::{Ring, sample_user_ids};
+use crate::openim::{diagnosis::Divergence, members::describe_member_difference};
 
 /// Placements remembered as evidence (user → gateway IP of its latest placement).
 const MAX_EVIDENCE: usize = 100_000;
@@ -38,22 +38,6 @@ pub enum Verdict {
     /// The proxy places users where push's ring sends them.
     Agree,
     Diverge(Divergence),
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct Divergence {
-    /// The proxy's ring as inferred (its `Host` spelling of push's gateways).
-    pub proxy_members: Vec<String>,
-    pub push_members: Vec<String>,
-    /// What separates the spellings, in plain words.
-    pub difference: String,
-    pub proxy_example: String,
-    pub push_example: String,
-    /// Placements seen, and how many of them the two rings would have put apart.
-    pub placements_seen: usize,
-    pub placements_split: usize,
-    /// Share of a uniform sample of user ids the two rings send to different gateways.
-    pub sample_split_share: f64,
 }
 
 impl LearnedRings {
@@ -177,7 +161,7 @@ fn round3(value: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
+    use crate::openim::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
 
     fn members(template: &str, replicas: usize) -> Vec<String> {
         MemberTemplate::parse(template)

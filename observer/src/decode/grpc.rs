@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::capture::Direction;
+use crate::model::{Direction, UserResult};
 
 use super::hpack::HeaderField;
 use super::http2::{Http2Direction, StreamEvent, Undecodable};
-use super::protobuf::{self, ProtobufError, PushCall, PushMethod, UserResult};
+use super::protobuf::{self, ProtobufError, PushCall, PushMethod};
 use super::{DecodeCounters, Limits};
 
 /// 1 byte compressed flag and 4 bytes big-endian length.

@@ -2,304 +2,16 @@
 
 use prost::Message;
 
-use crate::capture::Direction;
+use crate::model::{Direction, MessageIds};
 
 use super::grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
-use super::hpack::huffman_encode;
-use super::http2::{CLIENT_PREFACE, FrameError, Undecodable};
+use super::http2::{FrameError, Undecodable};
+use super::protobuf::PushCall;
 use super::protobuf::tests::{sample_ids, sample_request};
-use super::protobuf::{
-    OnlineBatchPushOneMsgResp, PlatformResult, PushCall, SingleMsgToUserPlatform,
-    SingleMsgToUserResults, UserResult,
-};
 use super::{DecodeCounters, Limits};
+use crate::model::wire::CLIENT_PREFACE;
 
-const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
-const AUTHORITY: &str =
-    "im-openim-msggateway-1.im-openim-msggateway-headless.ns.svc.cluster.local:88";
-pub(super) const CANARY: &[u8] = b"CANARY-private-message-body-7f3a";
-
-const DATA: u8 = 0;
-const HEADERS: u8 = 1;
-const PRIORITY: u8 = 2;
-const RST_STREAM: u8 = 3;
-const SETTINGS: u8 = 4;
-const PING: u8 = 6;
-const WINDOW_UPDATE: u8 = 8;
-const CONTINUATION: u8 = 9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY_FLAG: u8 = 0x20;
-
-pub(super) fn frame(frame_type: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
-    let length = payload.len() as u32;
-    let mut bytes = length.to_be_bytes()[1..].to_vec();
-    bytes.extend([frame_type, flags]);
-    bytes.extend(stream_id.to_be_bytes());
-    bytes.extend(payload);
-    bytes
-}
-
-fn hpack_integer(first_byte_flags: u8, prefix_bits: u32, value: usize, out: &mut Vec<u8>) {
-    let prefix_max = (1usize << prefix_bits) - 1;
-    if value < prefix_max {
-        out.push(first_byte_flags | value as u8);
-        return;
-    }
-    out.push(first_byte_flags | prefix_max as u8);
-    let mut rest = value - prefix_max;
-    while rest >= 128 {
-        out.push((rest % 128) as u8 | 0x80);
-        rest /= 128;
-    }
-    out.push(rest as u8);
-}
-
-fn hpack_string(text: &str, out: &mut Vec<u8>) {
-    let encoded = huffman_encode(text.as_bytes());
-    hpack_integer(0x80, 7, encoded.len(), out);
-    out.extend(encoded);
-}
-
-/// A small HPACK encoder: static-table indexes, and literals with incremental indexing.
-enum Field<'a> {
-    Indexed(usize),
-    /// Literal value with incremental indexing, name from table index `name_index` (0: literal).
-    Literal {
-        name_index: usize,
-        name: &'a str,
-        value: &'a str,
-    },
-}
-
-fn header_block(fields: &[Field]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for field in fields {
-        match *field {
-            Field::Indexed(index) => hpack_integer(0x80, 7, index, &mut out),
-            Field::Literal {
-                name_index,
-                name,
-                value,
-            } => {
-                hpack_integer(0x40, 6, name_index, &mut out);
-                if name_index == 0 {
-                    hpack_string(name, &mut out);
-                }
-                hpack_string(value, &mut out);
-            }
-        }
-    }
-    out
-}
-
-fn first_request_headers(path: &str) -> Vec<u8> {
-    header_block(&[
-        Field::Indexed(3), // :method POST
-        Field::Indexed(6), // :scheme http
-        Field::Literal {
-            name_index: 4,
-            name: "",
-            value: path,
-        },
-        Field::Literal {
-            name_index: 1,
-            name: "",
-            value: AUTHORITY,
-        },
-        Field::Literal {
-            name_index: 31,
-            name: "",
-            value: "application/grpc",
-        },
-        Field::Literal {
-            name_index: 0,
-            name: "te",
-            value: "trailers",
-        },
-    ])
-}
-
-pub(super) fn grpc_message(flag: u8, body: &[u8]) -> Vec<u8> {
-    let mut bytes = vec![flag];
-    bytes.extend((body.len() as u32).to_be_bytes());
-    bytes.extend(body);
-    bytes
-}
-
-/// What grpc-go writes: preface, SETTINGS, WINDOW_UPDATE, HEADERS, then the message in DATA
-/// frames of at most `max_frame` bytes, the last with END_STREAM.
-fn request_stream(stream_id: u32, headers: &[u8], message: &[u8], max_frame: usize) -> Vec<u8> {
-    let mut bytes = CLIENT_PREFACE.to_vec();
-    bytes.extend(frame(SETTINGS, 0, 0, &[0, 2, 0, 0, 0, 0]));
-    bytes.extend(frame(WINDOW_UPDATE, 0, 0, &[0, 0x0e, 0, 1]));
-    bytes.extend(frame(HEADERS, END_HEADERS, stream_id, headers));
-    bytes.extend(data_frames(stream_id, message, max_frame));
-    bytes
-}
-
-/// The send side of one push call whose DATA (`grpc_bytes`, framed gRPC messages) is split
-/// into frames of at most `max_frame` bytes.
-pub(super) fn push_request_stream(grpc_bytes: &[u8], max_frame: usize) -> Vec<u8> {
-    request_stream(1, &first_request_headers(PUSH_PATH), grpc_bytes, max_frame)
-}
-
-fn data_frames(stream_id: u32, message: &[u8], max_frame: usize) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    let chunks: Vec<&[u8]> = message.chunks(max_frame).collect();
-    for (index, chunk) in chunks.iter().enumerate() {
-        let flags = if index + 1 == chunks.len() {
-            END_STREAM
-        } else {
-            0
-        };
-        bytes.extend(frame(DATA, flags, stream_id, chunk));
-    }
-    bytes
-}
-
-fn sample_response() -> Vec<u8> {
-    OnlineBatchPushOneMsgResp {
-        single_push_result: vec![
-            SingleMsgToUserResults {
-                user_id: "alice".into(),
-                resp: vec![],
-                online_push: false,
-            },
-            SingleMsgToUserResults {
-                user_id: "bob".into(),
-                resp: vec![SingleMsgToUserPlatform {
-                    result_code: 0,
-                    recv_id: "bob".into(),
-                    recv_platform_id: 2,
-                }],
-                online_push: true,
-            },
-        ],
-    }
-    .encode_to_vec()
-}
-
-fn expected_results() -> Vec<UserResult> {
-    vec![
-        UserResult {
-            user_id: "alice".into(),
-            online_push: false,
-            platforms: vec![],
-        },
-        UserResult {
-            user_id: "bob".into(),
-            online_push: true,
-            platforms: vec![PlatformResult {
-                result_code: 0,
-                platform_id: 2,
-            }],
-        },
-    ]
-}
-
-fn response_stream(stream_id: u32) -> Vec<u8> {
-    let mut bytes = frame(SETTINGS, 0, 0, &[]);
-    bytes.extend(frame(SETTINGS, 1, 0, &[]));
-    let headers = header_block(&[
-        Field::Indexed(8), // :status 200
-        Field::Literal {
-            name_index: 31,
-            name: "",
-            value: "application/grpc",
-        },
-    ]);
-    bytes.extend(frame(HEADERS, END_HEADERS, stream_id, &headers));
-    bytes.extend(frame(PING, 0, 0, &[0; 8]));
-    bytes.extend(frame(
-        DATA,
-        0,
-        stream_id,
-        &grpc_message(0, &sample_response()),
-    ));
-    let trailers = header_block(&[
-        Field::Literal {
-            name_index: 0,
-            name: "grpc-status",
-            value: "0",
-        },
-        Field::Literal {
-            name_index: 0,
-            name: "grpc-message",
-            value: "",
-        },
-    ]);
-    bytes.extend(frame(
-        HEADERS,
-        END_HEADERS | END_STREAM,
-        stream_id,
-        &trailers,
-    ));
-    bytes
-}
-
-fn push_request(stream_id: u32, call: PushCall) -> GrpcFact {
-    GrpcFact::Request {
-        stream_id,
-        method: PUSH_PATH.into(),
-        authority: Some(AUTHORITY.into()),
-        body: RequestBody::Push(call),
-    }
-}
-
-fn complete_call(recipients: &[&str]) -> PushCall {
-    PushCall {
-        message: sample_ids(),
-        message_truncated: false,
-        recipients: recipients.iter().map(|&r| r.to_owned()).collect(),
-        recipients_truncated: false,
-    }
-}
-
-fn expected_response_facts(stream_id: u32) -> Vec<GrpcFact> {
-    vec![
-        GrpcFact::Response {
-            stream_id,
-            http_status: Some(200),
-            body: ResponseBody::Push {
-                results: expected_results(),
-                truncated: false,
-            },
-        },
-        GrpcFact::Trailers {
-            stream_id,
-            grpc_status: Some(0),
-            grpc_message: Some(String::new()),
-        },
-    ]
-}
-
-/// Feeds `bytes` of one direction as chunks ending at `cuts`.
-fn feed_cut(
-    decoder: &mut GrpcConnectionDecoder,
-    direction: Direction,
-    bytes: &[u8],
-    cuts: &[usize],
-) -> Vec<GrpcFact> {
-    let mut facts = Vec::new();
-    let mut start = 0usize;
-    for &end in cuts.iter().chain([&bytes.len()]) {
-        facts.extend(decoder.feed(direction, start as u64, &bytes[start..end]));
-        start = end;
-    }
-    facts
-}
-
-fn feed_in_chunks(
-    decoder: &mut GrpcConnectionDecoder,
-    direction: Direction,
-    bytes: &[u8],
-    size: usize,
-) -> Vec<GrpcFact> {
-    let cuts: Vec<usize> = (size..bytes.len()).step_by(size).collect();
-    feed_cut(decoder, direction, bytes, &cuts)
-}
+use super::test_streams::*;
 
 #[test]
 fn decodes_a_push_call_and_its_answer() {
@@ -497,7 +209,7 @@ fn a_gap_truncates_the_call_but_keeps_what_was_read() {
         recipients_truncated: true,
     };
     // Fields of msgData after the content (seq) are lost with the cut.
-    expected_call.message.seq = 0;
+    expected_call.message.seq = None;
     assert_eq!(
         facts,
         vec![
@@ -784,9 +496,9 @@ fn trailers_only_answer_and_single_push() {
     facts.extend(decoder.feed(Direction::Recv, 0, &recv));
     facts.extend(decoder.finish());
     let call = PushCall {
-        message: super::protobuf::MessageIds {
-            client_msg_id: "c1".into(),
-            seq: 5,
+        message: MessageIds {
+            client_msg_id: Some("c1".into()),
+            seq: Some(5),
             ..Default::default()
         },
         recipients: vec!["frank".into()],

@@ -2,89 +2,16 @@
 //! that places a user, and the gateway's answer.
 //!
 //! The request's query carries the user's `token` and may come with `Authorization` or `Cookie`
-//! headers. They are credentials: `redact_secrets` overwrites them in captured bytes, and the
-//! typed `UpgradeRequest` has no field that could hold them.
+//! headers. They are credentials: `privacy::redact_secrets` overwrites them in captured bytes
+//! and in what the decoder buffers, and the typed `UpgradeRequest` has no field that could hold
+//! them.
 
-use crate::capture::Direction;
+use crate::{model::Direction, privacy::redact_secrets};
 
 use super::{DecodeCounters, Limits};
 
 /// Headers httparse may return; an upgrade request has about ten.
 const MAX_HEADERS: usize = 64;
-
-/// Header names whose values are credentials, compared case-insensitively.
-const SECRET_HEADERS: [&[u8]; 4] = [
-    b"authorization",
-    b"proxy-authorization",
-    b"cookie",
-    b"set-cookie",
-];
-
-/// Whether `payload` opens like an HTTP/1 request line (a WebSocket upgrade, on a port that
-/// should carry HTTP/2).
-pub fn starts_like_http1_request(payload: &[u8]) -> bool {
-    const METHODS: [&[u8]; 4] = [b"GET ", b"POST ", b"PUT ", b"HEAD "];
-    METHODS.iter().any(|method| payload.starts_with(method))
-}
-
-/// Overwrites credentials in `payload` with `*`, in place, keeping its length: every `token=`
-/// query value (up to `&`, space, CR, LF, `#` or the end) and the values of `Authorization`,
-/// `Proxy-Authorization`, `Cookie` and `Set-Cookie` header lines (up to CR, LF or the end).
-///
-/// Matches are deliberately loose (`xtoken=` is redacted too, names in any case): redacting a
-/// harmless value costs nothing, leaking a credential is what must never happen.
-pub fn redact_secrets(payload: &mut [u8]) {
-    redact_token_values(payload);
-    redact_secret_headers(payload);
-}
-
-fn redact_token_values(payload: &mut [u8]) {
-    const KEY: &[u8] = b"token=";
-    let mut start = 0usize;
-    while let Some(found) = find_ignore_case(payload.get(start..).unwrap_or_default(), KEY) {
-        let value_start = start + found + KEY.len();
-        let rest = payload.get_mut(value_start..).unwrap_or_default();
-        let value_len = rest
-            .iter()
-            .position(|&byte| matches!(byte, b'&' | b' ' | b'\r' | b'\n' | b'#'))
-            .unwrap_or(rest.len());
-        rest.iter_mut()
-            .take(value_len)
-            .for_each(|byte| *byte = b'*');
-        start = value_start + value_len;
-    }
-}
-
-fn redact_secret_headers(payload: &mut [u8]) {
-    let mut line_start = 0usize;
-    while line_start < payload.len() {
-        let line = payload.get_mut(line_start..).unwrap_or_default();
-        let line_len = line
-            .iter()
-            .position(|&byte| byte == b'\n')
-            .unwrap_or(line.len());
-        let line = line.get_mut(..line_len).unwrap_or_default();
-        if let Some(colon) = line.iter().position(|&byte| byte == b':') {
-            let name = line.get(..colon).unwrap_or_default().trim_ascii();
-            if SECRET_HEADERS
-                .iter()
-                .any(|secret| name.eq_ignore_ascii_case(secret))
-            {
-                line.iter_mut()
-                    .skip(colon + 1)
-                    .take_while(|byte| **byte != b'\r')
-                    .for_each(|byte| *byte = b'*');
-            }
-        }
-        line_start += line_len + 1;
-    }
-}
-
-fn find_ignore_case(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window.eq_ignore_ascii_case(needle))
-}
 
 /// What the proxy asked for when it opened a user's WebSocket. Holds no credential.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -329,65 +256,6 @@ fn percent_decode(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn redacted(input: &str) -> String {
-        let mut bytes = input.as_bytes().to_vec();
-        redact_secrets(&mut bytes);
-        assert_eq!(bytes.len(), input.len());
-        String::from_utf8(bytes).unwrap()
-    }
-
-    #[test]
-    fn redacts_token_values() {
-        assert_eq!(
-            redacted("GET /?sendID=1&token=abc&x=1 HTTP/1.1"),
-            "GET /?sendID=1&token=***&x=1 HTTP/1.1"
-        );
-        assert_eq!(
-            redacted("GET /?token=abc HTTP/1.1"),
-            "GET /?token=*** HTTP/1.1"
-        );
-        // Cut mid-value at the end of the buffer.
-        assert_eq!(
-            redacted("GET /?sendID=1&token=eyJhbGci"),
-            "GET /?sendID=1&token=********"
-        );
-        assert_eq!(redacted("GET /?token="), "GET /?token=");
-        assert_eq!(
-            redacted("?token=a&TOKEN=bb&Token=ccc#x"),
-            "?token=*&TOKEN=**&Token=***#x"
-        );
-        assert_eq!(redacted("token=x\r\nHost: h"), "token=*\r\nHost: h");
-        // A key cut before its `=` holds no value yet.
-        assert_eq!(redacted("GET /?sendID=1&tok"), "GET /?sendID=1&tok");
-    }
-
-    #[test]
-    fn redacts_secret_headers() {
-        let input = "GET / HTTP/1.1\r\nHost: gw\r\nauthorization: Bearer x\r\nCOOKIE: a=b; c=d\r\n\
-                     Proxy-Authorization: Basic y\r\nX-Cookie-Note: keep\r\n\r\n";
-        let expected = "GET / HTTP/1.1\r\nHost: gw\r\nauthorization:*********\r\nCOOKIE:*********\r\n\
-                        Proxy-Authorization:********\r\nX-Cookie-Note: keep\r\n\r\n";
-        assert_eq!(redacted(input), expected);
-        // Cut inside the value, at the end of the buffer.
-        assert_eq!(
-            redacted("Host: gw\r\nAuthorization: Bear"),
-            "Host: gw\r\nAuthorization:*****"
-        );
-        assert_eq!(redacted("Cookie:"), "Cookie:");
-        assert_eq!(redacted("Set-Cookie: s=1\n"), "Set-Cookie:****\n");
-    }
-
-    #[test]
-    fn redaction_never_panics_on_any_length() {
-        let sample = b"GET /?token=abc&token=def HTTP/1.1\r\nCookie: zz\r\nAuthorization: q";
-        for end in 0..=sample.len() {
-            let mut bytes = sample[..end].to_vec();
-            redact_secrets(&mut bytes);
-            let text = String::from_utf8(bytes).unwrap();
-            assert!(!text.contains("abc") && !text.contains("def") && !text.contains("zz"));
-        }
-    }
 
     const REQUEST: &str = "GET /?sendID=3355700821&token=eyJhbGciOiJIUzI1NiJ9.e30.sig&platformID=2\
         &operationID=op%2D1&isBackground=false&compression=gzip HTTP/1.1\r\n\

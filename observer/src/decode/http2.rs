@@ -6,12 +6,11 @@
 //! capture gap, a start past position 0) or protocol error ends decoding of that direction for
 //! good; what was decoded before stays valid.
 
-use crate::capture::Direction;
+use crate::model::{Direction, wire::CLIENT_PREFACE};
 
 use super::Limits;
 use super::hpack::{HeaderField, HpackDecoder, HpackError};
 
-pub const CLIENT_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER_LEN: usize = 9;
 
 const FRAME_DATA: u8 = 0x0;

@@ -17,13 +17,13 @@ pub mod hpack;
 pub mod http1;
 pub mod http2;
 pub mod protobuf;
-pub mod scrub;
+#[cfg(test)]
+pub(crate) mod test_streams;
 
 pub use grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
-pub use http1::{Http1Error, UpgradeRequest, WebSocketDecoder, WebSocketFact, redact_secrets};
+pub use http1::{Http1Error, UpgradeRequest, WebSocketDecoder, WebSocketFact};
 pub use http2::Undecodable;
-pub use protobuf::{MessageIds, PlatformResult, PushCall, UserResult};
-pub use scrub::ContentScrubber;
+pub use protobuf::PushCall;
 
 /// Memory bounds of one connection's decoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

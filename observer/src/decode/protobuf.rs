@@ -9,6 +9,8 @@
 
 use prost::Message;
 
+use crate::model::{MessageIds, PlatformResult, UserResult};
+
 #[derive(Clone, PartialEq, Message)]
 pub struct MsgData {
     #[prost(string, tag = "1")]
@@ -102,34 +104,15 @@ impl PushMethod {
     }
 }
 
-/// The identifying fields of `MsgData` (never its content).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MessageIds {
-    pub send_id: String,
-    pub recv_id: String,
-    pub group_id: String,
-    pub client_msg_id: String,
-    pub server_msg_id: String,
-    pub sender_platform_id: i32,
-    pub session_type: i32,
-    pub content_type: i32,
-    pub seq: i64,
-    pub send_time: i64,
-}
-
+/// `MsgData`'s identifying fields, absent when empty or zero (never its content).
 impl From<MsgData> for MessageIds {
     fn from(data: MsgData) -> Self {
+        let text = |value: String| (!value.is_empty()).then_some(value);
         Self {
-            send_id: data.send_id,
-            recv_id: data.recv_id,
-            group_id: data.group_id,
-            client_msg_id: data.client_msg_id,
-            server_msg_id: data.server_msg_id,
-            sender_platform_id: data.sender_platform_id,
-            session_type: data.session_type,
-            content_type: data.content_type,
-            seq: data.seq,
-            send_time: data.send_time,
+            client_msg_id: text(data.client_msg_id),
+            server_msg_id: text(data.server_msg_id),
+            seq: (data.seq != 0).then_some(data.seq),
+            session_type: (data.session_type != 0).then_some(data.session_type),
         }
     }
 }
@@ -143,22 +126,6 @@ pub struct PushCall {
     pub recipients: Vec<String>,
     /// The capture ended inside the request: more recipients may have followed those listed.
     pub recipients_truncated: bool,
-}
-
-/// A gateway's answer for one requested user. No platforms means the gateway holds no
-/// connection for the user.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UserResult {
-    pub user_id: String,
-    pub online_push: bool,
-    pub platforms: Vec<PlatformResult>,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PlatformResult {
-    /// 0 delivered, -2 write failed, -3 iOS in background.
-    pub result_code: i64,
-    pub platform_id: i32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -405,13 +372,10 @@ pub(crate) mod tests {
 
     pub(crate) fn sample_ids() -> MessageIds {
         MessageIds {
-            send_id: "sender-1".into(),
-            group_id: "group-9".into(),
-            client_msg_id: "client-abc".into(),
-            server_msg_id: "server-def".into(),
-            session_type: 3,
-            seq: 42,
-            ..MessageIds::default()
+            client_msg_id: Some("client-abc".into()),
+            server_msg_id: Some("server-def".into()),
+            seq: Some(42),
+            session_type: Some(3),
         }
     }
 
@@ -443,7 +407,7 @@ pub(crate) mod tests {
         };
         let call = decode_request(PushMethod::Single, &request.encode_to_vec()).unwrap();
         assert_eq!(call.recipients, vec!["u9".to_owned()]);
-        assert_eq!(call.message.seq, 7);
+        assert_eq!(call.message.seq, Some(7));
 
         let response = OnlineBatchPushOneMsgResp {
             single_push_result: vec![
@@ -527,8 +491,8 @@ pub(crate) mod tests {
         // Cut inside the content: ids before field 12 are known, seq (14) is not.
         let call = decode_request_prefix(PushMethod::Batch, &bytes[..100]).unwrap();
         assert!(call.message_truncated);
-        assert_eq!(call.message.client_msg_id, "client-abc");
-        assert_eq!(call.message.seq, 0);
+        assert_eq!(call.message.client_msg_id.as_deref(), Some("client-abc"));
+        assert_eq!(call.message.seq, None);
         assert!(call.recipients.is_empty());
     }
 

@@ -7,7 +7,7 @@
 //! which the library deliberately cannot represent. Each includer uses a different subset of it,
 //! hence the `allow(dead_code)` at the inclusion sites.
 //!
-//! What is generated, following NOTES.md:
+//! What is generated, as OpenIM 3.5.1 does it:
 //! - proxy → gateway (port 80): per user, `TcpConnect`, the WebSocket upgrade request
 //!   (`Host` = the proxy's ring member, `token` in the query) and the `101` answer. The proxy
 //!   places each user with the proxy ring (`PROXY_MEMBER_TEMPLATE`); the connection stays open.
@@ -26,12 +26,14 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use bytes::Bytes;
-use observer::capture::{Direction, Event, EventKind, PortClass, event::ConnectionId};
-use observer::decode::http2::CLIENT_PREFACE;
 use observer::decode::protobuf::{
     OnlineBatchPushOneMsgResp, SingleMsgToUserPlatform, SingleMsgToUserResults,
 };
-use observer::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring};
+use observer::model::wire::CLIENT_PREFACE;
+use observer::model::{ConnectionId, Direction, Event, EventKind, PortClass};
+use observer::openim::hashring::{
+    MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring,
+};
 use prost::Message;
 
 pub const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";

@@ -18,6 +18,15 @@ pub enum Direction {
     Recv,
 }
 
+impl From<observer_records::Direction> for Direction {
+    fn from(direction: observer_records::Direction) -> Self {
+        match direction {
+            observer_records::Direction::Send => Self::Send,
+            observer_records::Direction::Recv => Self::Recv,
+        }
+    }
+}
+
 /// What the remote port carries, as configured with `--grpc-port` / `--ws-port`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -27,7 +36,16 @@ pub enum PortClass {
     WebSocket,
 }
 
-/// Linux TCP states (include/net/tcp_states.h).
+impl From<observer_records::PortClass> for PortClass {
+    fn from(class: observer_records::PortClass) -> Self {
+        match class {
+            observer_records::PortClass::Grpc => Self::Grpc,
+            observer_records::PortClass::WebSocket => Self::WebSocket,
+        }
+    }
+}
+
+/// Linux TCP states (include/net/tcp_states.h), as the kernel's records report them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TcpState {
@@ -47,21 +65,24 @@ pub enum TcpState {
 }
 
 impl TcpState {
+    /// A state as the kernel numbers it (`observer_records::TcpState`); `Unknown` for a number
+    /// that names no state.
     pub fn from_kernel(value: u32) -> Self {
-        match value {
-            1 => Self::Established,
-            2 => Self::SynSent,
-            3 => Self::SynRecv,
-            4 => Self::FinWait1,
-            5 => Self::FinWait2,
-            6 => Self::TimeWait,
-            7 => Self::Close,
-            8 => Self::CloseWait,
-            9 => Self::LastAck,
-            10 => Self::Listen,
-            11 => Self::Closing,
-            12 => Self::NewSynRecv,
-            _ => Self::Unknown,
+        use observer_records::TcpState as Kernel;
+        match Kernel::from_repr(value) {
+            Some(Kernel::Established) => Self::Established,
+            Some(Kernel::SynSent) => Self::SynSent,
+            Some(Kernel::SynRecv) => Self::SynRecv,
+            Some(Kernel::FinWait1) => Self::FinWait1,
+            Some(Kernel::FinWait2) => Self::FinWait2,
+            Some(Kernel::TimeWait) => Self::TimeWait,
+            Some(Kernel::Close) => Self::Close,
+            Some(Kernel::CloseWait) => Self::CloseWait,
+            Some(Kernel::LastAck) => Self::LastAck,
+            Some(Kernel::Listen) => Self::Listen,
+            Some(Kernel::Closing) => Self::Closing,
+            Some(Kernel::NewSynRecv) => Self::NewSynRecv,
+            None => Self::Unknown,
         }
     }
 }

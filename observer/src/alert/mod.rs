@@ -1,25 +1,19 @@
 //! Alerts: one JSON object per line on stdout, each with `kind`, `schema_version` and `ts`, and
 //! enough context to act on without reading code. The README documents every field.
-
-use std::net::IpAddr;
+//!
+//! The alert is an envelope around model types (`GatewayInfo`, `ProcessInfo` add the pods
+//! `--kube` names); `fold` turns repeats of one alert into one count per window.
 
 use serde::Serialize;
 
+mod fold;
+
+pub use fold::FoldWindows;
+
+use crate::model::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process};
+
 /// Version of the alert objects; bumped when a field changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
-
-/// A process seen on one end of a connection.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Process {
-    pub pid: u32,
-    pub comm: String,
-    /// cgroup v2 id of the process, kept so the output can name its pod (`--kube`).
-    #[serde(skip)]
-    pub cgroup_id: u64,
-    /// The pod the process runs in, when `--kube` knows it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pod: Option<PodRef>,
-}
 
 /// A Kubernetes pod, by the names `kubectl` takes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -28,68 +22,70 @@ pub struct PodRef {
     pub name: String,
 }
 
-/// A gateway as one side of OpenIM addressed it: the IP it dialled and the member string it
-/// used (`Host` for the proxy, `:authority` for push), when seen.
+/// A gateway as printed: the model's `Gateway`, and the pod that holds its IP when `--kube`
+/// knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Gateway {
-    pub ip: IpAddr,
-    pub port: u16,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// The pod that holds `ip`, when `--kube` knows it.
+pub struct GatewayInfo {
+    #[serde(flatten)]
+    pub gateway: Gateway,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodRef>,
+}
+
+impl From<Gateway> for GatewayInfo {
+    fn from(gateway: Gateway) -> Self {
+        Self { gateway, pod: None }
+    }
+}
+
+/// A process as printed: its pid and name, and its pod when `--kube` knows it. The model's
+/// `Process` is kept whole (its cgroup id is what names the pod) but only these are printed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub process: Process,
+    pub pod: Option<PodRef>,
+}
+
+impl From<Process> for ProcessInfo {
+    fn from(process: Process) -> Self {
+        Self { process, pod: None }
+    }
+}
+
+impl Serialize for ProcessInfo {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Printed<'a> {
+            pid: u32,
+            comm: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pod: &'a Option<PodRef>,
+        }
+        Printed {
+            pid: self.process.pid,
+            comm: &self.process.comm,
+            pod: &self.pod,
+        }
+        .serialize(serializer)
+    }
 }
 
 /// Where the proxy placed a user's WebSocket.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlacementInfo {
-    pub gateway: Gateway,
+    pub gateway: GatewayInfo,
     pub platforms: Vec<i32>,
     /// RFC 3339 time the placement's upgrade was seen.
     pub since: String,
-    pub proxy: Process,
-}
-
-/// Ids that identify a message without revealing it (never its content).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct MessageIds {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub client_msg_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_msg_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seq: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_type: Option<i32>,
-}
-
-/// What the gateway that received a push answered for one user.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GatewayAnswer {
-    /// At least one of the user's connections on that gateway took the message.
-    Delivered,
-    /// The gateway holds no connection for the user: the message missed real time.
-    NotOnlineHere,
-    /// Connections exist but every write failed (result codes say why).
-    DeliveryFailed,
-    /// No answer was seen (connection closed first, or the answer was not captured).
-    Unknown,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct PlatformResult {
-    pub platform_id: i32,
-    pub result_code: i64,
+    pub proxy: ProcessInfo,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PushInfo {
-    pub gateway: Gateway,
+    pub gateway: GatewayInfo,
     pub method: String,
     pub message: MessageIds,
-    pub pusher: Process,
+    pub pusher: ProcessInfo,
     pub answer: GatewayAnswer,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub answer_platforms: Vec<PlatformResult>,
@@ -126,9 +122,9 @@ pub enum AlertBody {
     },
     /// A WebSocket upgrade was sent to a gRPC port (the incident report's fix as written).
     WsUpgradeOnGrpcPort {
-        gateway: Gateway,
+        gateway: GatewayInfo,
         users: Vec<String>,
-        proxy: Process,
+        proxy: ProcessInfo,
         /// Status the port answered with, if it answered in HTTP/1 at all.
         #[serde(skip_serializing_if = "Option::is_none")]
         answer_status: Option<u16>,
@@ -138,7 +134,7 @@ pub enum AlertBody {
     },
     /// A pusher opens a new gRPC connection per call and does not close them.
     PushConnectionChurn {
-        pusher: Process,
+        pusher: ProcessInfo,
         new_connections: u64,
         window_secs: u64,
         per_second: f64,
@@ -146,6 +142,17 @@ pub enum AlertBody {
         calls_per_connection: f64,
         diagnosis: String,
     },
+}
+
+impl AlertBody {
+    /// The count of alerts a fold window summarises, for the kinds that are folded.
+    fn fold_count_mut(&mut self) -> Option<&mut u64> {
+        match self {
+            AlertBody::RouteMismatch { count, .. }
+            | AlertBody::WsUpgradeOnGrpcPort { count, .. } => Some(count),
+            AlertBody::RingDivergence { .. } | AlertBody::PushConnectionChurn { .. } => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -221,4 +221,14 @@ mod tests {
             Err(RingError::UnknownPlaceholder { .. })
         ));
     }
+
+    #[test]
+    fn synthetic_ids_are_stable_ten_digit_numbers() {
+        let ids = sample_user_ids(1_000);
+        assert_eq!(ids, sample_user_ids(1_000));
+        assert!(
+            ids.iter()
+                .all(|id| id.len() == 10 && id.bytes().all(|b| b.is_ascii_digit()))
+        );
+    }
 }

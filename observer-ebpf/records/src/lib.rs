@@ -1,0 +1,291 @@
+//! The one definition of every record, map value, enum and constant shared by the kernel
+//! programs (`observer-ebpf`, built for `bpfel-unknown-none`) and the userspace daemon
+//! (`observer`, which enables the `user` feature to read them as `aya::Pod`). Userspace converts
+//! these enums into its own types; it never numbers them again.
+//!
+//! Every type is `#[repr(C)]` with its fields ordered so that there is no implicit padding:
+//! the kernel copies them byte for byte and the verifier rejects reads of uninitialised
+//! padding on the stack. The `const` assertions at the bottom keep it that way.
+#![cfg_attr(not(test), no_std)]
+
+/// A fieldless enum with the numbers the kernel and userspace exchange, written once: the
+/// variants' discriminants, `ALL` in that order, and `from_repr` back from the number.
+macro_rules! numbered_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident: $repr:ty {
+            $($(#[$variant_meta:meta])* $variant:ident = $value:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr($repr)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$variant_meta])* $variant = $value,)+
+        }
+
+        impl $name {
+            pub const ALL: [Self; [$($name::$variant),+].len()] = [$(Self::$variant),+];
+
+            /// The variant numbered `value`, if there is one.
+            pub fn from_repr(value: $repr) -> Option<Self> {
+                Self::ALL.into_iter().find(|variant| *variant as $repr == value)
+            }
+        }
+    };
+}
+
+/// Bytes of payload one ring-buffer record carries at most. Larger transfers are split into
+/// several records, each with its own stream offset.
+pub const CHUNK_SIZE: usize = 4096;
+
+/// A transfer longer than this many chunks in one syscall is cut there (the remainder is
+/// counted as skipped and the last record is marked truncated). A constant bound is what lets
+/// the verifier accept the copy loop on 5.8 kernels, which lack `bpf_loop`.
+pub const MAX_CHUNKS_PER_CALL: u32 = 32;
+
+/// iovec entries followed per `readv`/`writev`/`sendmsg`/`recvmsg`; later entries are skipped
+/// (and counted). Go, Rust std and gRPC C-core use at most a handful.
+pub const MAX_IOVECS: u32 = 8;
+
+/// Ports watched at once per class (`WATCHED_PORTS` holds their union).
+pub const MAX_WATCHED_PORTS: u32 = 64;
+
+/// `CaptureConfig::grpc_budget` default: bytes captured per direction of a gRPC connection.
+pub const DEFAULT_GRPC_BUDGET: u32 = 256 * 1024;
+
+numbered_enum! {
+    /// What a watched port carries, which decides the kernel's capture policy
+    /// (`WATCHED_PORTS` values, `RecordHeader::port_class`).
+    pub enum PortClass: u8 {
+        /// gRPC over cleartext HTTP/2: both directions, up to the budget.
+        Grpc = 1,
+        /// WebSocket: the upgrade request and its answer only, never the frames after them.
+        WebSocket = 2,
+    }
+}
+
+numbered_enum! {
+    /// Kind of a ring-buffer record (`RecordHeader::kind`).
+    pub enum RecordKind: u8 {
+        /// A watched socket entered SYN_SENT inside `connect`: the connecting process is current.
+        TcpConnect = 1,
+        /// Any later TCP state change of a watched socket (ESTABLISHED, CLOSE, …).
+        TcpState = 2,
+        /// Payload bytes moved by a syscall on a watched socket.
+        Data = 3,
+        /// The process closed its descriptor of a watched socket.
+        Close = 4,
+    }
+}
+
+numbered_enum! {
+    /// Direction of a data record (`RecordHeader::direction`), seen from the process that
+    /// connected.
+    pub enum Direction: u8 {
+        /// The connecting process wrote.
+        Send = 0,
+        /// The connecting process read.
+        Recv = 1,
+    }
+}
+
+/// `RecordHeader::flags`: this record's bytes stop short of what the syscall moved (chunk,
+/// iovec or budget bound); the rest was counted, not copied.
+pub const FLAG_TRUNCATED: u8 = 1;
+
+numbered_enum! {
+    /// Linux TCP states as `inet_sock_set_state` reports them (include/net/tcp_states.h;
+    /// `RecordHeader::old_state` and `new_state`).
+    pub enum TcpState: u32 {
+        Established = 1,
+        SynSent = 2,
+        SynRecv = 3,
+        FinWait1 = 4,
+        FinWait2 = 5,
+        TimeWait = 6,
+        Close = 7,
+        CloseWait = 8,
+        LastAck = 9,
+        Listen = 10,
+        Closing = 11,
+        NewSynRecv = 12,
+    }
+}
+
+/// Address families as the kernel numbers them.
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+/// Header of every ring-buffer record. Data records are followed by `len` payload bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RecordHeader {
+    /// `bpf_ktime_get_ns`: CLOCK_MONOTONIC nanoseconds.
+    pub ts_ns: u64,
+    /// Kernel address of the `struct sock`: the connection's identity while it lives.
+    pub sock: u64,
+    /// cgroup v2 id of the process (tcp_connect, data and close records).
+    pub cgroup_id: u64,
+    /// Data: stream offset, in this direction, of the first payload byte of this record.
+    pub offset: u64,
+    /// Data: bytes the syscall moved in total (all of this call's records share it).
+    pub call_len: u64,
+    /// Process (thread group) id; for tcp_state, the connecting process recorded at connect.
+    pub tgid: u32,
+    /// Data: payload bytes following this header.
+    pub len: u32,
+    /// TcpState: the states left and entered (`TcpState`).
+    pub old_state: u32,
+    pub new_state: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u16,
+    /// `RecordKind`.
+    pub kind: u8,
+    /// Data: `Direction`.
+    pub direction: u8,
+    pub flags: u8,
+    /// `PortClass` of the remote port.
+    pub port_class: u8,
+    pub _reserved: [u8; 6],
+    /// IPv4 addresses occupy the first 4 bytes; IPv6 all 16. Network byte order.
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub comm: [u8; 16],
+}
+
+/// A data record as it sits in the per-CPU scratch buffer before it is copied to the ring;
+/// only `size_of::<RecordHeader>() + header.len` bytes of it are sent.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DataRecord {
+    pub header: RecordHeader,
+    pub payload: [u8; CHUNK_SIZE],
+}
+
+/// Global settings written by userspace before attaching (`CONFIG` array, index 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CaptureConfig {
+    /// Bytes captured per direction of a connection to a gRPC port.
+    pub grpc_budget: u32,
+    /// Records are submitted without waking the reader until this many bytes wait in the ring;
+    /// the reader also drains on a short timer. A wakeup per record cost a busy pusher several
+    /// context switches per call.
+    pub wakeup_bytes: u32,
+}
+
+numbered_enum! {
+    /// Indexes into the per-CPU `COUNTERS` array; userspace sums the CPUs.
+    pub enum Counter: u32 {
+        /// Records lost because the ring buffer was full.
+        RingFullDrops = 0,
+        /// Payload bytes a syscall moved that were not copied (budget, chunk or iovec bounds,
+        /// WebSocket policy).
+        BytesNotCaptured = 1,
+        /// Inserts into a bounded map that failed.
+        MapInsertFailures = 2,
+        /// Copies from user memory that failed (page not present, bad pointer).
+        UserReadFailures = 3,
+    }
+}
+
+/// Entries of the `COUNTERS` array: one per `Counter`.
+pub const COUNTER_COUNT: u32 = Counter::ALL.len() as u32;
+
+impl Counter {
+    /// The counter's name in metrics and in the observer's final report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::RingFullDrops => "ring_full_drops",
+            Counter::BytesNotCaptured => "bytes_not_captured",
+            Counter::MapInsertFailures => "map_insert_failures",
+            Counter::UserReadFailures => "user_read_failures",
+        }
+    }
+}
+
+/// Where the programs read their arguments in the tracepoint records (each kernel's
+/// `/sys/kernel/tracing/events/<category>/<name>/format`). The programs read these offsets;
+/// userspace checks them against the running kernel's tracefs before loading.
+pub mod tracepoint {
+    /// Syscall tracepoints: 8 bytes of common header, the syscall number, then every argument
+    /// as 8 bytes (`sys_enter_*`), or the return value (`sys_exit_*`).
+    pub const SYSCALL_ARG0: usize = 16;
+    pub const SYSCALL_ARG1: usize = 24;
+    pub const SYSCALL_ARG2: usize = 32;
+    pub const SYSCALL_ARG_SIZE: usize = 8;
+    pub const SYSCALL_RET: usize = 16;
+
+    /// `sock/inet_sock_set_state`, unchanged since 4.16: each field's offset and size.
+    pub const SOCK_SKADDR: usize = 8;
+    pub const SOCK_OLDSTATE: usize = 16;
+    pub const SOCK_NEWSTATE: usize = 20;
+    pub const SOCK_SPORT: usize = 24;
+    pub const SOCK_DPORT: usize = 26;
+    pub const SOCK_FAMILY: usize = 28;
+    pub const SOCK_PROTOCOL: usize = 30;
+    pub const SOCK_SADDR: usize = 32;
+    pub const SOCK_DADDR: usize = 36;
+    pub const SOCK_SADDR_V6: usize = 40;
+    pub const SOCK_DADDR_V6: usize = 56;
+
+    /// `(field name, offset, size)` of every `inet_sock_set_state` field the programs read.
+    pub const INET_SOCK_SET_STATE_FIELDS: [(&str, usize, usize); 11] = [
+        ("skaddr", SOCK_SKADDR, 8),
+        ("oldstate", SOCK_OLDSTATE, 4),
+        ("newstate", SOCK_NEWSTATE, 4),
+        ("sport", SOCK_SPORT, 2),
+        ("dport", SOCK_DPORT, 2),
+        ("family", SOCK_FAMILY, 2),
+        ("protocol", SOCK_PROTOCOL, 2),
+        ("saddr", SOCK_SADDR, 4),
+        ("daddr", SOCK_DADDR, 4),
+        ("saddr_v6", SOCK_SADDR_V6, 16),
+        ("daddr_v6", SOCK_DADDR_V6, 16),
+    ];
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all three are `repr(C)`, contain only integers and byte arrays, and have no
+    // padding (asserted below), so every bit pattern is a valid value.
+    unsafe impl aya::Pod for super::RecordHeader {}
+    unsafe impl aya::Pod for super::CaptureConfig {}
+}
+
+// No implicit padding: each size is the sum of its fields.
+const _: () = assert!(core::mem::size_of::<RecordHeader>() == 5 * 8 + 4 * 4 + 3 * 2 + 4 + 6 + 48);
+const _: () = assert!(core::mem::size_of::<RecordHeader>().is_multiple_of(8));
+const _: () = assert!(
+    core::mem::size_of::<DataRecord>() == core::mem::size_of::<RecordHeader>() + CHUNK_SIZE
+);
+const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 8);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_comes_back_from_its_number() {
+        for class in PortClass::ALL {
+            assert_eq!(PortClass::from_repr(class as u8), Some(class));
+        }
+        for kind in RecordKind::ALL {
+            assert_eq!(RecordKind::from_repr(kind as u8), Some(kind));
+        }
+        for direction in Direction::ALL {
+            assert_eq!(Direction::from_repr(direction as u8), Some(direction));
+        }
+        for state in TcpState::ALL {
+            assert_eq!(TcpState::from_repr(state as u32), Some(state));
+        }
+        assert_eq!(TcpState::from_repr(0), None);
+        assert_eq!(TcpState::from_repr(13), None);
+        for (index, counter) in Counter::ALL.into_iter().enumerate() {
+            // The counters index an array: dense from 0.
+            assert_eq!(counter as usize, index);
+        }
+    }
+}

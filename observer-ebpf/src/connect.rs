@@ -1,0 +1,202 @@
+//! Connection lifecycle: which sockets are watched, from `connect` to `close`.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_probe_read_user,
+    },
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+use aya_log_ebpf::debug;
+use observer_records::{AF_INET, AF_INET6, RecordKind, TcpState};
+
+use crate::{
+    maps::{
+        CONNECTIONS, Connection, PENDING_CONNECTS, PendingConnect, SOCKETS, SocketKey, SocketState,
+        WATCHED_PORTS, insert_or_count,
+    },
+    ring::{header_for, output_header, stamp_current},
+    tracepoint::{
+        EINPROGRESS, IPPROTO_TCP, SOCK_DADDR, SOCK_DADDR_V6, SOCK_DPORT, SOCK_FAMILY,
+        SOCK_NEWSTATE, SOCK_OLDSTATE, SOCK_PROTOCOL, SOCK_SADDR, SOCK_SADDR_V6, SOCK_SKADDR,
+        SOCK_SPORT, SYSCALL_ARG0, SYSCALL_ARG1, SYSCALL_RET,
+    },
+};
+
+// Program entry points: thin wrappers, the work is in the `try_*` functions.
+
+#[tracepoint]
+pub fn sys_enter_connect(ctx: TracePointContext) -> u32 {
+    let _ = try_sys_enter_connect(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn sys_exit_connect(ctx: TracePointContext) -> u32 {
+    let _ = try_sys_exit_connect(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
+    let _ = try_inet_sock_set_state(&ctx);
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
+    let _ = try_sys_enter_close(&ctx);
+    0
+}
+
+fn try_sys_enter_connect(ctx: &TracePointContext) -> Result<(), i64> {
+    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.map_err(i64::from)?;
+    let sockaddr: u64 = unsafe { ctx.read_at(SYSCALL_ARG1) }.map_err(i64::from)?;
+    // sockaddr_in and sockaddr_in6 both start with a u16 family and the big-endian port.
+    let family: u16 = unsafe { bpf_probe_read_user(sockaddr as *const u16) }?;
+    if family != AF_INET && family != AF_INET6 {
+        return Ok(());
+    }
+    let port_be: u16 = unsafe { bpf_probe_read_user((sockaddr + 2) as *const u16) }?;
+    let Some(class) = (unsafe { WATCHED_PORTS.get(u16::from_be(port_be)) }) else {
+        return Ok(());
+    };
+    let pending = PendingConnect {
+        sock: 0,
+        fd: fd as u32,
+        port_class: *class,
+        _reserved: [0; 3],
+    };
+    insert_or_count(&PENDING_CONNECTS, &bpf_get_current_pid_tgid(), &pending)
+}
+
+fn try_sys_exit_connect(ctx: &TracePointContext) -> Result<(), i64> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(pending) = (unsafe { PENDING_CONNECTS.get(pid_tgid) }).copied() else {
+        return Ok(());
+    };
+    let _ = PENDING_CONNECTS.remove(pid_tgid);
+    let ret: i64 = unsafe { ctx.read_at(SYSCALL_RET) }.map_err(i64::from)?;
+    // No SYN_SENT inside the call: not TCP, or it failed before the handshake.
+    if pending.sock == 0 || (ret != 0 && ret != -EINPROGRESS) {
+        return Ok(());
+    }
+    let key = SocketKey {
+        tgid: (pid_tgid >> 32) as u32,
+        fd: pending.fd,
+    };
+    let state = SocketState {
+        sock: pending.sock,
+        sent: 0,
+        received: 0,
+        port_class: pending.port_class,
+        ws_sent_done: 0,
+        ws_received_done: 0,
+        _reserved: [0; 5],
+    };
+    insert_or_count(&SOCKETS, &key, &state)?;
+    debug!(ctx, "watching fd {} of pid {}", key.fd, key.tgid);
+    Ok(())
+}
+
+fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i64> {
+    let protocol: u16 = unsafe { ctx.read_at(SOCK_PROTOCOL) }.map_err(i64::from)?;
+    if protocol != IPPROTO_TCP {
+        return Ok(());
+    }
+    let sock: u64 = unsafe { ctx.read_at(SOCK_SKADDR) }.map_err(i64::from)?;
+    let old_state: i32 = unsafe { ctx.read_at(SOCK_OLDSTATE) }.map_err(i64::from)?;
+    let new_state: i32 = unsafe { ctx.read_at(SOCK_NEWSTATE) }.map_err(i64::from)?;
+    let new_state = new_state as u32;
+
+    if new_state == TcpState::SynSent as u32 {
+        return on_syn_sent(ctx, sock);
+    }
+    let Some(conn) = CONNECTIONS.get_ptr_mut(sock) else {
+        return Ok(());
+    };
+    // SAFETY: the pointer is a live map value; only this socket's state changes write it,
+    // and the kernel serialises those under the socket lock.
+    let conn = unsafe { &mut *conn };
+    // The source port is chosen after SYN_SENT is set (inet_hash_connect), so the 4-tuple is
+    // only complete from the next state on: refresh it every time.
+    read_tuple(ctx, conn)?;
+    let mut header = header_for(RecordKind::TcpState, sock, conn);
+    header.old_state = old_state as u32;
+    header.new_state = new_state;
+    output_header(&header);
+    if new_state == TcpState::Close as u32 {
+        let _ = CONNECTIONS.remove(sock);
+    }
+    Ok(())
+}
+
+/// SYN_SENT fires inside `connect`: the connecting thread is current, and if it is connecting
+/// to a watched port, its pending connect is waiting for this socket.
+fn on_syn_sent(ctx: &TracePointContext, sock: u64) -> Result<(), i64> {
+    let dport: u16 = unsafe { ctx.read_at(SOCK_DPORT) }.map_err(i64::from)?;
+    if unsafe { WATCHED_PORTS.get(dport) }.is_none() {
+        return Ok(());
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(pending) = PENDING_CONNECTS.get_ptr_mut(pid_tgid) else {
+        return Ok(());
+    };
+    // SAFETY: live map value owned by the current thread's connect.
+    let pending = unsafe { &mut *pending };
+    pending.sock = sock;
+    let mut conn = Connection {
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        tgid: (pid_tgid >> 32) as u32,
+        sport: 0,
+        dport,
+        family: 0,
+        port_class: pending.port_class,
+        _reserved: [0; 5],
+        saddr: [0; 16],
+        daddr: [0; 16],
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    read_tuple(ctx, &mut conn)?;
+    let mut header = header_for(RecordKind::TcpConnect, sock, &conn);
+    header.new_state = TcpState::SynSent as u32;
+    insert_or_count(&CONNECTIONS, &sock, &conn)?;
+    output_header(&header);
+    Ok(())
+}
+
+fn read_tuple(ctx: &TracePointContext, conn: &mut Connection) -> Result<(), i64> {
+    conn.family = unsafe { ctx.read_at(SOCK_FAMILY) }.map_err(i64::from)?;
+    conn.sport = unsafe { ctx.read_at(SOCK_SPORT) }.map_err(i64::from)?;
+    conn.dport = unsafe { ctx.read_at(SOCK_DPORT) }.map_err(i64::from)?;
+    if conn.family == AF_INET6 {
+        conn.saddr = unsafe { ctx.read_at(SOCK_SADDR_V6) }.map_err(i64::from)?;
+        conn.daddr = unsafe { ctx.read_at(SOCK_DADDR_V6) }.map_err(i64::from)?;
+    } else {
+        let saddr: [u8; 4] = unsafe { ctx.read_at(SOCK_SADDR) }.map_err(i64::from)?;
+        let daddr: [u8; 4] = unsafe { ctx.read_at(SOCK_DADDR) }.map_err(i64::from)?;
+        conn.saddr[..4].copy_from_slice(&saddr);
+        conn.daddr[..4].copy_from_slice(&daddr);
+    }
+    Ok(())
+}
+
+fn try_sys_enter_close(ctx: &TracePointContext) -> Result<(), i64> {
+    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.map_err(i64::from)?;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let key = SocketKey {
+        tgid: (pid_tgid >> 32) as u32,
+        fd: fd as u32,
+    };
+    let Some(state) = (unsafe { SOCKETS.get(key) }).copied() else {
+        return Ok(());
+    };
+    let _ = SOCKETS.remove(key);
+    if let Some(conn) = unsafe { CONNECTIONS.get(state.sock) } {
+        let mut header = header_for(RecordKind::Close, state.sock, conn);
+        stamp_current(&mut header, pid_tgid);
+        output_header(&header);
+    }
+    Ok(())
+}

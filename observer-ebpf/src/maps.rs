@@ -1,0 +1,140 @@
+//! Every map of the programs, with the kernel-only values they hold. Every one is bounded;
+//! state that a dying process could leave behind lives in LRU maps.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use observer_records::{
+    COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_WATCHED_PORTS,
+};
+
+use crate::copy::CopyCursor;
+
+/// Records for userspace. Size set by userspace (`--ring-bytes`); a full ring is counted in
+/// `Counter::RingFullDrops`, never silent.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
+
+/// Remote port → `PortClass`, written by userspace before attaching. Bound: the number of
+/// `--grpc-port`/`--ws-port` flags, at most `MAX_WATCHED_PORTS`.
+#[map]
+pub static WATCHED_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(MAX_WATCHED_PORTS, 0);
+
+/// Index 0: the `CaptureConfig` userspace wrote. One entry.
+#[map]
+pub static CONFIG: Array<CaptureConfig> = Array::with_max_entries(1, 0);
+
+/// Per-CPU event counters, indexed by `Counter`; userspace sums the CPUs. One entry per
+/// counter.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
+
+/// Per-CPU scratch space for one data record: 4 KiB does not fit the 512-byte BPF stack.
+/// One entry per CPU; a program runs to completion on its CPU, so nothing else touches it.
+#[map]
+pub static SCRATCH: PerCpuArray<DataRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU position of the payload copy in progress (see `copy::copy_out`). One entry per CPU.
+#[map]
+pub static CURSOR: PerCpuArray<CopyCursor> = PerCpuArray::with_max_entries(1, 0);
+
+/// Threads inside `connect` to a watched port (pid_tgid → pending connect). An entry lives for
+/// one syscall; LRU so a thread killed mid-call leaks nothing. Bound: concurrent connects.
+#[map]
+pub static PENDING_CONNECTS: LruHashMap<u64, PendingConnect> =
+    LruHashMap::with_max_entries(4096, 0);
+
+/// Watched kernel sockets (sock address → owner and 4-tuple). Removed at TCP_CLOSE; LRU for
+/// sockets whose close we miss. Bound: watched connections alive at once.
+#[map]
+pub static CONNECTIONS: LruHashMap<u64, Connection> = LruHashMap::with_max_entries(16384, 0);
+
+/// A process's descriptors of watched sockets ((tgid, fd) → capture state). Removed by
+/// `close`; a process that exits closes its fds without the syscall, hence LRU. Bound: watched
+/// descriptors open at once.
+#[map]
+pub static SOCKETS: LruHashMap<SocketKey, SocketState> = LruHashMap::with_max_entries(16384, 0);
+
+/// Threads inside a read or write on a watched socket (pid_tgid → the call's arguments), from
+/// syscall entry to exit. LRU for threads killed mid-call. Bound: concurrent calls.
+#[map]
+pub static IN_FLIGHT: LruHashMap<u64, IoCall> = LruHashMap::with_max_entries(8192, 0);
+
+// Kernel-only values (never read by userspace, so not in `observer-records`).
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PendingConnect {
+    pub sock: u64,
+    pub fd: u32,
+    pub port_class: u8,
+    pub _reserved: [u8; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Connection {
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u16,
+    pub port_class: u8,
+    pub _reserved: [u8; 5],
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub comm: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SocketKey {
+    pub tgid: u32,
+    pub fd: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SocketState {
+    pub sock: u64,
+    /// Stream positions: bytes moved so far in each direction, captured or not.
+    pub sent: u64,
+    pub received: u64,
+    pub port_class: u8,
+    /// WebSocket policy: the first send / first receive has been captured.
+    pub ws_sent_done: u8,
+    pub ws_received_done: u8,
+    pub _reserved: [u8; 5],
+}
+
+/// How the user buffers of an in-flight call are laid out (`IoCall::layout`).
+pub const BUFFER_PLAIN: u8 = 0;
+pub const BUFFER_IOVEC: u8 = 1;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IoCall {
+    /// Plain: the buffer. Iovec: the `struct iovec` array.
+    pub buffers: u64,
+    /// Plain: the buffer's size. Iovec: number of entries.
+    pub count: u64,
+    pub fd: u32,
+    pub direction: Direction,
+    pub layout: u8,
+    pub _reserved: [u8; 2],
+}
+
+pub fn insert_or_count<K, V>(map: &LruHashMap<K, V>, key: &K, value: &V) -> Result<(), i64> {
+    map.insert(key, value, 0).map_err(|err| {
+        count(Counter::MapInsertFailures, 1);
+        i64::from(err)
+    })
+}
+
+pub fn count(counter: Counter, amount: u64) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: this CPU's slot of a per-CPU array: no other writer.
+        unsafe { *slot += amount };
+    }
+}

@@ -1,0 +1,81 @@
+//! Records to userspace: building a record's header and putting records on the `EVENTS` ring.
+
+use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_ns};
+use observer_records::{Counter, DataRecord, RecordHeader, RecordKind};
+
+use crate::maps::{CONFIG, Connection, EVENTS, count};
+
+// bpf_ringbuf_query / bpf_ringbuf_output flags (uapi/linux/bpf.h).
+const BPF_RB_AVAIL_DATA: u64 = 0;
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+
+pub fn header_for(kind: RecordKind, sock: u64, conn: &Connection) -> RecordHeader {
+    RecordHeader {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        sock,
+        cgroup_id: conn.cgroup_id,
+        offset: 0,
+        call_len: 0,
+        tgid: conn.tgid,
+        len: 0,
+        old_state: 0,
+        new_state: 0,
+        sport: conn.sport,
+        dport: conn.dport,
+        family: conn.family,
+        kind: kind as u8,
+        direction: 0,
+        flags: 0,
+        port_class: conn.port_class,
+        _reserved: [0; 6],
+        saddr: conn.saddr,
+        daddr: conn.daddr,
+        comm: conn.comm,
+    }
+}
+
+/// Records made in a syscall name the calling process, which may differ from the connecting
+/// one (a forked child, a descriptor passed over a unix socket).
+pub fn stamp_current(header: &mut RecordHeader, pid_tgid: u64) {
+    header.tgid = (pid_tgid >> 32) as u32;
+    header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    if let Ok(comm) = bpf_get_current_comm() {
+        header.comm = comm;
+    }
+}
+
+pub fn output_header(header: &RecordHeader) {
+    if EVENTS
+        .output::<RecordHeader>(header, wakeup_flags())
+        .is_err()
+    {
+        count(Counter::RingFullDrops, 1);
+    }
+}
+
+pub fn output_data(record: &DataRecord) {
+    let size = core::mem::size_of::<RecordHeader>() + record.header.len as usize;
+    if size > core::mem::size_of::<DataRecord>() {
+        return;
+    }
+    // SAFETY: `size` is within the record (checked above), which lives in the scratch map.
+    let bytes =
+        unsafe { core::slice::from_raw_parts((record as *const DataRecord).cast::<u8>(), size) };
+    if EVENTS.output::<[u8]>(bytes, wakeup_flags()).is_err() {
+        count(Counter::RingFullDrops, 1);
+    }
+}
+
+/// Wakes the reader only once enough bytes wait (see `CaptureConfig::wakeup_bytes`).
+fn wakeup_flags() -> u64 {
+    let threshold = match CONFIG.get(0) {
+        Some(config) => u64::from(config.wakeup_bytes),
+        None => 0,
+    };
+    if EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
+}

@@ -1,0 +1,89 @@
+//! What an older kernel lacks, named from the verifier's refusal instead of quoting its log.
+//!
+//! The programs need Linux 5.8: the BPF ring buffer and `bpf_ringbuf_query` (5.8),
+//! `bpf_probe_read_user` (5.5), bounded loops (5.3, the payload copy is a constant-bounded
+//! loop of `MAX_CHUNKS_PER_CALL + MAX_IOVECS` steps), global data (5.2, the log level),
+//! tracepoints (4.16 for `sock/inet_sock_set_state`). A kernel without the ring buffer already
+//! fails when the map is created (`CaptureError::NoRingBuffer`); these are the refusals that
+//! come later, from the verifier.
+
+/// The oldest kernel with everything the programs use.
+const NEEDED: &str = "Linux 5.8 or newer";
+
+/// Helpers the programs call that are younger than the tracepoints (uapi/linux/bpf.h ids): a
+/// kernel that lacks one does not know its name either, its verifier says `unknown#134`.
+const YOUNG_HELPERS: &[(u32, &str)] = &[
+    (112, "bpf_probe_read_user"),
+    (130, "bpf_ringbuf_output"),
+    (131, "bpf_ringbuf_reserve"),
+    (132, "bpf_ringbuf_submit"),
+    (133, "bpf_ringbuf_discard"),
+    (134, "bpf_ringbuf_query"),
+];
+
+/// A one-line name for the feature the verifier's log says is missing, if it says so.
+pub fn missing_feature(verifier_log: &str) -> Option<String> {
+    if let Some(rest) = verifier_log.split("unknown func ").nth(1) {
+        // `unknown func bpf_ringbuf_query#134`, or `unknown func unknown#134` on a kernel that
+        // predates the helper.
+        let call = rest.split_whitespace().next().unwrap_or_default();
+        let (name, id) = call.split_once('#').unwrap_or((call, ""));
+        let id: Option<u32> = id.parse().ok();
+        let known = YOUNG_HELPERS
+            .iter()
+            .find(|(young, _)| Some(*young) == id)
+            .map(|(_, name)| *name);
+        let helper = match (name, known, id) {
+            ("unknown" | "", Some(known), _) => known.to_owned(),
+            ("unknown" | "", None, Some(id)) => format!("#{id}"),
+            _ => name.to_owned(),
+        };
+        return Some(format!(
+            "this kernel lacks the BPF helper {helper} ({NEEDED} is needed)"
+        ));
+    }
+    if verifier_log.contains("back-edge from insn") {
+        return Some(format!(
+            "this kernel's verifier rejects bounded loops ({NEEDED} is needed)"
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_helper_is_named() {
+        let log = "0: (85) call bpf_get_current_pid_tgid#14\n; ...\n45: (85) call unknown#134\nunknown func bpf_ringbuf_query#134\nprocessed 45 insns";
+        assert_eq!(
+            missing_feature(log).as_deref(),
+            Some(
+                "this kernel lacks the BPF helper bpf_ringbuf_query (Linux 5.8 or newer is needed)"
+            )
+        );
+    }
+
+    #[test]
+    fn a_helper_older_kernels_cannot_name_is_named_from_its_id() {
+        let log = "45: (85) call unknown#134\nunknown func unknown#134\n";
+        assert_eq!(
+            missing_feature(log).as_deref(),
+            Some(
+                "this kernel lacks the BPF helper bpf_ringbuf_query (Linux 5.8 or newer is needed)"
+            )
+        );
+    }
+
+    #[test]
+    fn a_rejected_loop_is_named() {
+        let log = "back-edge from insn 120 to 80\nprocessed 130 insns";
+        assert!(missing_feature(log).unwrap().contains("bounded loops"));
+    }
+
+    #[test]
+    fn other_refusals_are_left_to_the_log() {
+        assert_eq!(missing_feature("R2 unbounded memory access"), None);
+    }
+}

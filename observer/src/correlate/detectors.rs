@@ -1,0 +1,508 @@
+//! The detectors, fed `Observation`s in time order, and the thin dispatcher between them.
+//!
+//! Each detector keeps its own state and file: `placements` (user → live WebSockets),
+//! `push_calls` (pending calls, judged against the placements into `route_mismatch`),
+//! `ring_verdicts` (the learned rings, compared once settled into `ring_divergence`), `churn`
+//! (`push_connection_churn`) and `upgrade_on_grpc` (`ws_upgrade_on_grpc_port`). Repeats of the
+//! alerts that fold share one `FoldWindows`, so summaries come out in one order.
+//!
+//! Every table has a cap; what a cap turns away is counted, never silently lost.
+
+use std::net::IpAddr;
+
+use crate::{
+    alert::{Alert, FoldWindows},
+    model::ConnectionId,
+};
+
+use super::{
+    churn::Churn,
+    observation::Observation,
+    placements::Placements,
+    push_calls::{Judge, PendingCall, PushCalls},
+    ring_verdicts::RingVerdicts,
+    upgrade_on_grpc::{self, UpgradesOnGrpc},
+};
+
+/// Bounds and windows; the daemon sets them from flags.
+#[derive(Clone, Debug)]
+pub struct RouteLimits {
+    pub max_users: usize,
+    pub max_placements_per_user: usize,
+    pub max_pending_calls: usize,
+    pub max_tracked_connections: usize,
+    pub max_fold_keys: usize,
+    /// Repeats of one alert key within this many seconds fold into a count.
+    pub fold_window_secs: u64,
+    /// Learned ring membership must be stable this long before a divergence is reported, so a
+    /// warming-up observer or a rollout in progress yields one alert, not one per new member.
+    pub ring_settle_secs: u64,
+    /// A push call without an answer after this long is judged without one.
+    pub answer_timeout_secs: u64,
+    /// Churn: at least this many new connections by one pusher within `churn_window_secs`…
+    pub churn_min_new_connections: u64,
+    pub churn_window_secs: u64,
+}
+
+impl Default for RouteLimits {
+    fn default() -> Self {
+        Self {
+            max_users: 1_000_000,
+            max_placements_per_user: 16,
+            max_pending_calls: 65_536,
+            max_tracked_connections: 262_144,
+            max_fold_keys: 262_144,
+            fold_window_secs: 60,
+            ring_settle_secs: 3,
+            answer_timeout_secs: 5,
+            churn_min_new_connections: 20,
+            churn_window_secs: 10,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RouteCounters {
+    pub placements: u64,
+    pub push_calls: u64,
+    pub push_answers: u64,
+    pub users_evicted: u64,
+    pub placements_evicted: u64,
+    pub pending_calls_evicted: u64,
+    pub calls_without_answer: u64,
+    pub connections_evicted: u64,
+    pub fold_keys_evicted: u64,
+}
+
+/// What makes two alerts of the folding kinds "the same" within a fold window.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FoldKey {
+    Mismatch {
+        user: String,
+        placed: Vec<IpAddr>,
+        pushed: IpAddr,
+    },
+    UpgradeOnGrpc {
+        gateway: IpAddr,
+        port: u16,
+        proxy_pid: u32,
+    },
+}
+
+pub struct Detectors {
+    placements: Placements,
+    push_calls: PushCalls,
+    rings: RingVerdicts,
+    churn: Churn,
+    upgrades_on_grpc: UpgradesOnGrpc,
+    folds: FoldWindows<FoldKey>,
+}
+
+impl Detectors {
+    pub fn new(limits: RouteLimits) -> Self {
+        Self {
+            placements: Placements::new(&limits),
+            push_calls: PushCalls::new(&limits),
+            rings: RingVerdicts::new(limits.ring_settle_secs),
+            churn: Churn::new(&limits),
+            upgrades_on_grpc: UpgradesOnGrpc::default(),
+            folds: FoldWindows::new(limits.fold_window_secs, limits.max_fold_keys),
+        }
+    }
+
+    pub fn counters(&self) -> RouteCounters {
+        let placements = self.placements.counters();
+        let calls = self.push_calls.counters();
+        RouteCounters {
+            placements: placements.placements,
+            push_calls: calls.push_calls,
+            push_answers: calls.push_answers,
+            users_evicted: placements.users_evicted,
+            placements_evicted: placements.placements_evicted,
+            pending_calls_evicted: calls.pending_calls_evicted,
+            calls_without_answer: calls.calls_without_answer,
+            connections_evicted: placements.connections_evicted + self.churn.connections_evicted(),
+            fold_keys_evicted: self.folds.keys_evicted(),
+        }
+    }
+
+    pub fn tracked_users(&self) -> usize {
+        self.placements.users()
+    }
+
+    /// What judging a push call consults.
+    fn judge(&mut self) -> (&mut PushCalls, Judge<'_>) {
+        (
+            &mut self.push_calls,
+            Judge {
+                placements: &self.placements,
+                rings: &mut self.rings,
+                folds: &mut self.folds,
+            },
+        )
+    }
+
+    pub fn observe(&mut self, observation: Observation, alerts: &mut Vec<Alert>) {
+        match observation {
+            Observation::GrpcConnectionOpened {
+                connection,
+                ts_ns,
+                pusher,
+            } => self.churn.opened(connection, ts_ns, pusher, alerts),
+            Observation::ConnectionClosed { connection, ts_ns } => {
+                self.closed(connection, ts_ns, alerts);
+            }
+            Observation::UpgradeRequested {
+                connection,
+                ts_ns,
+                user,
+                platform,
+                gateway,
+                proxy,
+            } => {
+                self.rings
+                    .placement(gateway.name.as_deref(), gateway.ip, &user, ts_ns);
+                self.placements
+                    .place(connection, ts_ns, user, platform, gateway, proxy);
+            }
+            Observation::UpgradeAnswered {
+                connection, status, ..
+            } => {
+                if status != 101 {
+                    self.placements.end(connection);
+                }
+            }
+            Observation::UpgradeOnGrpcPort {
+                connection,
+                ts_ns,
+                user,
+                gateway,
+                proxy,
+            } => self.upgrades_on_grpc.requested(
+                upgrade_on_grpc::Request {
+                    connection,
+                    ts_ns,
+                    user,
+                    gateway,
+                    proxy,
+                },
+                &mut self.folds,
+                alerts,
+            ),
+            Observation::UpgradeOnGrpcPortAnswered { connection, status } => {
+                self.upgrades_on_grpc
+                    .answered(connection, status, &mut self.folds);
+            }
+            Observation::PushCalled {
+                connection,
+                stream_id,
+                ts_ns,
+                method,
+                gateway,
+                pusher,
+                message,
+                recipients,
+            } => {
+                self.rings
+                    .push_call(gateway.name.as_deref(), gateway.ip, ts_ns);
+                self.churn.called(connection, ts_ns);
+                self.push_calls.called(
+                    connection,
+                    stream_id,
+                    PendingCall {
+                        ts_ns,
+                        method,
+                        gateway,
+                        pusher,
+                        message,
+                        recipients,
+                    },
+                );
+            }
+            Observation::PushAnswered {
+                connection,
+                stream_id,
+                ts_ns,
+                results,
+            } => {
+                let (calls, mut judge) = self.judge();
+                calls.answered((connection, stream_id), ts_ns, &results, &mut judge, alerts);
+            }
+        }
+    }
+
+    fn closed(&mut self, connection: ConnectionId, ts_ns: u64, alerts: &mut Vec<Alert>) {
+        let (calls, mut judge) = self.judge();
+        calls.closed(connection, ts_ns, &mut judge, alerts);
+        self.upgrades_on_grpc.closed(connection);
+        self.placements.end(connection);
+        self.churn.closed(connection);
+    }
+
+    /// Time passes: windows close, unanswered calls time out, settled rings are compared,
+    /// churn is assessed. The daemon calls it about once a second.
+    pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
+        let (calls, mut judge) = self.judge();
+        calls.expire(now_ns, &mut judge, alerts);
+        self.folds.close(now_ns, false, alerts);
+        self.rings.evaluate(now_ns, false, alerts);
+        self.churn.assess(now_ns, alerts);
+    }
+
+    /// End of input (replay) or shutdown: judge what is pending and emit folded counts now.
+    pub fn finish(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
+        let (calls, mut judge) = self.judge();
+        calls.finish(now_ns, &mut judge, alerts);
+        self.churn.assess(now_ns, alerts);
+        self.rings.evaluate(now_ns, true, alerts);
+        self.folds.close(now_ns, true, alerts);
+    }
+}
+
+#[cfg(test)]
+pub(super) mod testing {
+    //! Drives `Detectors` with observations as the decoders would make them.
+
+    pub(crate) use std::net::IpAddr;
+
+    pub(crate) use super::{Detectors, RouteLimits};
+    pub(crate) use crate::correlate::Observation;
+    pub(crate) use crate::{
+        alert::{Alert, AlertBody},
+        model::{
+            Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process, UserResult,
+        },
+    };
+
+    pub(crate) const SEC: u64 = NANOS_PER_SEC;
+
+    pub(crate) fn gateway(index: u8, port: u16, name: Option<String>) -> Gateway {
+        Gateway {
+            ip: IpAddr::from([10, 244, 0, 10 + index]),
+            port,
+            name,
+        }
+    }
+
+    pub(crate) fn proxy_name(index: u8) -> String {
+        format!(
+            "demo-openim-msggateway-{index}.demo-openim-msggateway-headless.chat.svc.cluster.local"
+        )
+    }
+
+    pub(crate) fn process(pid: u32, comm: &str) -> Process {
+        Process {
+            pid,
+            comm: comm.into(),
+            cgroup_id: 0,
+        }
+    }
+
+    pub(crate) fn place(table: &mut Detectors, connection: u64, user: &str, on: u8, ts: u64) {
+        table.observe(
+            Observation::UpgradeRequested {
+                connection,
+                ts_ns: ts,
+                user: user.into(),
+                platform: Some(2),
+                gateway: gateway(on, 80, Some(proxy_name(on))),
+                proxy: process(10, "msggw-proxy"),
+            },
+            &mut Vec::new(),
+        );
+        table.observe(
+            Observation::UpgradeAnswered {
+                connection,
+                ts_ns: ts,
+                status: 101,
+            },
+            &mut Vec::new(),
+        );
+    }
+
+    pub(crate) fn push(
+        table: &mut Detectors,
+        connection: u64,
+        users: &[&str],
+        to: u8,
+        ts: u64,
+        answer_online: bool,
+    ) -> Vec<Alert> {
+        let mut alerts = Vec::new();
+        table.observe(
+            Observation::GrpcConnectionOpened {
+                connection,
+                ts_ns: ts,
+                pusher: process(20, "openim-push"),
+            },
+            &mut alerts,
+        );
+        table.observe(
+            Observation::PushCalled {
+                connection,
+                stream_id: 1,
+                ts_ns: ts,
+                method: "SuperGroupOnlineBatchPushOneMsg".into(),
+                gateway: gateway(to, 88, Some(format!("{}:88", proxy_name(to)))),
+                pusher: process(20, "openim-push"),
+                message: MessageIds {
+                    client_msg_id: Some("c1".into()),
+                    ..MessageIds::default()
+                },
+                recipients: users.iter().map(|user| user.to_string()).collect(),
+            },
+            &mut alerts,
+        );
+        let results = users
+            .iter()
+            .map(|user| UserResult {
+                user_id: user.to_string(),
+                online_push: answer_online,
+                platforms: if answer_online {
+                    vec![PlatformResult {
+                        platform_id: 2,
+                        result_code: 0,
+                    }]
+                } else {
+                    Vec::new()
+                },
+            })
+            .collect();
+        table.observe(
+            Observation::PushAnswered {
+                connection,
+                stream_id: 1,
+                ts_ns: ts,
+                results,
+            },
+            &mut alerts,
+        );
+        alerts
+    }
+
+    pub(crate) fn kinds(alerts: &[Alert]) -> Vec<&'static str> {
+        alerts.iter().map(Alert::kind).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+
+    #[test]
+    fn a_full_fold_table_is_swept_once_a_second_not_per_alert() {
+        let limits = RouteLimits {
+            max_fold_keys: 2,
+            fold_window_secs: 10,
+            ..RouteLimits::default()
+        };
+        let mut table = Detectors::new(limits);
+        for (index, user) in ["u1", "u2", "u3", "u4", "u5"].iter().enumerate() {
+            place(&mut table, 100 + index as u64, user, 0, SEC);
+        }
+        // Two keys fill the table; the third is emitted unfolded.
+        push(&mut table, 1, &["u1", "u2"], 1, 2 * SEC, false);
+        assert_eq!(
+            kinds(&push(&mut table, 2, &["u3"], 1, 2 * SEC, false)).len(),
+            1
+        );
+        assert_eq!(table.counters().fold_keys_evicted, 1);
+        // Windows still open: a second within the sweep's second changes nothing.
+        push(&mut table, 3, &["u4"], 1, 2 * SEC + SEC / 2, false);
+        assert_eq!(table.counters().fold_keys_evicted, 2);
+        // Once the first windows have expired, the next new key sweeps them and is folded.
+        let alerts = push(&mut table, 4, &["u5"], 1, 13 * SEC, false);
+        assert_eq!(kinds(&alerts), ["route_mismatch"]);
+        assert_eq!(table.counters().fold_keys_evicted, 2);
+        assert_eq!(table.folds.open_windows(), 1);
+    }
+
+    #[test]
+    fn a_push_to_the_placing_gateway_is_silent() {
+        let mut table = Detectors::new(RouteLimits::default());
+        place(&mut table, 1, "u1", 0, SEC);
+        assert!(push(&mut table, 2, &["u1"], 0, 2 * SEC, true).is_empty());
+    }
+
+    #[test]
+    fn a_push_elsewhere_is_a_mismatch_with_the_gateways_answer() {
+        let mut table = Detectors::new(RouteLimits::default());
+        place(&mut table, 1, "u1", 0, SEC);
+        // The proxy has placed someone on gateway 3 too, so both spellings of it are known.
+        place(&mut table, 9, "u9", 3, SEC);
+        let alerts = push(&mut table, 2, &["u1"], 3, 2 * SEC, false);
+        assert_eq!(kinds(&alerts), ["route_mismatch"]);
+        let json: serde_json::Value = serde_json::from_str(&alerts[0].to_json_line()).unwrap();
+        assert_eq!(json["kind"], "route_mismatch");
+        assert_eq!(json["schema_version"], 1);
+        assert_eq!(json["user"], "u1");
+        assert_eq!(json["placed_on"][0]["gateway"]["ip"], "10.244.0.10");
+        assert_eq!(json["placed_on"][0]["platforms"][0], 2);
+        assert_eq!(json["pushed_to"]["gateway"]["ip"], "10.244.0.13");
+        assert_eq!(json["pushed_to"]["answer"], "not_online_here");
+        assert_eq!(json["pushed_to"]["message"]["client_msg_id"], "c1");
+        let diagnosis = json["diagnosis"].as_str().unwrap();
+        assert!(diagnosis.contains("missed real time"), "{diagnosis}");
+        assert!(diagnosis.contains("':88'"), "{diagnosis}");
+    }
+
+    #[test]
+    fn unplaced_users_and_closed_placements_are_not_judged() {
+        let mut table = Detectors::new(RouteLimits::default());
+        assert!(push(&mut table, 2, &["stranger"], 3, SEC, false).is_empty());
+        place(&mut table, 1, "u1", 0, SEC);
+        table.observe(
+            Observation::ConnectionClosed {
+                connection: 1,
+                ts_ns: 2 * SEC,
+            },
+            &mut Vec::new(),
+        );
+        assert!(push(&mut table, 3, &["u1"], 3, 3 * SEC, false).is_empty());
+        // A refused upgrade is no placement either.
+        table.observe(
+            Observation::UpgradeRequested {
+                connection: 4,
+                ts_ns: 4 * SEC,
+                user: "u2".into(),
+                platform: None,
+                gateway: gateway(0, 80, None),
+                proxy: process(10, "p"),
+            },
+            &mut Vec::new(),
+        );
+        table.observe(
+            Observation::UpgradeAnswered {
+                connection: 4,
+                ts_ns: 4 * SEC,
+                status: 400,
+            },
+            &mut Vec::new(),
+        );
+        assert!(push(&mut table, 5, &["u2"], 3, 5 * SEC, false).is_empty());
+    }
+
+    #[test]
+    fn repeats_fold_into_one_count_per_window() {
+        let mut table = Detectors::new(RouteLimits::default());
+        place(&mut table, 1, "u1", 0, SEC);
+        let mut alerts = Vec::new();
+        for second in 2..12 {
+            alerts.extend(push(
+                &mut table,
+                100 + second,
+                &["u1"],
+                3,
+                second * SEC,
+                false,
+            ));
+        }
+        assert_eq!(alerts.len(), 1, "first one at once");
+        table.tick(70 * SEC, &mut alerts);
+        assert_eq!(alerts.len(), 2, "the window's summary");
+        let AlertBody::RouteMismatch { count, .. } = &alerts[1].body else {
+            panic!("{:?}", alerts[1]);
+        };
+        assert_eq!(*count, 10);
+    }
+}

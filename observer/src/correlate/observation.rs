@@ -1,0 +1,62 @@
+//! `Observation`: what happened on the wire, in routing terms. `connections` produces them from
+//! decoded traffic; the detectors consume them.
+
+use crate::model::{ConnectionId, Gateway, MessageIds, Process, UserResult};
+
+/// What happened on the wire, in routing terms.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observation {
+    /// A process connected to a watched gRPC port.
+    GrpcConnectionOpened {
+        connection: ConnectionId,
+        ts_ns: u64,
+        pusher: Process,
+    },
+    ConnectionClosed {
+        connection: ConnectionId,
+        ts_ns: u64,
+    },
+    /// The proxy asked a gateway's WebSocket port to take `user`.
+    UpgradeRequested {
+        connection: ConnectionId,
+        ts_ns: u64,
+        user: String,
+        platform: Option<i32>,
+        gateway: Gateway,
+        proxy: Process,
+    },
+    UpgradeAnswered {
+        connection: ConnectionId,
+        ts_ns: u64,
+        status: u16,
+    },
+    /// A WebSocket upgrade went to a gRPC port.
+    UpgradeOnGrpcPort {
+        connection: ConnectionId,
+        ts_ns: u64,
+        user: Option<String>,
+        gateway: Gateway,
+        proxy: Process,
+    },
+    /// Whatever the gRPC port answered to such an upgrade, if it spoke HTTP/1 at all.
+    UpgradeOnGrpcPortAnswered {
+        connection: ConnectionId,
+        status: u16,
+    },
+    PushCalled {
+        connection: ConnectionId,
+        stream_id: u32,
+        ts_ns: u64,
+        method: String,
+        gateway: Gateway,
+        pusher: Process,
+        message: MessageIds,
+        recipients: Vec<String>,
+    },
+    PushAnswered {
+        connection: ConnectionId,
+        stream_id: u32,
+        ts_ns: u64,
+        results: Vec<UserResult>,
+    },
+}

@@ -1,0 +1,155 @@
+//! Where the proxy placed each user: user → the live WebSocket placements (gateway, `Host`,
+//! platform), each ended when its connection closes or its upgrade is refused.
+
+use std::collections::HashMap;
+
+use crate::{
+    alert::{PlacementInfo, rfc3339},
+    model::{ConnectionId, Gateway, Process},
+};
+
+use super::RouteLimits;
+
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub connection: ConnectionId,
+    pub gateway: Gateway,
+    pub platform: Option<i32>,
+    pub since_ns: u64,
+    pub proxy: Process,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlacementCounters {
+    pub placements: u64,
+    pub users_evicted: u64,
+    pub placements_evicted: u64,
+    pub connections_evicted: u64,
+}
+
+pub struct Placements {
+    max_users: usize,
+    max_per_user: usize,
+    max_connections: usize,
+    by_user: HashMap<String, Vec<Placement>>,
+    /// The connection that holds each placement, so that its close ends it.
+    users_by_connection: HashMap<ConnectionId, String>,
+    counters: PlacementCounters,
+}
+
+impl Placements {
+    pub fn new(limits: &RouteLimits) -> Self {
+        Self {
+            max_users: limits.max_users,
+            max_per_user: limits.max_placements_per_user,
+            max_connections: limits.max_tracked_connections,
+            by_user: HashMap::new(),
+            users_by_connection: HashMap::new(),
+            counters: PlacementCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> PlacementCounters {
+        self.counters
+    }
+
+    pub fn users(&self) -> usize {
+        self.by_user.len()
+    }
+
+    /// The live placements of `user`, oldest first.
+    pub fn of(&self, user: &str) -> Option<&[Placement]> {
+        self.by_user.get(user).map(Vec::as_slice)
+    }
+
+    /// The proxy asked a gateway to take `user` on `connection`.
+    pub fn place(
+        &mut self,
+        connection: ConnectionId,
+        ts_ns: u64,
+        user: String,
+        platform: Option<i32>,
+        gateway: Gateway,
+        proxy: Process,
+    ) {
+        if !self.by_user.contains_key(&user) && self.by_user.len() >= self.max_users {
+            self.counters.users_evicted += 1;
+            return;
+        }
+        if self.users_by_connection.len() >= self.max_connections
+            && !self.users_by_connection.contains_key(&connection)
+        {
+            self.counters.connections_evicted += 1;
+            return;
+        }
+        self.users_by_connection.insert(connection, user.clone());
+        self.counters.placements += 1;
+        let placements = self.by_user.entry(user).or_default();
+        if placements.len() >= self.max_per_user {
+            // The oldest placement is the likeliest to be stale (its close missed).
+            placements.remove(0);
+            self.counters.placements_evicted += 1;
+        }
+        placements.push(Placement {
+            connection,
+            gateway,
+            platform,
+            since_ns: ts_ns,
+            proxy,
+        });
+    }
+
+    /// The placement on `connection`, if any, ends: refused, or closed.
+    pub fn end(&mut self, connection: ConnectionId) {
+        let Some(user) = self.users_by_connection.remove(&connection) else {
+            return;
+        };
+        if let Some(placements) = self.by_user.get_mut(&user) {
+            placements.retain(|placement| placement.connection != connection);
+            if placements.is_empty() {
+                self.by_user.remove(&user);
+            }
+        }
+    }
+}
+
+/// A user's placements as an alert prints them: one entry per gateway, its platforms merged.
+pub fn summarize(placements: &[Placement]) -> Vec<PlacementInfo> {
+    let mut summary: Vec<PlacementInfo> = Vec::new();
+    for placement in placements {
+        if let Some(existing) = summary
+            .iter_mut()
+            .find(|info| info.gateway.gateway.ip == placement.gateway.ip)
+        {
+            existing.platforms.extend(placement.platform);
+            continue;
+        }
+        summary.push(PlacementInfo {
+            gateway: placement.gateway.clone().into(),
+            platforms: placement.platform.into_iter().collect(),
+            since: rfc3339(placement.since_ns),
+            proxy: placement.proxy.clone().into(),
+        });
+    }
+    summary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::detectors::testing::*;
+
+    #[test]
+    fn caps_bound_the_tables_and_count_what_they_turn_away() {
+        let limits = RouteLimits {
+            max_users: 10,
+            max_tracked_connections: 15,
+            ..RouteLimits::default()
+        };
+        let mut table = Detectors::new(limits);
+        for index in 0..100u64 {
+            place(&mut table, index, &format!("user{index}"), 0, SEC);
+        }
+        assert_eq!(table.tracked_users(), 10);
+        assert_eq!(table.counters().users_evicted, 90);
+    }
+}

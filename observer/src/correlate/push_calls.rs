@@ -1,0 +1,254 @@
+//! Push calls waiting for the gateway's answer, and the judgment once it comes (or cannot):
+//! every recipient whose WebSocket is placed on another gateway is a `route_mismatch`.
+
+use std::{collections::HashMap, net::IpAddr};
+
+use crate::{
+    alert::{Alert, AlertBody, FoldWindows, PushInfo},
+    model::{ConnectionId, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, Process, UserResult},
+    openim::diagnosis,
+};
+
+use super::{
+    FoldKey, RouteLimits,
+    placements::{self, Placements},
+    ring_verdicts::RingVerdicts,
+};
+
+#[derive(Clone, Debug)]
+pub struct PendingCall {
+    pub ts_ns: u64,
+    pub method: String,
+    pub gateway: Gateway,
+    pub pusher: Process,
+    pub message: MessageIds,
+    pub recipients: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallCounters {
+    pub push_calls: u64,
+    pub push_answers: u64,
+    pub pending_calls_evicted: u64,
+    pub calls_without_answer: u64,
+}
+
+/// What judging a call consults and where its alerts fold.
+pub struct Judge<'a> {
+    pub placements: &'a Placements,
+    pub rings: &'a mut RingVerdicts,
+    pub folds: &'a mut FoldWindows<FoldKey>,
+}
+
+pub struct PushCalls {
+    max_pending: usize,
+    answer_timeout_secs: u64,
+    pending: HashMap<(ConnectionId, u32), PendingCall>,
+    counters: CallCounters,
+}
+
+impl PushCalls {
+    pub fn new(limits: &RouteLimits) -> Self {
+        Self {
+            max_pending: limits.max_pending_calls,
+            answer_timeout_secs: limits.answer_timeout_secs,
+            pending: HashMap::new(),
+            counters: CallCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> CallCounters {
+        self.counters
+    }
+
+    /// Push called stream `stream_id` of `connection`; the call waits for its answer.
+    pub fn called(&mut self, connection: ConnectionId, stream_id: u32, call: PendingCall) {
+        self.counters.push_calls += 1;
+        if self.pending.len() >= self.max_pending {
+            self.counters.pending_calls_evicted += 1;
+            return;
+        }
+        self.pending.insert((connection, stream_id), call);
+    }
+
+    pub fn answered(
+        &mut self,
+        (connection, stream_id): (ConnectionId, u32),
+        ts_ns: u64,
+        results: &[UserResult],
+        judge: &mut Judge<'_>,
+        alerts: &mut Vec<Alert>,
+    ) {
+        if let Some(call) = self.pending.remove(&(connection, stream_id)) {
+            self.counters.push_answers += 1;
+            judge_call(call, Some(results), ts_ns, judge, alerts);
+        }
+    }
+
+    /// Calls on a closing connection will get no answer: they are judged without one.
+    pub fn closed(
+        &mut self,
+        connection: ConnectionId,
+        ts_ns: u64,
+        judge: &mut Judge<'_>,
+        alerts: &mut Vec<Alert>,
+    ) {
+        let unanswered: Vec<u32> = self
+            .pending
+            .keys()
+            .filter(|(call_connection, _)| *call_connection == connection)
+            .map(|(_, stream)| *stream)
+            .collect();
+        for stream in unanswered {
+            if let Some(call) = self.pending.remove(&(connection, stream)) {
+                self.counters.calls_without_answer += 1;
+                judge_call(call, None, ts_ns, judge, alerts);
+            }
+        }
+    }
+
+    /// Calls without an answer after the timeout are judged without one.
+    pub fn expire(&mut self, now_ns: u64, judge: &mut Judge<'_>, alerts: &mut Vec<Alert>) {
+        let timeout = self.answer_timeout_secs * NANOS_PER_SEC;
+        let expired: Vec<(ConnectionId, u32)> = self
+            .pending
+            .iter()
+            .filter(|(_, call)| now_ns.saturating_sub(call.ts_ns) >= timeout)
+            .map(|(key, _)| *key)
+            .collect();
+        for key in expired {
+            if let Some(call) = self.pending.remove(&key) {
+                self.counters.calls_without_answer += 1;
+                judge_call(call, None, now_ns, judge, alerts);
+            }
+        }
+    }
+
+    /// End of input: every pending call is judged without an answer.
+    pub fn finish(&mut self, now_ns: u64, judge: &mut Judge<'_>, alerts: &mut Vec<Alert>) {
+        let pending: Vec<PendingCall> = self.pending.drain().map(|(_, call)| call).collect();
+        for call in pending {
+            self.counters.calls_without_answer += 1;
+            judge_call(call, None, now_ns, judge, alerts);
+        }
+    }
+}
+
+/// Checks each recipient of a call against its placements.
+fn judge_call(
+    call: PendingCall,
+    results: Option<&[UserResult]>,
+    ts_ns: u64,
+    judge: &mut Judge<'_>,
+    alerts: &mut Vec<Alert>,
+) {
+    for user in &call.recipients {
+        let Some(placements) = judge.placements.of(user) else {
+            continue;
+        };
+        if placements
+            .iter()
+            .any(|placement| placement.gateway.ip == call.gateway.ip)
+        {
+            continue;
+        }
+        let answer =
+            results.and_then(|results| results.iter().find(|answer| &answer.user_id == user));
+        let (gateway_answer, answer_platforms) = match answer {
+            None => (GatewayAnswer::Unknown, Vec::new()),
+            Some(answer) if answer.platforms.is_empty() => {
+                (GatewayAnswer::NotOnlineHere, Vec::new())
+            }
+            Some(answer) => {
+                let delivered = answer.online_push
+                    || answer
+                        .platforms
+                        .iter()
+                        .any(|platform| platform.result_code == 0);
+                let verdict = if delivered {
+                    GatewayAnswer::Delivered
+                } else {
+                    GatewayAnswer::DeliveryFailed
+                };
+                (verdict, answer.platforms.clone())
+            }
+        };
+        let mut placed: Vec<IpAddr> = placements
+            .iter()
+            .map(|placement| placement.gateway.ip)
+            .collect();
+        placed.sort();
+        placed.dedup();
+        let key = FoldKey::Mismatch {
+            user: user.clone(),
+            placed,
+            pushed: call.gateway.ip,
+        };
+        if judge.folds.repeat(&key, ts_ns, |_| {}) {
+            continue;
+        }
+        let placed_on = placements::summarize(placements);
+        let placed_gateways: Vec<&Gateway> =
+            placed_on.iter().map(|info| &info.gateway.gateway).collect();
+        let diagnosis = diagnosis::route_mismatch(
+            user,
+            &placed_gateways,
+            &call.gateway,
+            gateway_answer,
+            judge.rings.spelling_difference(),
+        );
+        let alert = Alert::new(
+            ts_ns,
+            AlertBody::RouteMismatch {
+                user: user.clone(),
+                placed_on,
+                pushed_to: PushInfo {
+                    gateway: call.gateway.clone().into(),
+                    method: call.method.clone(),
+                    message: call.message.clone(),
+                    pusher: call.pusher.clone().into(),
+                    answer: gateway_answer,
+                    answer_platforms,
+                },
+                count: 1,
+                window_secs: judge.folds.window_secs(),
+                diagnosis,
+            },
+        );
+        judge.folds.first(key, alert, alerts);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::detectors::testing::*;
+
+    #[test]
+    fn unanswered_calls_are_judged_on_close_and_timeout() {
+        let mut table = Detectors::new(RouteLimits::default());
+        place(&mut table, 1, "u1", 0, SEC);
+        let mut alerts = Vec::new();
+        table.observe(
+            Observation::PushCalled {
+                connection: 2,
+                stream_id: 1,
+                ts_ns: 2 * SEC,
+                method: "OnlinePushMsg".into(),
+                gateway: gateway(1, 88, None),
+                pusher: process(20, "push"),
+                message: MessageIds::default(),
+                recipients: vec!["u1".into()],
+            },
+            &mut alerts,
+        );
+        assert!(alerts.is_empty());
+        table.tick(3 * SEC, &mut alerts);
+        assert!(alerts.is_empty(), "still within the answer timeout");
+        table.tick(10 * SEC, &mut alerts);
+        assert_eq!(kinds(&alerts), ["route_mismatch"]);
+        let AlertBody::RouteMismatch { pushed_to, .. } = &alerts[0].body else {
+            unreachable!()
+        };
+        assert_eq!(pushed_to.answer, GatewayAnswer::Unknown);
+    }
+}

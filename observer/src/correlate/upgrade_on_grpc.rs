@@ -1,0 +1,136 @@
+//! WebSocket upgrades the proxy sent to a gRPC port: one `ws_upgrade_on_grpc_port` per gateway
+//! port and proxy, folded, naming the users it tried to place and what the port answered.
+
+use std::{collections::HashMap, net::IpAddr};
+
+use crate::{
+    alert::{Alert, AlertBody, FoldWindows},
+    model::{ConnectionId, Gateway, Process},
+    openim::diagnosis,
+};
+
+use super::FoldKey;
+
+/// Users named in one alert at most.
+const MAX_USERS_NAMED: usize = 100;
+
+/// A WebSocket upgrade request seen on a gRPC port.
+pub struct Request {
+    pub connection: ConnectionId,
+    pub ts_ns: u64,
+    pub user: Option<String>,
+    pub gateway: Gateway,
+    pub proxy: Process,
+}
+
+#[derive(Default)]
+pub struct UpgradesOnGrpc {
+    /// Each such connection's alert key, until it closes, so its answer finds the alert.
+    keys_by_connection: HashMap<ConnectionId, (IpAddr, u16, u32)>,
+}
+
+impl UpgradesOnGrpc {
+    pub fn requested(
+        &mut self,
+        request: Request,
+        folds: &mut FoldWindows<FoldKey>,
+        alerts: &mut Vec<Alert>,
+    ) {
+        let Request {
+            connection,
+            ts_ns,
+            user,
+            gateway,
+            proxy,
+        } = request;
+        self.keys_by_connection
+            .insert(connection, (gateway.ip, gateway.port, proxy.pid));
+        let key = FoldKey::UpgradeOnGrpc {
+            gateway: gateway.ip,
+            port: gateway.port,
+            proxy_pid: proxy.pid,
+        };
+        let merged = folds.repeat(&key, ts_ns, |body| {
+            if let AlertBody::WsUpgradeOnGrpcPort { users, .. } = body
+                && let Some(user) = &user
+                && !users.contains(user)
+                && users.len() < MAX_USERS_NAMED
+            {
+                users.push(user.clone());
+            }
+        });
+        if merged {
+            return;
+        }
+        let diagnosis =
+            diagnosis::ws_upgrade_on_grpc_port(user.as_deref(), gateway.ip, gateway.port);
+        let alert = Alert::new(
+            ts_ns,
+            AlertBody::WsUpgradeOnGrpcPort {
+                gateway: gateway.into(),
+                users: user.into_iter().collect(),
+                proxy: proxy.into(),
+                answer_status: None,
+                count: 1,
+                window_secs: folds.window_secs(),
+                diagnosis,
+            },
+        );
+        folds.first(key, alert, alerts);
+    }
+
+    /// The gRPC port answered such an upgrade in HTTP/1: its status goes into the alert.
+    pub fn answered(
+        &self,
+        connection: ConnectionId,
+        status: u16,
+        folds: &mut FoldWindows<FoldKey>,
+    ) {
+        let Some(&(gateway, port, proxy_pid)) = self.keys_by_connection.get(&connection) else {
+            return;
+        };
+        let key = FoldKey::UpgradeOnGrpc {
+            gateway,
+            port,
+            proxy_pid,
+        };
+        if let Some(AlertBody::WsUpgradeOnGrpcPort { answer_status, .. }) = folds.summary_mut(&key)
+        {
+            *answer_status = Some(status);
+        }
+    }
+
+    pub fn closed(&mut self, connection: ConnectionId) {
+        self.keys_by_connection.remove(&connection);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::detectors::testing::*;
+
+    #[test]
+    fn an_upgrade_on_the_grpc_port_names_its_users() {
+        let mut table = Detectors::new(RouteLimits::default());
+        let mut alerts = Vec::new();
+        for (connection, user) in [(1, "a"), (2, "b"), (3, "a")] {
+            table.observe(
+                Observation::UpgradeOnGrpcPort {
+                    connection,
+                    ts_ns: SEC,
+                    user: Some(user.into()),
+                    gateway: gateway(0, 88, Some(format!("{}:88", proxy_name(0)))),
+                    proxy: process(10, "msggw-proxy"),
+                },
+                &mut alerts,
+            );
+        }
+        assert_eq!(kinds(&alerts), ["ws_upgrade_on_grpc_port"]);
+        table.finish(2 * SEC, &mut alerts);
+        let AlertBody::WsUpgradeOnGrpcPort { users, count, .. } = &alerts[1].body else {
+            panic!("{alerts:?}");
+        };
+        assert_eq!(users, &["a", "b"]);
+        assert_eq!(*count, 3);
+    }
+}

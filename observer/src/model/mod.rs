@@ -1,0 +1,16 @@
+//! The shared vocabulary: what every layer above speaks, and the only place each of these
+//! types is defined. No module here imports from another layer.
+//!
+//! - `event`: what the capture saw, one typed event per kernel record.
+//! - `wire`: how a connection's first bytes say what it carries.
+//! - `routing`: gateways and processes, and what a push call carries and gets back.
+
+mod event;
+mod routing;
+pub mod wire;
+
+pub use event::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
+pub use routing::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process, UserResult};
+
+/// Timestamps are Unix nanoseconds throughout.
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;

@@ -1,0 +1,198 @@
+//! Every diagnosis the observer prints, in one place: the engine's alerts (what happened, what
+//! it costs OpenIM's users, the fix) and the offline tools' explanations. The texts quote
+//! facts; deciding that something happened is the detectors' and the tools' job.
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::model::{Gateway, GatewayAnswer};
+
+/// What the two rings learned from the wire disagree on, as a ring divergence quotes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Divergence {
+    /// The proxy's ring as inferred (its `Host` spelling of push's gateways).
+    pub proxy_members: Vec<String>,
+    pub push_members: Vec<String>,
+    /// What separates the spellings, in plain words.
+    pub difference: String,
+    pub proxy_example: String,
+    pub push_example: String,
+    /// Placements seen, and how many of them the two rings would have put apart.
+    pub placements_seen: usize,
+    pub placements_split: usize,
+    /// Share of a uniform sample of user ids the two rings send to different gateways.
+    pub sample_split_share: f64,
+}
+
+/// A push for `user` went to a gateway other than those holding its WebSocket.
+/// `spelling_difference` is what separates the two rings' member strings, when learnt.
+pub fn route_mismatch(
+    user: &str,
+    placed_on: &[&Gateway],
+    pushed_to: &Gateway,
+    answer: GatewayAnswer,
+    spelling_difference: Option<&str>,
+) -> String {
+    let placed_names: Vec<String> = placed_on.iter().map(|gateway| describe(gateway)).collect();
+    let consequence = match answer {
+        GatewayAnswer::NotOnlineHere => {
+            "that gateway answered that the user is not online there, so the message missed real time (offline push instead)"
+        }
+        GatewayAnswer::Delivered => {
+            "that gateway still reported a delivery (the user also has a connection there the observer did not see)"
+        }
+        GatewayAnswer::DeliveryFailed => "that gateway failed to deliver it",
+        GatewayAnswer::Unknown => {
+            "the gateway's answer was not seen; the user's connection is not on that gateway, so real-time delivery most likely failed"
+        }
+    };
+    let cause = match spelling_difference {
+        Some(difference) => format!(
+            "; the proxy's and push's rings spell gateways differently ({difference}), so they hash user {user} to different gateways"
+        ),
+        None => String::new(),
+    };
+    format!(
+        "user {user} holds its WebSocket on {} but push delivered to {}: {consequence}{cause}",
+        placed_names.join(" and "),
+        describe(pushed_to),
+    )
+}
+
+/// The proxy sent a WebSocket upgrade (for `user`, when it named one) to a gRPC port.
+pub fn ws_upgrade_on_grpc_port(user: Option<&str>, ip: IpAddr, port: u16) -> String {
+    format!(
+        "a WebSocket upgrade{} was sent to {ip}:{port}, a gRPC port: the proxy dials its ring member literally, so members carrying the gRPC port (the incident report's fix as written) send WebSockets to the gRPC server, which rejects them. Hash on the ':88' spelling but dial the WebSocket port",
+        user.map(|user| format!(" for user {user}"))
+            .unwrap_or_default(),
+    )
+}
+
+/// The proxy's and push's rings, as learnt from the wire, send users to different gateways.
+pub fn ring_divergence(divergence: &Divergence) -> String {
+    format!(
+        "msggateway-proxy places users with a ring over {} members like '{}', push delivers with a ring over {} members like '{}' ({}); the two rings send {:.0}% of user ids to different gateways ({} of the {} placements seen), and every such online user misses real-time messages. Make both hash the same member strings while the proxy keeps dialling the WebSocket port",
+        divergence.proxy_members.len(),
+        divergence.proxy_example,
+        divergence.push_members.len(),
+        divergence.push_example,
+        divergence.difference,
+        divergence.sample_split_share * 100.0,
+        divergence.placements_split,
+        divergence.placements_seen,
+    )
+}
+
+/// What a pusher that opens a connection per call looks like, and what it costs.
+pub struct Churn<'a> {
+    pub comm: &'a str,
+    pub pid: u32,
+    pub new_connections: u64,
+    pub window_secs: u64,
+    pub calls_per_connection: f64,
+    pub open_connections: u64,
+}
+
+/// A pusher opens a new gRPC connection per call and does not close them.
+pub fn push_connection_churn(churn: &Churn<'_>) -> String {
+    let Churn {
+        comm,
+        pid,
+        new_connections,
+        window_secs,
+        calls_per_connection,
+        open_connections,
+    } = churn;
+    format!(
+        "{comm} (pid {pid}) opened {new_connections} gRPC connections to gateways in {window_secs}s, about {calls_per_connection:.1} call per connection, and holds {open_connections} open: a new client connection per push call that is never closed, as OpenIM 3.5.1 push does in Kubernetes mode. It leaks sockets and memory in push and in every gateway until restart"
+    )
+}
+
+/// The last line of `observer audit`: why the two rings split users, or why they do not.
+pub fn audit_why(spellings_differ: bool, difference: &str) -> String {
+    if spellings_differ {
+        format!(
+            "Why: {difference}; the ring hashes the member text, so the two rings place \
+             users independently and about 1 - 1/n of them land on different gateways.\n"
+        )
+    } else {
+        format!("Why: {difference}, so both rings agree for every user.\n")
+    }
+}
+
+/// The gateway one ring picks for a user, and that gateway's member string.
+#[derive(Serialize, Debug)]
+pub struct Pick<'a> {
+    pub gateway: usize,
+    pub member: &'a str,
+}
+
+/// Where both rings send one user (`observer explain`; also its JSON form).
+#[derive(Serialize, Debug)]
+pub struct Explanation<'a> {
+    pub user: &'a str,
+    pub replicas: usize,
+    pub proxy: Pick<'a>,
+    pub push: Pick<'a>,
+    pub agree: bool,
+    pub difference: &'a str,
+}
+
+/// `observer explain` in words: both picks, and why they differ or agree.
+pub fn explanation(explanation: &Explanation, spellings_differ: bool) -> String {
+    let Explanation {
+        user,
+        replicas,
+        proxy,
+        push,
+        agree,
+        difference,
+    } = explanation;
+    let mut text = format!(
+        "User {user} with {replicas} gateway{}:\n\
+         \x20 proxy (WebSocket placement) picks gateway {}: {}\n\
+         \x20 push  (online delivery)     picks gateway {}: {}\n",
+        if *replicas == 1 { "" } else { "s" },
+        proxy.gateway,
+        proxy.member,
+        push.gateway,
+        push.member,
+    );
+    let verdict = if !agree {
+        format!(
+            "They disagree: push delivers to gateway {} but the user's WebSocket is on gateway \
+             {}, which answers \"not online\", so the message falls back to offline push.\n\
+             Why: {difference}; the ring hashes the member text, so the two rings place this \
+             user independently.\n",
+            push.gateway, proxy.gateway
+        )
+    } else if *replicas == 1 {
+        format!(
+            "They agree: with a single gateway every user is on gateway {}.\n",
+            proxy.gateway
+        )
+    } else if spellings_differ {
+        format!(
+            "They agree: both send the user to gateway {}, so pushes reach the WebSocket.\n\
+             Why they could differ: {difference}; the rings place users independently and \
+             agree for this user by chance (about 1 user in {replicas}).\n",
+            proxy.gateway
+        )
+    } else {
+        format!(
+            "They agree: both send the user to gateway {}.\nWhy: {difference}, so both rings \
+             agree for every user.\n",
+            proxy.gateway
+        )
+    };
+    text.push_str(&verdict);
+    text
+}
+
+fn describe(gateway: &Gateway) -> String {
+    match &gateway.name {
+        Some(name) => format!("{name} ({})", gateway.ip),
+        None => gateway.ip.to_string(),
+    }
+}

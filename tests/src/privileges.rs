@@ -1,0 +1,37 @@
+//! The lab and end-to-end tests need root (network namespaces; the observer loads eBPF
+//! programs). On a normal user's plain `cargo test` they skip and say why; under `cargo xtask
+//! test`, which sets `OBSERVER_REQUIRE_EBPF`, they fail instead, so CI never skips them silently.
+
+use std::io::Write;
+
+/// What a privileged test needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    /// Root: the lab's network namespaces.
+    Root,
+    /// Root and an observer built with its eBPF programs, which it loads.
+    RootAndPrograms,
+}
+
+/// Whether the calling test can run here. When it cannot, it says so on stderr (written past
+/// the test harness's capture, so a passing run shows it) and the test should return early;
+/// with `OBSERVER_REQUIRE_EBPF` set it panics with the reason instead.
+pub fn can_run(needs: Needs) -> bool {
+    let reason = if let Err(error) = crate::netns::require_root() {
+        error.to_string()
+    } else if needs == Needs::RootAndPrograms && !observer::capture::kernel::PROGRAMS_EMBEDDED {
+        "the observer was built without its eBPF programs (build with `cargo xtask build`)".into()
+    } else {
+        return true;
+    };
+    let current = std::thread::current();
+    let test = current
+        .name()
+        .filter(|name| *name != "main")
+        .unwrap_or("test");
+    if std::env::var_os("OBSERVER_REQUIRE_EBPF").is_some() {
+        panic!("{test} cannot run: {reason} (OBSERVER_REQUIRE_EBPF is set)");
+    }
+    let _ = writeln!(std::io::stderr(), "skipped {test}: {reason}");
+    false
+}
