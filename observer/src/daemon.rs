@@ -19,7 +19,10 @@ use crate::{
         kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
         recording::{self, PrivateLines, RecordingError},
     },
-    cluster::{ClusterArgs, ClusterError, SharedState, StoreMetrics, store::StoreError},
+    cluster::{
+        ClusterArgs, ClusterError, ClusterLink, SharedState, StoreMetrics, link::Done,
+        store::StoreError,
+    },
     correlate::{Engine, EngineConfig, RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     metrics::{self, Metrics, MetricsError},
@@ -92,6 +95,17 @@ pub struct RunArgs {
     pub engine: EngineArgs,
 }
 
+/// Cluster mode, at shutdown: joins and claims still in flight are waited for this long.
+const SETTLE_AT_STOP: Duration = Duration::from_secs(2);
+
+/// The next answer of the shared state; never, without one.
+async fn next_done(cluster: &mut Option<ClusterLink>) -> Done {
+    match cluster {
+        Some(link) => link.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A miss in the cgroup index rescans the hierarchy at most this often.
 const CGROUP_RESCAN_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -130,7 +144,8 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    fn config(&self) -> EngineConfig {
+    /// `node`: this node's name in cluster mode.
+    fn config(&self, node: Option<String>) -> EngineConfig {
         let defaults = EngineConfig::default();
         EngineConfig {
             routes: RouteLimits {
@@ -146,6 +161,7 @@ impl EngineArgs {
                 ..defaults.decode
             },
             max_connections: self.max_connections,
+            node,
         }
     }
 }
@@ -179,6 +195,8 @@ struct EventSink {
     metrics: Option<Arc<Mutex<Metrics>>>,
     /// With `--kube`: names the pods in alerts as they are printed.
     pods: Option<PodDirectory>,
+    /// Cluster mode: the shared state.
+    cluster: Option<ClusterLink>,
 }
 
 impl EventSink {
@@ -186,16 +204,19 @@ impl EventSink {
         print_events: bool,
         record: Option<(PathBuf, BufWriter<File>)>,
         engine: &EngineArgs,
+        cluster: Option<ClusterLink>,
     ) -> Self {
+        let node = cluster.as_ref().map(|link| link.node().to_owned());
         Self {
             stdout: BufWriter::new(io::stdout()),
             print_events,
             record,
             private_lines: PrivateLines::new(engine.max_connections),
-            engine: Engine::new(engine.config()),
+            engine: Engine::new(engine.config(node)),
             alerts: Vec::new(),
             metrics: None,
             pods: None,
+            cluster,
         }
     }
 
@@ -218,6 +239,34 @@ impl EventSink {
 
     fn tick(&mut self, now_ns: u64) {
         self.engine.tick(now_ns, &mut self.alerts);
+        if let Some(link) = &mut self.cluster {
+            link.tick(now_ns, &mut self.alerts);
+        }
+    }
+
+    /// Cluster mode: what the shared state brought back (a join, a claim, ring evidence).
+    fn apply(&mut self, done: Done) {
+        if let Some(link) = &mut self.cluster {
+            link.apply(done, &mut self.engine, &mut self.alerts);
+        }
+    }
+
+    /// Cluster mode, at shutdown: waits a little for the joins and claims still in flight.
+    async fn settle(&mut self) -> Result<(), DaemonError> {
+        let deadline = tokio::time::Instant::now() + SETTLE_AT_STOP;
+        loop {
+            self.flush()?;
+            let Some(link) = &mut self.cluster else {
+                return Ok(());
+            };
+            if link.outstanding() == 0 {
+                return Ok(());
+            }
+            match tokio::time::timeout_at(deadline, link.next()).await {
+                Ok(done) => self.apply(done),
+                Err(_) => return Ok(()),
+            }
+        }
     }
 
     fn finish(&mut self) {
@@ -226,6 +275,9 @@ impl EventSink {
 
     /// Prints the alerts raised so far, then flushes every output.
     fn flush(&mut self) -> Result<(), DaemonError> {
+        if let Some(link) = &mut self.cluster {
+            link.forward(&mut self.engine, &mut self.alerts);
+        }
         let now_ns = unix_now_ns();
         for mut alert in self.alerts.drain(..) {
             if let Some(pods) = &mut self.pods {
@@ -267,7 +319,14 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         }
         None => None,
     };
-    let mut sink = EventSink::new(args.events, record, &args.engine);
+    let cluster = match args.cluster.resolve()? {
+        Some(config) => Some(ClusterLink::start(
+            &config,
+            Duration::from_secs(args.engine.fold_window),
+        )?),
+        None => None,
+    };
+    let mut sink = EventSink::new(args.events, record, &args.engine, cluster);
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
         let pods = PodIndex::shared(args.kube_max_pods);
@@ -277,16 +336,12 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     } else {
         None
     };
-    let shared_state = match args.cluster.resolve()? {
-        Some(config) => Some(SharedState::start(&config)?),
-        None => None,
-    };
     let metrics_server = match &args.metrics_addr {
         Some(addr) => {
             let listener = metrics::bind(addr).await?;
             let mut metrics = Metrics::default();
-            if let Some(state) = &shared_state {
-                metrics.register_collector(Box::new(StoreMetrics(state.health())));
+            if let Some(link) = &sink.cluster {
+                metrics.register_collector(Box::new(StoreMetrics(link.state().health())));
             }
             let shared = Arc::new(Mutex::new(metrics));
             sink.metrics = Some(Arc::clone(&shared));
@@ -307,8 +362,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "ring_bytes": options.ring_bytes,
         "version": env!("CARGO_PKG_VERSION"),
     });
-    if let Some(state) = &shared_state {
-        started["node"] = state.node().into();
+    if let Some(link) = &mut sink.cluster {
+        started["node"] = link.node().into();
+        // After the capture started, so a close racing the recovery is seen.
+        started["placements_recovered"] = link.recover(&mut sink.engine).await.into();
     }
     sink.print_json(&started)?;
     tracing::info!(
@@ -356,6 +413,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                     metrics.update(&capture.counters()?, &sink.engine.counters());
                 }
             }
+            done = next_done(&mut sink.cluster) => {
+                sink.apply(done);
+                sink.flush()?;
+            }
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
             () = &mut deadline => break,
@@ -368,7 +429,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let kernel = capture.counters()?;
     drop(capture);
     sink.finish();
-    sink.flush()?;
+    sink.settle().await?;
     for task in [metrics_server, pod_watch].into_iter().flatten() {
         task.abort();
     }
@@ -376,7 +437,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         &sink.engine,
         malformed_records,
         Some(&kernel),
-        shared_state.as_ref(),
+        sink.cluster.as_ref().map(ClusterLink::state),
     );
     Ok(())
 }
@@ -413,7 +474,7 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
         path: args.file.clone(),
         source,
     })?;
-    let mut sink = EventSink::new(args.events, None, &args.engine);
+    let mut sink = EventSink::new(args.events, None, &args.engine, None);
     for (index, line) in BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|source| DaemonError::File {
             path: args.file.clone(),

@@ -17,16 +17,12 @@
 //! Values hold only what the engine joins on (user ids, gateways, processes, message ids,
 //! answers): never a token, a header beyond those, or message content.
 
-use std::{
-    fmt,
-    net::{IpAddr, SocketAddr},
-    str::FromStr,
-    time::Duration,
-};
+use std::{net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
 use crate::model::{GatewayAnswer, MessageIds};
+pub use crate::{correlate::RingSide, model::ConnectionKey};
 
 pub const DEFAULT_PREFIX: &str = "openim-observer:";
 
@@ -48,33 +44,6 @@ pub const MAX_PUSH_OUTCOMES: usize = 16;
 /// Recent placements kept as ring evidence (the proxy-ring inference needs a few dozen that
 /// tell the candidates apart; this many covers hundreds of gateways).
 pub const MAX_RING_PLACEMENTS: usize = 1_000;
-
-/// One TCP connection as its node saw it: the connecting process's address and the gateway's.
-/// With the node it names the connection across observer restarts (the kernel's socket address,
-/// the engine's `ConnectionId`, does not survive them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ConnectionKey {
-    pub local: SocketAddr,
-    pub remote: SocketAddr,
-}
-
-impl fmt::Display for ConnectionKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}>{}", self.local, self.remote)
-    }
-}
-
-impl FromStr for ConnectionKey {
-    type Err = ();
-
-    fn from_str(text: &str) -> Result<Self, ()> {
-        let (local, remote) = text.split_once('>').ok_or(())?;
-        Ok(Self {
-            local: local.parse().map_err(|_| ())?,
-            remote: remote.parse().map_err(|_| ())?,
-        })
-    }
-}
 
 /// Where the proxy placed a user's WebSocket, as seen by one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -177,22 +146,6 @@ pub struct PushOutcome {
     pub message: MessageIds,
     #[serde(rename = "ts")]
     pub ts_ns: u64,
-}
-
-/// Which side of OpenIM spelled a ring member: the proxy (`Host`) or push (`:authority`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RingSide {
-    Proxy,
-    Push,
-}
-
-impl RingSide {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Proxy => "proxy",
-            Self::Push => "push",
-        }
-    }
 }
 
 /// A ring member string tied to the gateway IP dialled, as one node last saw it.

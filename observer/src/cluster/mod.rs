@@ -7,10 +7,15 @@
 //!
 //! - [`keys`]: the key schema (prefix, hash tags, TTLs) and the values stored: placements, ring
 //!   evidence, push outcomes and dedup claims; never a token, never message content.
+//! - [`link`]: between the engine and the store: facts out, placement lookups and dedup
+//!   claims through a worker task, `capture_degraded` when Redis is lost and back.
+//! - [`recovery`]: after a restart, which stored placements' connections the kernel still holds.
 //! - [`store`]: the client: a writer task fed by a bounded queue (pipelined batches; a full
 //!   queue drops and counts), reads with a deadline, a health probe, and the metrics.
 
 pub mod keys;
+pub mod link;
+pub mod recovery;
 pub mod store;
 
 use std::{fmt, path::PathBuf};
@@ -19,6 +24,7 @@ use clap::Args;
 use thiserror::Error;
 
 pub use keys::{ConnectionKey, Keys, PushOutcome, RingSide, SharedPlacement};
+pub use link::ClusterLink;
 pub use store::{SharedState, StoreHealth, StoreMetrics};
 
 /// The environment variable read for the Redis URL when neither flag gives one, so a Kubernetes

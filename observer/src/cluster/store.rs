@@ -109,6 +109,23 @@ pub struct StoreHealth {
     facts_lost: AtomicU64,
     placements_not_refreshed: AtomicU64,
     queued: AtomicU64,
+    lookups_failed: AtomicU64,
+    claims_failed: AtomicU64,
+    mismatches_deduplicated: AtomicU64,
+    divergences_deduplicated: AtomicU64,
+}
+
+/// What the engine's link to the store counts (`cluster::link`).
+#[derive(Clone, Copy, Debug)]
+pub enum LinkEvent {
+    /// A placement lookup Redis did not answer: judged with local placements only.
+    LookupFailed,
+    /// A dedup claim Redis did not answer: the alert is printed anyway.
+    ClaimFailed,
+    /// Another node printed this `route_mismatch` (or its window's summary) first.
+    MismatchDeduplicated,
+    /// Another node printed this `ring_divergence` first.
+    DivergenceDeduplicated,
 }
 
 /// A snapshot of [`StoreHealth`], e.g. for the `observer_stopped` line.
@@ -123,11 +140,25 @@ pub struct StoreCounters {
     pub facts_lost: u64,
     pub placements_not_refreshed: u64,
     pub queued: u64,
+    pub lookups_failed: u64,
+    pub claims_failed: u64,
+    pub mismatches_deduplicated: u64,
+    pub divergences_deduplicated: u64,
 }
 
 impl StoreHealth {
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count(&self, event: LinkEvent) {
+        let counter = match event {
+            LinkEvent::LookupFailed => &self.lookups_failed,
+            LinkEvent::ClaimFailed => &self.claims_failed,
+            LinkEvent::MismatchDeduplicated => &self.mismatches_deduplicated,
+            LinkEvent::DivergenceDeduplicated => &self.divergences_deduplicated,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn counters(&self) -> StoreCounters {
@@ -142,6 +173,10 @@ impl StoreHealth {
             facts_lost: load(&self.facts_lost),
             placements_not_refreshed: load(&self.placements_not_refreshed),
             queued: load(&self.queued),
+            lookups_failed: load(&self.lookups_failed),
+            claims_failed: load(&self.claims_failed),
+            mismatches_deduplicated: load(&self.mismatches_deduplicated),
+            divergences_deduplicated: load(&self.divergences_deduplicated),
         }
     }
 }
@@ -174,7 +209,7 @@ impl Collector for StoreMetrics {
             let gauge = ConstGauge::new(value);
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
-        let totals: [(&str, &str, u64); 6] = [
+        let totals: [(&str, &str, u64); 10] = [
             (
                 "redis_round_trips",
                 "Round trips to Redis (batches, reads, claims, probes)",
@@ -204,6 +239,26 @@ impl Collector for StoreMetrics {
                 "redis_placements_not_refreshed",
                 "Own placements beyond the refresh table, left to expire",
                 counters.placements_not_refreshed,
+            ),
+            (
+                "redis_lookups_failed",
+                "Placement lookups Redis did not answer (judged with local placements only)",
+                counters.lookups_failed,
+            ),
+            (
+                "redis_claims_failed",
+                "Dedup claims Redis did not answer (the alert was printed anyway)",
+                counters.claims_failed,
+            ),
+            (
+                "redis_mismatches_deduplicated",
+                "route_mismatch alerts another node printed first, so this one did not",
+                counters.mismatches_deduplicated,
+            ),
+            (
+                "redis_divergences_deduplicated",
+                "ring_divergence alerts another node printed first, so this one did not",
+                counters.divergences_deduplicated,
             ),
         ];
         for (name, help, value) in totals {
