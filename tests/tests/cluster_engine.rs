@@ -7,13 +7,17 @@
 #[path = "../../observer/tests/support/synthetic.rs"]
 mod synthetic;
 
-use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::IpAddr,
+    time::Duration,
+};
 
 use observer::{
     alert::{Alert, AlertBody, DegradedState},
     cluster::{ClusterArgs, ClusterLink, keys::DEFAULT_PREFIX},
     correlate::{Engine, EngineConfig},
-    model::{Event, NANOS_PER_SEC, PortClass},
+    model::{ConnectionKey, Event, EventKind, NANOS_PER_SEC, PortClass, TcpState},
 };
 use synthetic::{Scenario, Traffic, generate};
 use tests::redis_server::RedisServer;
@@ -340,4 +344,64 @@ async fn losing_redis_is_said_and_local_detection_continues() {
         assert!(started.elapsed() < PATIENCE, "placements rewritten");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn a_restarted_observer_adopts_the_placements_still_established() {
+    let redis = RedisServer::start().unwrap();
+    let traffic = traffic();
+    let mut before = Node::start(&redis.url(), "node-a").await;
+    before.feed(websocket(&traffic));
+    before.written().await;
+    drop(before);
+
+    // The restarted observer: half of the connections are still established.
+    let mut after = Node::start(&redis.url(), "node-a").await;
+    let stored = after.link.state().own_placements().await.unwrap();
+    assert_eq!(stored.len(), traffic.users.len());
+    let established: HashSet<ConnectionKey> = stored
+        .iter()
+        .step_by(2)
+        .map(|placement| placement.connection)
+        .collect();
+    let kept: HashSet<&str> = stored
+        .iter()
+        .step_by(2)
+        .map(|placement| placement.user.as_str())
+        .collect();
+    assert_eq!(
+        after
+            .link
+            .adopt(stored.clone(), &established, &mut after.engine),
+        established.len()
+    );
+    // One adopted connection closes: its user is no longer placed.
+    let closed = stored[0].clone();
+    let mut close = traffic.events[0].clone();
+    (close.saddr, close.sport) = (closed.connection.local.ip(), closed.connection.local.port());
+    (close.daddr, close.dport) = (
+        closed.connection.remote.ip(),
+        closed.connection.remote.port(),
+    );
+    close.connection = 0xdead_0000;
+    close.kind = EventKind::TcpState {
+        old: TcpState::Established,
+        new: TcpState::Close,
+    };
+    after.feed([&close]);
+    after.written().await;
+
+    // Pushes seen on the restarted node itself are judged against the adopted placements.
+    after.feed(grpc(&traffic));
+    after.settle().await;
+    let expected: Vec<MismatchKey> = oracle(&traffic)
+        .into_iter()
+        .filter(|(user, ..)| kept.contains(user.as_str()) && *user != closed.user)
+        .collect();
+    assert!(!expected.is_empty());
+    let found = mismatches(&after.printed);
+    assert_eq!(found.keys().cloned().collect::<Vec<_>>(), expected);
+    // The ones gone meanwhile (and the closed one) left Redis.
+    let left = after.link.state().own_placements().await.unwrap();
+    assert_eq!(left.len(), established.len() - 1);
 }
