@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::DeepMerge;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -110,6 +111,7 @@ fn round_trip(document: &Value) -> Result<Value, String> {
         Some("DaemonSet") => through::<DaemonSet>(document),
         Some("ClusterRole") => through::<ClusterRole>(document),
         Some("ClusterRoleBinding") => through::<ClusterRoleBinding>(document),
+        Some("NetworkPolicy") => through::<NetworkPolicy>(document),
         Some(kind) => Err(format!(
             "kind {kind} has no typed check: add it to round_trip in tests/tests/manifests.rs"
         )),
@@ -334,7 +336,10 @@ fn kustomizations_name_existing_files_and_keep_the_namespace() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 4, "expected base, one component and two overlays");
+    assert_eq!(
+        checked, 6,
+        "expected base, two components and three overlays"
+    );
 }
 
 /// What kustomize would output for the DaemonSet, and the keys of the generated ConfigMaps.
@@ -758,4 +763,65 @@ fn privileged_overlay_is_the_example_made_privileged() {
         Some("Unconfined".to_owned()),
         "{place}: securityContext.seccompProfile.type"
     );
+}
+
+#[test]
+fn cluster_overlay_reads_redis_from_a_secret_and_names_the_node() {
+    let (daemonset, place) = build_variant("overlays/cluster");
+    assert_least_privilege(&daemonset, &place);
+    assert_pod_names_and_image(&daemonset, &place);
+    let container = container(&daemonset, &place);
+    let env: BTreeMap<&str, _> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|var| (var.name.as_str(), var))
+        .collect();
+    let url = env
+        .get("OPENIM_OBSERVER_REDIS_URL")
+        .unwrap_or_else(|| panic!("{place}: no OPENIM_OBSERVER_REDIS_URL"));
+    assert_eq!(
+        url.value, None,
+        "{place}: the Redis URL is never written inline"
+    );
+    let secret = url
+        .value_from
+        .as_ref()
+        .and_then(|from| from.secret_key_ref.as_ref())
+        .unwrap_or_else(|| panic!("{place}: the Redis URL comes from a Secret"));
+    assert_eq!(
+        (secret.name.as_str(), secret.key.as_str()),
+        ("openim-observer-redis", "url")
+    );
+    let node = env
+        .get("NODE_NAME")
+        .and_then(|var| var.value_from.as_ref())
+        .and_then(|from| from.field_ref.as_ref())
+        .unwrap_or_else(|| panic!("{place}: NODE_NAME from the downward API"));
+    assert_eq!(node.field_path, "spec.nodeName");
+    assert!(
+        !container
+            .args
+            .iter()
+            .flatten()
+            .any(|arg| arg.contains("redis://") || arg.contains("rediss://")),
+        "{place}: no URL in args"
+    );
+    let policy: NetworkPolicy = serde_json::from_value(
+        documents(&kubernetes_dir().join("components/cluster/networkpolicy.yaml")).remove(0),
+    )
+    .unwrap();
+    let spec = policy.spec.expect("a NetworkPolicy spec");
+    assert_eq!(spec.policy_types, Some(vec!["Egress".to_owned()]));
+    let ports: Vec<i32> = spec
+        .egress
+        .iter()
+        .flatten()
+        .flat_map(|rule| rule.ports.iter().flatten())
+        .filter_map(|port| match port.port {
+            Some(IntOrString::Int(port)) => Some(port),
+            _ => None,
+        })
+        .collect();
+    assert!(ports.contains(&6379), "{place}: egress to Redis: {ports:?}");
 }

@@ -3,7 +3,7 @@
 //!
 //! Pods live in their own network namespaces, and `/proc/<pid>/net/tcp` shows the namespace of
 //! `<pid>`: one process per namespace is read (deduplicated by the inode of
-//! `/proc/<pid>/ns/net`), both `tcp` and `tcp6`.
+//! `/proc/<pid>/ns/net`), both `tcp` and `tcp6`. A process gone meanwhile is skipped.
 
 use std::{
     collections::HashSet,
@@ -40,11 +40,11 @@ fn established_under(proc_root: &Path) -> HashSet<ConnectionKey> {
             continue;
         }
         let process = entry.path();
-        // A process gone meanwhile, or one whose namespace we may not read, is skipped.
-        let Ok(namespace) = fs::metadata(process.join("ns/net")) else {
-            continue;
-        };
-        if !namespaces.insert((namespace.dev(), namespace.ino())) {
+        // Without CAP_SYS_PTRACE another user's namespace link cannot be read: its tables are
+        // read anyway (the set removes the repeats), which only costs time.
+        if let Ok(namespace) = fs::metadata(process.join("ns/net"))
+            && !namespaces.insert((namespace.dev(), namespace.ino()))
+        {
             continue;
         }
         for table in ["net/tcp", "net/tcp6"] {
