@@ -388,3 +388,53 @@ async fn health_shows_on_metrics() {
         "{text}"
     );
 }
+
+/// The figures deploy/README.md quotes: Redis memory per placed user (`INFO memory` before and
+/// after), and round trips per batch. Run with
+/// `cargo test -p tests --test cluster_store -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement, not a check: prints figures"]
+async fn measure_memory_per_placed_user() {
+    let redis = RedisServer::start().unwrap();
+    let used = || -> u64 {
+        let mut connection = redis.client().unwrap();
+        let info: String = redis::cmd("INFO").arg("memory").query(&mut connection).unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("used_memory:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let node = SharedState::start(&config(&redis.url(), "node-a", 1 << 20)).unwrap();
+    let mut placed = 0u64;
+    for users in [10_000u64, 100_000] {
+        let before = used();
+        let round_trips = node.health().counters().round_trips;
+        for index in placed..placed + users {
+            let mut placement = placement(
+                &(3_000_000_000 + index * 7).to_string(),
+                "node-a",
+                (20_000 + index % 40_000) as u16,
+                &format!("10.244.{}.{}", 1 + index % 3, 10 + index % 50),
+            );
+            placement.connection.local =
+                format!("10.244.0.{}:{}", 1 + index / 40_000, 20_000 + index % 40_000)
+                    .parse()
+                    .unwrap();
+            placement.gateway_name = Some(format!(
+                "im-openim-msggateway-{}.im-openim-msggateway-headless.openim.svc.cluster.local",
+                index % 50
+            ));
+            node.record(Fact::Placed(placement));
+        }
+        placed += users;
+        written(&node, placed).await;
+        let bytes = used() - before;
+        println!(
+            "{users} placed users: {bytes} bytes, {} bytes per user, {} round trips",
+            bytes / users,
+            node.health().counters().round_trips - round_trips
+        );
+    }
+}
