@@ -398,7 +398,10 @@ async fn measure_memory_per_placed_user() {
     let redis = RedisServer::start().unwrap();
     let used = || -> u64 {
         let mut connection = redis.client().unwrap();
-        let info: String = redis::cmd("INFO").arg("memory").query(&mut connection).unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(&mut connection)
+            .unwrap();
         info.lines()
             .find_map(|line| line.strip_prefix("used_memory:"))
             .unwrap()
@@ -418,10 +421,13 @@ async fn measure_memory_per_placed_user() {
                 (20_000 + index % 40_000) as u16,
                 &format!("10.244.{}.{}", 1 + index % 3, 10 + index % 50),
             );
-            placement.connection.local =
-                format!("10.244.0.{}:{}", 1 + index / 40_000, 20_000 + index % 40_000)
-                    .parse()
-                    .unwrap();
+            placement.connection.local = format!(
+                "10.244.0.{}:{}",
+                1 + index / 40_000,
+                20_000 + index % 40_000
+            )
+            .parse()
+            .unwrap();
             placement.gateway_name = Some(format!(
                 "im-openim-msggateway-{}.im-openim-msggateway-headless.openim.svc.cluster.local",
                 index % 50
