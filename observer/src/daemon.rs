@@ -19,6 +19,10 @@ use crate::{
         kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
         recording::{self, PrivateLines, RecordingError},
     },
+    cluster::{
+        ClusterArgs, ClusterError, ClusterLink, SharedState, StoreMetrics, link::Done,
+        store::StoreError,
+    },
     correlate::{Engine, EngineConfig, RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     metrics::{self, Metrics, MetricsError},
@@ -39,6 +43,10 @@ pub enum DaemonError {
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    SharedState(#[from] StoreError),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -82,7 +90,20 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", default_value_t = 150_000)]
     pub kube_max_pods: usize,
     #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// Cluster mode, at shutdown: joins and claims still in flight are waited for this long.
+const SETTLE_AT_STOP: Duration = Duration::from_secs(2);
+
+/// The next answer of the shared state; never, without one.
+async fn next_done(cluster: &mut Option<ClusterLink>) -> Done {
+    match cluster {
+        Some(link) => link.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A miss in the cgroup index rescans the hierarchy at most this often.
@@ -123,7 +144,8 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    fn config(&self) -> EngineConfig {
+    /// `node`: this node's name in cluster mode.
+    fn config(&self, node: Option<String>) -> EngineConfig {
         let defaults = EngineConfig::default();
         EngineConfig {
             routes: RouteLimits {
@@ -139,6 +161,7 @@ impl EngineArgs {
                 ..defaults.decode
             },
             max_connections: self.max_connections,
+            node,
         }
     }
 }
@@ -172,6 +195,8 @@ struct EventSink {
     metrics: Option<Arc<Mutex<Metrics>>>,
     /// With `--kube`: names the pods in alerts as they are printed.
     pods: Option<PodDirectory>,
+    /// Cluster mode: the shared state.
+    cluster: Option<ClusterLink>,
 }
 
 impl EventSink {
@@ -179,16 +204,19 @@ impl EventSink {
         print_events: bool,
         record: Option<(PathBuf, BufWriter<File>)>,
         engine: &EngineArgs,
+        cluster: Option<ClusterLink>,
     ) -> Self {
+        let node = cluster.as_ref().map(|link| link.node().to_owned());
         Self {
             stdout: BufWriter::new(io::stdout()),
             print_events,
             record,
             private_lines: PrivateLines::new(engine.max_connections),
-            engine: Engine::new(engine.config()),
+            engine: Engine::new(engine.config(node)),
             alerts: Vec::new(),
             metrics: None,
             pods: None,
+            cluster,
         }
     }
 
@@ -211,6 +239,34 @@ impl EventSink {
 
     fn tick(&mut self, now_ns: u64) {
         self.engine.tick(now_ns, &mut self.alerts);
+        if let Some(link) = &mut self.cluster {
+            link.tick(now_ns, &mut self.alerts);
+        }
+    }
+
+    /// Cluster mode: what the shared state brought back (a join, a claim, ring evidence).
+    fn apply(&mut self, done: Done) {
+        if let Some(link) = &mut self.cluster {
+            link.apply(done, &mut self.engine, &mut self.alerts);
+        }
+    }
+
+    /// Cluster mode, at shutdown: waits a little for the joins and claims still in flight.
+    async fn settle(&mut self) -> Result<(), DaemonError> {
+        let deadline = tokio::time::Instant::now() + SETTLE_AT_STOP;
+        loop {
+            self.flush()?;
+            let Some(link) = &mut self.cluster else {
+                return Ok(());
+            };
+            if link.outstanding() == 0 {
+                return Ok(());
+            }
+            match tokio::time::timeout_at(deadline, link.next()).await {
+                Ok(done) => self.apply(done),
+                Err(_) => return Ok(()),
+            }
+        }
     }
 
     fn finish(&mut self) {
@@ -219,6 +275,9 @@ impl EventSink {
 
     /// Prints the alerts raised so far, then flushes every output.
     fn flush(&mut self) -> Result<(), DaemonError> {
+        if let Some(link) = &mut self.cluster {
+            link.forward(&mut self.engine, &mut self.alerts);
+        }
         let now_ns = unix_now_ns();
         for mut alert in self.alerts.drain(..) {
             if let Some(pods) = &mut self.pods {
@@ -260,7 +319,14 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         }
         None => None,
     };
-    let mut sink = EventSink::new(args.events, record, &args.engine);
+    let cluster = match args.cluster.resolve()? {
+        Some(config) => Some(ClusterLink::start(
+            &config,
+            Duration::from_secs(args.engine.fold_window),
+        )?),
+        None => None,
+    };
+    let mut sink = EventSink::new(args.events, record, &args.engine, cluster);
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
         let pods = PodIndex::shared(args.kube_max_pods);
@@ -273,7 +339,11 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let metrics_server = match &args.metrics_addr {
         Some(addr) => {
             let listener = metrics::bind(addr).await?;
-            let shared = Arc::new(Mutex::new(Metrics::default()));
+            let mut metrics = Metrics::default();
+            if let Some(link) = &sink.cluster {
+                metrics.register_collector(Box::new(StoreMetrics(link.state().health())));
+            }
+            let shared = Arc::new(Mutex::new(metrics));
             sink.metrics = Some(Arc::clone(&shared));
             Some(tokio::spawn(metrics::serve(listener, shared)))
         }
@@ -282,7 +352,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let mut capture = KernelCapture::start(&options)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
-    sink.print_json(&serde_json::json!({
+    let mut started = serde_json::json!({
         "kind": "observer_started",
         "schema_version": SCHEMA_VERSION,
         "ts": now_rfc3339(),
@@ -291,7 +361,13 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "grpc_budget": options.grpc_budget,
         "ring_bytes": options.ring_bytes,
         "version": env!("CARGO_PKG_VERSION"),
-    }))?;
+    });
+    if let Some(link) = &mut sink.cluster {
+        started["node"] = link.node().into();
+        // After the capture started, so a close racing the recovery is seen.
+        started["placements_recovered"] = link.recover(&mut sink.engine).await.into();
+    }
+    sink.print_json(&started)?;
     tracing::info!(
         grpc_ports = ?options.grpc_ports,
         ws_ports = ?options.websocket_ports,
@@ -337,6 +413,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                     metrics.update(&capture.counters()?, &sink.engine.counters());
                 }
             }
+            done = next_done(&mut sink.cluster) => {
+                sink.apply(done);
+                sink.flush()?;
+            }
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
             () = &mut deadline => break,
@@ -349,22 +429,35 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let kernel = capture.counters()?;
     drop(capture);
     sink.finish();
-    sink.flush()?;
+    sink.settle().await?;
     for task in [metrics_server, pod_watch].into_iter().flatten() {
         task.abort();
     }
-    report_stop(&sink.engine, malformed_records, Some(&kernel));
+    report_stop(
+        &sink.engine,
+        malformed_records,
+        Some(&kernel),
+        sink.cluster.as_ref().map(ClusterLink::state),
+    );
     Ok(())
 }
 
 /// The final counters, on stderr so stdout stays machine-readable.
-fn report_stop(engine: &Engine, malformed_records: usize, kernel: Option<&KernelCounters>) {
-    let line = serde_json::json!({
+fn report_stop(
+    engine: &Engine,
+    malformed_records: usize,
+    kernel: Option<&KernelCounters>,
+    shared_state: Option<&SharedState>,
+) {
+    let mut line = serde_json::json!({
         "kind": "observer_stopped",
         "malformed_records": malformed_records,
         "kernel": kernel,
         "engine": engine.counters(),
     });
+    if let Some(state) = shared_state {
+        line["shared_state"] = serde_json::json!(state.health().counters());
+    }
     eprintln!("{line}");
 }
 
@@ -381,7 +474,7 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
         path: args.file.clone(),
         source,
     })?;
-    let mut sink = EventSink::new(args.events, None, &args.engine);
+    let mut sink = EventSink::new(args.events, None, &args.engine, None);
     for (index, line) in BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|source| DaemonError::File {
             path: args.file.clone(),
@@ -398,7 +491,7 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
     }
     sink.finish();
     sink.flush()?;
-    report_stop(&sink.engine, 0, None);
+    report_stop(&sink.engine, 0, None, None);
     Ok(())
 }
 

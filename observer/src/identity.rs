@@ -357,7 +357,7 @@ impl PodDirectory {
                 self.name_gateway(&mut pushed_to.gateway);
                 self.name_process(&mut pushed_to.pusher);
             }
-            AlertBody::RingDivergence { .. } => {}
+            AlertBody::RingDivergence { .. } | AlertBody::CaptureDegraded { .. } => {}
             AlertBody::WsUpgradeOnGrpcPort { gateway, proxy, .. } => {
                 self.name_gateway(gateway);
                 self.name_process(proxy);

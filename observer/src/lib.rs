@@ -6,7 +6,7 @@
 //!
 //! Layers, bottom-up; each imports only from those before it in this list (README:
 //! Architecture): `model`, `openim`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
-//! the edges `identity`, `metrics`, `tools`, `daemon`.
+//! the edges `cluster`, `identity`, `metrics`, `tools`, `daemon`.
 
 // The shared vocabulary and OpenIM knowledge.
 pub mod model;
@@ -19,6 +19,7 @@ pub mod privacy;
 pub mod alert;
 pub mod correlate;
 // Edges.
+pub mod cluster;
 pub mod daemon;
 pub mod identity;
 pub mod metrics;

@@ -219,6 +219,14 @@ impl Metrics {
             .observe(kernel_to_alert_seconds.max(0.0));
     }
 
+    /// Adds series read at each scrape (cluster mode's Redis health).
+    pub fn register_collector(
+        &mut self,
+        collector: Box<dyn prometheus_client::collector::Collector>,
+    ) {
+        self.registry.register_collector(collector);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut text = String::new();

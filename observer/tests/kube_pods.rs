@@ -202,6 +202,7 @@ fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
                 platforms: vec![1],
                 since: "2026-11-30T13:23:52.382672Z".into(),
                 proxy: process(30589, "msggw-proxy", proxy_cgroup),
+                node: None,
             }],
             pushed_to: PushInfo {
                 gateway: gateway("10.244.1.12", 88),
@@ -210,6 +211,7 @@ fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
                 pusher: process(30592, "openim-push", pusher_cgroup),
                 answer: GatewayAnswer::NotOnlineHere,
                 answer_platforms: Vec::new(),
+                node: None,
             },
             count: 1,
             window_secs: 60,

@@ -33,6 +33,8 @@ use crate::lab::truth::{
 
 /// Pod addresses are 10.244.X.(10 + index): keep the last octet in range.
 pub const MAX_REPLICAS: usize = 200;
+/// Simulated nodes at most (one observer and one cgroup per node).
+pub const MAX_NODES: usize = 16;
 const PROXY_HOST: u8 = 2;
 const PUSH_HOST: u8 = 3;
 const FIRST_GATEWAY_HOST: u8 = 10;
@@ -101,6 +103,9 @@ pub struct LabConfig {
     pub lab_binary: Option<PathBuf>,
     /// Print progress on stderr.
     pub progress: bool,
+    /// Simulated Kubernetes nodes the pods are spread over (see [`Lab::node_of`]): the proxy on
+    /// the first, push on the second, gateways round-robin over all. 1 is one node.
+    pub nodes: usize,
 }
 
 impl Default for LabConfig {
@@ -118,6 +123,7 @@ impl Default for LabConfig {
             realtime_timeout: Duration::from_secs(2),
             lab_binary: None,
             progress: false,
+            nodes: 1,
         }
     }
 }
@@ -132,6 +138,25 @@ pub fn find_lab_binary() -> anyhow::Result<PathBuf> {
         return Ok(current);
     }
     crate::sibling_binary("openim-lab", "OPENIM_LAB_BIN")
+}
+
+/// A pod of the lab, for placing it on a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodRole {
+    Proxy,
+    Push,
+    Gateway(usize),
+}
+
+impl PodRole {
+    fn node(self, nodes: usize) -> usize {
+        let nodes = nodes.max(1);
+        match self {
+            Self::Proxy => 0,
+            Self::Push => 1 % nodes,
+            Self::Gateway(index) => index % nodes,
+        }
+    }
 }
 
 struct GatewayPod {
@@ -171,6 +196,10 @@ impl Lab {
         ensure!(
             config.replicas_final <= MAX_REPLICAS,
             "at most {MAX_REPLICAS} replicas"
+        );
+        ensure!(
+            (1..=MAX_NODES).contains(&config.nodes),
+            "between 1 and {MAX_NODES} nodes"
         );
         netns::require_root()?;
         netns::sweep_leftovers();
@@ -275,6 +304,39 @@ impl Lab {
 
     pub fn replicas(&self) -> usize {
         self.gateways.len()
+    }
+
+    /// The node (0-based, below `config.nodes`) a pod runs on: the proxy (and the proxies that
+    /// replace it) on the first, push on the second, gateway `i` on node `i % nodes`, so with
+    /// two nodes or more no node sees both halves of a join.
+    pub fn node_of(&self, pod: PodRole) -> usize {
+        pod.node(self.config.nodes)
+    }
+
+    /// The node's name as its observer reports it (`node-1`, `node-2`, …).
+    pub fn node_name(node: usize) -> String {
+        format!("node-{}", node + 1)
+    }
+
+    /// Pids of the pod processes on one node.
+    pub fn node_pids(&self, node: usize) -> Vec<u32> {
+        let proxies = self
+            .draining_proxies
+            .iter()
+            .chain([&self.proxy])
+            .filter(|_| self.node_of(PodRole::Proxy) == node);
+        let push = [&self.push]
+            .into_iter()
+            .filter(|_| self.node_of(PodRole::Push) == node);
+        self.gateways
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| self.node_of(PodRole::Gateway(*index)) == node)
+            .map(|(_, gateway)| &gateway.process)
+            .chain(proxies)
+            .chain(push)
+            .filter_map(PodProcess::pid)
+            .collect()
     }
 
     fn user_id(index: usize) -> String {
@@ -769,4 +831,22 @@ fn spawn_push(
         None,
         observations.clone(),
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PodRole;
+
+    #[test]
+    fn proxy_and_push_land_on_different_nodes() {
+        assert_eq!(PodRole::Proxy.node(3), 0);
+        assert_eq!(PodRole::Push.node(3), 1);
+        let gateways: Vec<usize> = (0..5)
+            .map(|index| PodRole::Gateway(index).node(3))
+            .collect();
+        assert_eq!(gateways, [0, 1, 2, 0, 1]);
+        for role in [PodRole::Proxy, PodRole::Push, PodRole::Gateway(4)] {
+            assert_eq!(role.node(1), 0);
+        }
+    }
 }

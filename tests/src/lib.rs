@@ -18,6 +18,7 @@ pub mod demo;
 pub mod lab;
 pub mod observed;
 pub mod privileges;
+pub mod redis_server;
 
 pub use lab::truth::{FloodReport, GroundTruth, Summary, UserTruth};
 pub use lab::{Lab, LabConfig, ProxyMode};

@@ -12,7 +12,7 @@
 //! Rendering needs kubectl: `$KUBECTL`, else `kubectl` on PATH. `cargo xtask test` installs a
 //! pinned one and sets `KUBECTL`; without any, the rendering checks skip and say why.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,6 +20,7 @@ use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, PodSpec, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -33,7 +34,12 @@ const NAMESPACE: &str = "openim-observer";
 const CONTAINER: &str = "observer";
 /// The kustomizations a user deploys or builds on, relative to deploy/kubernetes. Components are
 /// rendered as part of the overlays that use them.
-const VARIANTS: [&str; 3] = ["base", "overlays/example", "overlays/privileged"];
+const VARIANTS: [&str; 4] = [
+    "base",
+    "overlays/cluster",
+    "overlays/example",
+    "overlays/privileged",
+];
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -122,6 +128,7 @@ fn round_trip(document: &Value) -> Result<Value, String> {
         Some("ClusterRole") => through::<ClusterRole>(document),
         Some("ClusterRoleBinding") => through::<ClusterRoleBinding>(document),
         Some("ConfigMap") => through::<ConfigMap>(document),
+        Some("NetworkPolicy") => through::<NetworkPolicy>(document),
         Some(kind) => Err(format!(
             "kind {kind} has no typed check: add it to round_trip in tests/tests/manifests.rs"
         )),
@@ -594,4 +601,67 @@ fn privileged_overlay_is_the_example_made_privileged() {
         Some("Unconfined".to_owned()),
         "{place}: securityContext.seccompProfile.type"
     );
+}
+
+#[test]
+fn cluster_overlay_reads_redis_from_a_secret_and_names_the_node() {
+    let Some((daemonset, place)) = build_variant("overlays/cluster") else {
+        return;
+    };
+    assert_least_privilege(&daemonset, &place);
+    assert_pod_names_and_image(&daemonset, &place);
+    let container = container(&daemonset, &place);
+    let env: BTreeMap<&str, _> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|var| (var.name.as_str(), var))
+        .collect();
+    let url = env
+        .get("OPENIM_OBSERVER_REDIS_URL")
+        .unwrap_or_else(|| panic!("{place}: no OPENIM_OBSERVER_REDIS_URL"));
+    assert_eq!(
+        url.value, None,
+        "{place}: the Redis URL is never written inline"
+    );
+    let secret = url
+        .value_from
+        .as_ref()
+        .and_then(|from| from.secret_key_ref.as_ref())
+        .unwrap_or_else(|| panic!("{place}: the Redis URL comes from a Secret"));
+    assert_eq!(
+        (secret.name.as_str(), secret.key.as_str()),
+        ("openim-observer-redis", "url")
+    );
+    let node = env
+        .get("NODE_NAME")
+        .and_then(|var| var.value_from.as_ref())
+        .and_then(|from| from.field_ref.as_ref())
+        .unwrap_or_else(|| panic!("{place}: NODE_NAME from the downward API"));
+    assert_eq!(node.field_path, "spec.nodeName");
+    assert!(
+        !container
+            .args
+            .iter()
+            .flatten()
+            .any(|arg| arg.contains("redis://") || arg.contains("rediss://")),
+        "{place}: no URL in args"
+    );
+    let policy: NetworkPolicy = serde_json::from_value(
+        documents(&kubernetes_dir().join("components/cluster/networkpolicy.yaml")).remove(0),
+    )
+    .unwrap();
+    let spec = policy.spec.expect("a NetworkPolicy spec");
+    assert_eq!(spec.policy_types, Some(vec!["Egress".to_owned()]));
+    let ports: Vec<i32> = spec
+        .egress
+        .iter()
+        .flatten()
+        .flat_map(|rule| rule.ports.iter().flatten())
+        .filter_map(|port| match port.port {
+            Some(IntOrString::Int(port)) => Some(port),
+            _ => None,
+        })
+        .collect();
+    assert!(ports.contains(&6379), "{place}: egress to Redis: {ports:?}");
 }

@@ -251,6 +251,8 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 }
 
 fn test(toolchain: &Toolchain) -> Result<()> {
+    // Cluster mode's tests run against a real Redis.
+    apt::ensure("redis-server", "redis-server")?;
     build_ebpf(toolchain)?;
     // tests/tests/image.rs runs it.
     let image = image::build(toolchain)?;
@@ -342,6 +344,8 @@ fn count_before(result: &str, label: &str) -> u64 {
 }
 
 fn demo(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
+    // `--nodes N` shares state through a lab Redis.
+    apt::ensure("redis-server", "redis-server")?;
     build_ebpf(toolchain)?;
     // The debug profile: the same artifacts `cargo xtask test` builds.
     step(

@@ -39,6 +39,7 @@ fuzz_target!(|data: &[u8]| {
             max_http1_head_bytes: 2048,
         },
         max_connections: MAX_CONNECTIONS,
+        node: None,
     });
     let mut scrubbers: HashMap<u64, ContentScrubber> = HashMap::new();
     let mut alerts = Vec::new();

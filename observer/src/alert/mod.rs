@@ -78,6 +78,9 @@ pub struct PlacementInfo {
     /// RFC 3339 time the placement's upgrade was seen.
     pub since: String,
     pub proxy: ProcessInfo,
+    /// Cluster mode: the node whose observer saw the placement.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -89,6 +92,26 @@ pub struct PushInfo {
     pub answer: GatewayAnswer,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub answer_platforms: Vec<PlatformResult>,
+    /// Cluster mode: the node whose observer saw the push call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// Why the observer sees less than it should. Issue 9's capture faults (ring buffer full,
+/// lost sync, …) join this list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DegradedReason {
+    /// Cluster mode: Redis does not answer, so joins across nodes and cluster-wide
+    /// deduplication are off; each node detects with what it sees itself.
+    SharedStateUnreachable,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DegradedState {
+    Degraded,
+    Recovered,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -142,6 +165,16 @@ pub enum AlertBody {
         calls_per_connection: f64,
         diagnosis: String,
     },
+    /// The observer itself sees less than it should (and again when it no longer does).
+    CaptureDegraded {
+        reason: DegradedReason,
+        state: DegradedState,
+        /// RFC 3339 time the degradation began.
+        since: String,
+        /// What is missed or weakened meanwhile.
+        affects: String,
+        diagnosis: String,
+    },
 }
 
 impl AlertBody {
@@ -150,7 +183,9 @@ impl AlertBody {
         match self {
             AlertBody::RouteMismatch { count, .. }
             | AlertBody::WsUpgradeOnGrpcPort { count, .. } => Some(count),
-            AlertBody::RingDivergence { .. } | AlertBody::PushConnectionChurn { .. } => None,
+            AlertBody::RingDivergence { .. }
+            | AlertBody::PushConnectionChurn { .. }
+            | AlertBody::CaptureDegraded { .. } => None,
         }
     }
 }
@@ -165,6 +200,9 @@ pub struct Alert {
     pub ts_ns: u64,
     #[serde(flatten)]
     pub body: AlertBody,
+    /// Cluster mode: the node whose observer printed the alert.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl Alert {
@@ -174,6 +212,7 @@ impl Alert {
             ts: rfc3339(ts_ns),
             ts_ns,
             body,
+            node: None,
         }
     }
 
@@ -183,6 +222,7 @@ impl Alert {
             AlertBody::RingDivergence { .. } => "ring_divergence",
             AlertBody::WsUpgradeOnGrpcPort { .. } => "ws_upgrade_on_grpc_port",
             AlertBody::PushConnectionChurn { .. } => "push_connection_churn",
+            AlertBody::CaptureDegraded { .. } => "capture_degraded",
         }
     }
 

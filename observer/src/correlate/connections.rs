@@ -13,8 +13,8 @@ use crate::{
         WebSocketDecoder, WebSocketFact,
     },
     model::{
-        ConnectionId, Direction, Event, EventKind, Gateway, PortClass, Process, TcpState,
-        wire::starts_like_http1_request,
+        ConnectionId, ConnectionKey, Direction, Event, EventKind, Gateway, PortClass, Process,
+        TcpState, wire::starts_like_http1_request,
     },
 };
 
@@ -299,6 +299,7 @@ fn websocket_observation(
             };
             Some(Observation::UpgradeRequested {
                 connection: event.connection,
+                endpoints: ConnectionKey::of(event),
                 ts_ns: event.ts_ns,
                 user,
                 platform: request.platform_id,

@@ -8,19 +8,20 @@
 //!
 //! Every table has a cap; what a cap turns away is counted, never silently lost.
 
-use std::net::IpAddr;
+use std::{collections::HashMap, net::IpAddr};
 
 use crate::{
     alert::{Alert, FoldWindows},
-    model::ConnectionId,
+    model::{ConnectionId, ConnectionKey},
 };
 
 use super::{
     churn::Churn,
     observation::Observation,
-    placements::Placements,
-    push_calls::{Judge, PendingCall, PushCalls},
+    placements::{Placement, Placements},
+    push_calls::{self, Judge, PendingCall, PushCalls},
     ring_verdicts::RingVerdicts,
+    shared::{ClusterSide, RemotePlacement, RingSide, SharedFact, SharedRingEvidence},
     upgrade_on_grpc::{self, UpgradesOnGrpc},
 };
 
@@ -96,11 +97,16 @@ pub struct Detectors {
     churn: Churn,
     upgrades_on_grpc: UpgradesOnGrpc,
     folds: FoldWindows<FoldKey>,
+    /// Cluster mode only.
+    pub(super) cluster: Option<ClusterSide>,
+    max_tracked_connections: usize,
 }
 
 impl Detectors {
     pub fn new(limits: RouteLimits) -> Self {
         Self {
+            cluster: None,
+            max_tracked_connections: limits.max_tracked_connections,
             placements: Placements::new(&limits),
             push_calls: PushCalls::new(&limits),
             rings: RingVerdicts::new(limits.ring_settle_secs),
@@ -138,6 +144,7 @@ impl Detectors {
                 placements: &self.placements,
                 rings: &mut self.rings,
                 folds: &mut self.folds,
+                cluster: self.cluster.as_mut(),
             },
         )
     }
@@ -154,6 +161,7 @@ impl Detectors {
             }
             Observation::UpgradeRequested {
                 connection,
+                endpoints,
                 ts_ns,
                 user,
                 platform,
@@ -162,6 +170,19 @@ impl Detectors {
             } => {
                 self.rings
                     .placement(gateway.name.as_deref(), gateway.ip, &user, ts_ns);
+                if let Some(cluster) = &mut self.cluster {
+                    share_placement(
+                        cluster,
+                        self.max_tracked_connections,
+                        connection,
+                        endpoints,
+                        ts_ns,
+                        &user,
+                        platform,
+                        &gateway,
+                        &proxy,
+                    );
+                }
                 self.placements
                     .place(connection, ts_ns, user, platform, gateway, proxy);
             }
@@ -169,7 +190,7 @@ impl Detectors {
                 connection, status, ..
             } => {
                 if status != 101 {
-                    self.placements.end(connection);
+                    self.end_placement(connection);
                 }
             }
             Observation::UpgradeOnGrpcPort {
@@ -205,6 +226,9 @@ impl Detectors {
             } => {
                 self.rings
                     .push_call(gateway.name.as_deref(), gateway.ip, ts_ns);
+                if let (Some(cluster), Some(member)) = (&mut self.cluster, &gateway.name) {
+                    cluster.member_seen(RingSide::Push, member, gateway.ip, ts_ns);
+                }
                 self.churn.called(connection, ts_ns);
                 self.push_calls.called(
                     connection,
@@ -235,8 +259,96 @@ impl Detectors {
         let (calls, mut judge) = self.judge();
         calls.closed(connection, ts_ns, &mut judge, alerts);
         self.upgrades_on_grpc.closed(connection);
-        self.placements.end(connection);
+        self.end_placement(connection);
         self.churn.closed(connection);
+    }
+
+    /// The placement on `connection` (if any) ends; cluster mode tells the other nodes.
+    fn end_placement(&mut self, connection: ConnectionId) {
+        let user = self.placements.end(connection);
+        if let Some(cluster) = &mut self.cluster
+            && let Some(key) = cluster.keys_by_connection.remove(&connection)
+            && let Some(user) = user
+        {
+            cluster.facts.push(SharedFact::Unplaced {
+                user,
+                connection: key,
+            });
+        }
+    }
+
+    /// Cluster mode from now on, as `node`.
+    pub fn join_cluster(&mut self, node: &str) {
+        self.cluster = Some(ClusterSide::new(node));
+    }
+
+    /// A connection closed that the decoders did not know: the end of an adopted placement?
+    pub fn closed_by_key(&mut self, key: ConnectionKey) {
+        if !self.placements.has_adopted() {
+            return;
+        }
+        if let Some(user) = self.placements.end_adopted(key)
+            && let Some(cluster) = &mut self.cluster
+        {
+            cluster.facts.push(SharedFact::Unplaced {
+                user,
+                connection: key,
+            });
+        }
+    }
+
+    /// Takes over placements this node made before the observer restarted.
+    pub fn adopt(&mut self, placements: Vec<(String, RemotePlacement)>) {
+        for (user, placement) in placements {
+            self.placements.adopt(
+                placement.connection,
+                placement.since_ns,
+                user,
+                placement.platform,
+                placement.gateway,
+                placement.proxy,
+            );
+            if let Some(cluster) = &mut self.cluster {
+                cluster.counters.placements_adopted += 1;
+            }
+        }
+    }
+
+    /// Completes the judgment parked under lookup `id` with the placements found for its users.
+    pub fn joined(
+        &mut self,
+        id: u64,
+        found: HashMap<String, Vec<RemotePlacement>>,
+        alerts: &mut Vec<Alert>,
+    ) {
+        let Some(join) = self.cluster.as_mut().and_then(|cluster| cluster.unpark(id)) else {
+            return;
+        };
+        let found: HashMap<String, Vec<Placement>> = found
+            .into_iter()
+            .map(|(user, placements)| {
+                let placements = placements
+                    .into_iter()
+                    .map(|placement| Placement {
+                        // Not held here: no connection of this node ends it.
+                        connection: 0,
+                        gateway: placement.gateway,
+                        platform: placement.platform,
+                        since_ns: placement.since_ns,
+                        proxy: placement.proxy,
+                        node: Some(placement.node.into()),
+                    })
+                    .collect();
+                (user, placements)
+            })
+            .collect();
+        let (_, mut judge) = self.judge();
+        push_calls::judge_joined(join, &found, &mut judge, alerts);
+    }
+
+    /// Merges the cluster's ring evidence into the learned rings.
+    pub fn merge_ring_evidence(&mut self, evidence: &SharedRingEvidence, now_ns: u64) {
+        self.rings.merge(evidence, now_ns);
     }
 
     /// Time passes: windows close, unanswered calls time out, settled rings are compared,
@@ -244,6 +356,9 @@ impl Detectors {
     pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
         let (calls, mut judge) = self.judge();
         calls.expire(now_ns, &mut judge, alerts);
+        if let Some(cluster) = &mut self.cluster {
+            cluster.expire(now_ns);
+        }
         self.folds.close(now_ns, false, alerts);
         self.rings.evaluate(now_ns, false, alerts);
         self.churn.assess(now_ns, alerts);
@@ -259,6 +374,38 @@ impl Detectors {
     }
 }
 
+/// Tells the other nodes about a placement, and remembers its connection's two ends for the
+/// `Unplaced` fact that will end it.
+#[allow(clippy::too_many_arguments)]
+fn share_placement(
+    cluster: &mut ClusterSide,
+    max_connections: usize,
+    connection: ConnectionId,
+    endpoints: ConnectionKey,
+    ts_ns: u64,
+    user: &str,
+    platform: Option<i32>,
+    gateway: &crate::model::Gateway,
+    proxy: &crate::model::Process,
+) {
+    if let Some(host) = &gateway.name {
+        cluster.member_seen(RingSide::Proxy, host, gateway.ip, ts_ns);
+    }
+    if cluster.keys_by_connection.len() < max_connections
+        || cluster.keys_by_connection.contains_key(&connection)
+    {
+        cluster.keys_by_connection.insert(connection, endpoints);
+    }
+    cluster.facts.push(SharedFact::Placed {
+        user: user.to_owned(),
+        connection: endpoints,
+        gateway: gateway.clone(),
+        platform,
+        since_ns: ts_ns,
+        proxy: proxy.clone(),
+    });
+}
+
 #[cfg(test)]
 pub(super) mod testing {
     //! Drives `Detectors` with observations as the decoders would make them.
@@ -270,7 +417,8 @@ pub(super) mod testing {
     pub(crate) use crate::{
         alert::{Alert, AlertBody},
         model::{
-            Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process, UserResult,
+            ConnectionKey, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult,
+            Process, UserResult,
         },
     };
 
@@ -298,10 +446,19 @@ pub(super) mod testing {
         }
     }
 
+    /// A distinct source port per connection, towards gateway `on`'s WebSocket port.
+    pub(crate) fn endpoints(connection: u64, on: u8) -> ConnectionKey {
+        ConnectionKey {
+            local: (IpAddr::from([10, 244, 9, 1]), 30_000 + connection as u16).into(),
+            remote: (gateway(on, 80, None).ip, 80).into(),
+        }
+    }
+
     pub(crate) fn place(table: &mut Detectors, connection: u64, user: &str, on: u8, ts: u64) {
         table.observe(
             Observation::UpgradeRequested {
                 connection,
+                endpoints: endpoints(connection, on),
                 ts_ns: ts,
                 user: user.into(),
                 platform: Some(2),
@@ -463,6 +620,7 @@ mod tests {
         table.observe(
             Observation::UpgradeRequested {
                 connection: 4,
+                endpoints: endpoints(4, 0),
                 ts_ns: 4 * SEC,
                 user: "u2".into(),
                 platform: None,

@@ -14,18 +14,24 @@ mod placements;
 mod push_calls;
 mod ring_verdicts;
 mod rings;
+mod shared;
 mod upgrade_on_grpc;
+
+use std::collections::HashMap;
 
 use crate::{
     alert::Alert,
     decode::Limits,
-    model::{Event, NANOS_PER_SEC},
+    model::{ConnectionKey, Event, EventKind, NANOS_PER_SEC, TcpState},
 };
 
 use connections::{ConnectionCounters, ConnectionDecoders};
 use detectors::{Detectors, FoldKey};
 pub use detectors::{RouteCounters, RouteLimits};
 pub use observation::Observation;
+pub use shared::{
+    JoinCounters, PlacementLookup, RemotePlacement, RingSide, SharedFact, SharedRingEvidence,
+};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -33,6 +39,9 @@ pub struct EngineConfig {
     pub decode: Limits,
     /// Connections decoded at once; more are counted and ignored.
     pub max_connections: usize,
+    /// Cluster mode: this node's name. The engine then shares facts (`take_shared`), asks for
+    /// other nodes' placements (`PlacementLookup`) and names the nodes in its alerts.
+    pub node: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -41,6 +50,7 @@ impl Default for EngineConfig {
             routes: RouteLimits::default(),
             decode: Limits::default(),
             max_connections: 65_536,
+            node: None,
         }
     }
 }
@@ -51,6 +61,8 @@ pub struct EngineCounters {
     pub connections: ConnectionCounters,
     pub routes: RouteCounters,
     pub users_tracked: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<JoinCounters>,
 }
 
 pub struct Engine {
@@ -64,9 +76,13 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Self {
+        let mut detectors = Detectors::new(config.routes);
+        if let Some(node) = &config.node {
+            detectors.join_cluster(node);
+        }
         Self {
             decoders: ConnectionDecoders::new(config.decode, config.max_connections),
-            detectors: Detectors::new(config.routes),
+            detectors,
             observations: Vec::new(),
             events: 0,
             latest_ts_ns: 0,
@@ -77,26 +93,88 @@ impl Engine {
     /// Feeds one event; alerts it raises are appended to `alerts`. Time advances with the
     /// events' timestamps, so a replay ticks as the live run did.
     pub fn on_event(&mut self, event: &Event, alerts: &mut Vec<Alert>) {
+        let first_new = alerts.len();
         self.events += 1;
         self.latest_ts_ns = self.latest_ts_ns.max(event.ts_ns);
+        if matches!(
+            event.kind,
+            EventKind::Close
+                | EventKind::TcpState {
+                    new: TcpState::Close,
+                    ..
+                }
+        ) {
+            self.detectors.closed_by_key(ConnectionKey::of(event));
+        }
         self.decoders.on_event(event, &mut self.observations);
         for observation in self.observations.drain(..) {
             self.detectors.observe(observation, alerts);
         }
         if self.latest_ts_ns.saturating_sub(self.last_tick_ns) >= NANOS_PER_SEC {
-            self.tick(self.latest_ts_ns, alerts);
+            self.detectors.tick(self.latest_ts_ns, alerts);
+            self.last_tick_ns = self.latest_ts_ns;
         }
+        self.name_node(&mut alerts[first_new..]);
     }
 
     /// Lets time pass without events (the live daemon calls it every second).
     pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
+        let first_new = alerts.len();
         self.last_tick_ns = now_ns;
         self.detectors.tick(now_ns, alerts);
+        self.name_node(&mut alerts[first_new..]);
     }
 
     /// End of input: judges pending calls and emits what windows were holding back.
     pub fn finish(&mut self, alerts: &mut Vec<Alert>) {
+        let first_new = alerts.len();
         self.detectors.finish(self.latest_ts_ns, alerts);
+        self.name_node(&mut alerts[first_new..]);
+    }
+
+    /// Cluster mode: the facts to share and the lookups to make since the last call.
+    pub fn take_shared(&mut self, facts: &mut Vec<SharedFact>, lookups: &mut Vec<PlacementLookup>) {
+        if let Some(cluster) = &mut self.detectors.cluster {
+            facts.append(&mut cluster.facts);
+            lookups.append(&mut cluster.lookups);
+        }
+    }
+
+    /// Cluster mode: the answer to lookup `id`, the placements other nodes saw for its users
+    /// (users without any left out); completes the judgment that asked.
+    pub fn joined(
+        &mut self,
+        id: u64,
+        found: HashMap<String, Vec<RemotePlacement>>,
+        alerts: &mut Vec<Alert>,
+    ) {
+        let first_new = alerts.len();
+        self.detectors.joined(id, found, alerts);
+        self.name_node(&mut alerts[first_new..]);
+    }
+
+    /// Cluster mode, at start: placements this node made before the observer restarted whose
+    /// connections are still established, as `(user, placement)`. Pushes for their users are
+    /// judged again, and a close of the connection (matched by its two ends) ends them.
+    pub fn adopt(&mut self, placements: Vec<(String, RemotePlacement)>) {
+        self.detectors.adopt(placements);
+    }
+
+    /// Cluster mode: merges the cluster-wide ring members and recent placements, so the ring
+    /// verdict rests on what every node saw.
+    pub fn merge_ring_evidence(&mut self, evidence: &SharedRingEvidence) {
+        // The engine's own clock: event time in a replay, wall time live.
+        let now_ns = self.latest_ts_ns.max(self.last_tick_ns);
+        self.detectors.merge_ring_evidence(evidence, now_ns);
+    }
+
+    /// Cluster mode: every alert names the node whose observer raised it.
+    fn name_node(&self, alerts: &mut [Alert]) {
+        if let Some(cluster) = &self.detectors.cluster {
+            for alert in alerts {
+                alert.node = Some(cluster.node.to_string());
+            }
+        }
     }
 
     pub fn counters(&self) -> EngineCounters {
@@ -105,6 +183,11 @@ impl Engine {
             connections: self.decoders.counters(),
             routes: self.detectors.counters(),
             users_tracked: self.detectors.tracked_users(),
+            cluster: self
+                .detectors
+                .cluster
+                .as_ref()
+                .map(|cluster| cluster.counters),
         }
     }
 }

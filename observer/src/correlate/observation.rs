@@ -1,7 +1,7 @@
 //! `Observation`: what happened on the wire, in routing terms. `connections` produces them from
 //! decoded traffic; the detectors consume them.
 
-use crate::model::{ConnectionId, Gateway, MessageIds, Process, UserResult};
+use crate::model::{ConnectionId, ConnectionKey, Gateway, MessageIds, Process, UserResult};
 
 /// What happened on the wire, in routing terms.
 #[derive(Clone, Debug, PartialEq)]
@@ -19,6 +19,8 @@ pub enum Observation {
     /// The proxy asked a gateway's WebSocket port to take `user`.
     UpgradeRequested {
         connection: ConnectionId,
+        /// The connection's two ends, which name the placement in cluster mode.
+        endpoints: ConnectionKey,
         ts_ns: u64,
         user: String,
         platform: Option<i32>,

@@ -1,11 +1,11 @@
 //! Where the proxy placed each user: user → the live WebSocket placements (gateway, `Host`,
 //! platform), each ended when its connection closes or its upgrade is refused.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use crate::{
     alert::{PlacementInfo, rfc3339},
-    model::{ConnectionId, Gateway, Process},
+    model::{ConnectionId, ConnectionKey, Gateway, Process},
 };
 
 use super::RouteLimits;
@@ -17,6 +17,8 @@ pub struct Placement {
     pub platform: Option<i32>,
     pub since_ns: u64,
     pub proxy: Process,
+    /// Cluster mode: the node that saw it, when not this one.
+    pub node: Option<Arc<str>>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -34,6 +36,12 @@ pub struct Placements {
     by_user: HashMap<String, Vec<Placement>>,
     /// The connection that holds each placement, so that its close ends it.
     users_by_connection: HashMap<ConnectionId, String>,
+    /// Placements made before this observer started (cluster mode), by their connection's two
+    /// ends: the kernel's socket address was not seen, so their close is matched by these.
+    adopted: HashMap<ConnectionKey, ConnectionId>,
+    /// Adopted placements are numbered from 1: kernel socket addresses are kernel pointers, in
+    /// the top half of the address space, so the two never meet.
+    next_adopted: ConnectionId,
     counters: PlacementCounters,
 }
 
@@ -45,6 +53,8 @@ impl Placements {
             max_connections: limits.max_tracked_connections,
             by_user: HashMap::new(),
             users_by_connection: HashMap::new(),
+            adopted: HashMap::new(),
+            next_adopted: 1,
             counters: PlacementCounters::default(),
         }
     }
@@ -96,25 +106,59 @@ impl Placements {
             platform,
             since_ns: ts_ns,
             proxy,
+            node: None,
         });
     }
 
-    /// The placement on `connection`, if any, ends: refused, or closed.
-    pub fn end(&mut self, connection: ConnectionId) {
-        let Some(user) = self.users_by_connection.remove(&connection) else {
+    /// Takes over a placement made before this observer started, still established; its close
+    /// is matched by `key`.
+    pub fn adopt(
+        &mut self,
+        key: ConnectionKey,
+        since_ns: u64,
+        user: String,
+        platform: Option<i32>,
+        gateway: Gateway,
+        proxy: Process,
+    ) {
+        let key = key.canonical();
+        if self.adopted.contains_key(&key) {
             return;
-        };
+        }
+        let connection = self.next_adopted;
+        self.next_adopted += 1;
+        self.place(connection, since_ns, user, platform, gateway, proxy);
+        if self.users_by_connection.contains_key(&connection) {
+            self.adopted.insert(key, connection);
+        }
+    }
+
+    /// The placement on `connection`, if any, ends: refused, or closed. Returns its user.
+    pub fn end(&mut self, connection: ConnectionId) -> Option<String> {
+        let user = self.users_by_connection.remove(&connection)?;
         if let Some(placements) = self.by_user.get_mut(&user) {
             placements.retain(|placement| placement.connection != connection);
             if placements.is_empty() {
                 self.by_user.remove(&user);
             }
         }
+        Some(user)
+    }
+
+    /// An adopted placement's connection closed. Returns its user.
+    pub fn end_adopted(&mut self, key: ConnectionKey) -> Option<String> {
+        let connection = self.adopted.remove(&key)?;
+        self.end(connection)
+    }
+
+    pub fn has_adopted(&self) -> bool {
+        !self.adopted.is_empty()
     }
 }
 
 /// A user's placements as an alert prints them: one entry per gateway, its platforms merged.
-pub fn summarize(placements: &[Placement]) -> Vec<PlacementInfo> {
+/// `local_node` names this node in cluster mode.
+pub fn summarize(placements: &[Placement], local_node: Option<&str>) -> Vec<PlacementInfo> {
     let mut summary: Vec<PlacementInfo> = Vec::new();
     for placement in placements {
         if let Some(existing) = summary
@@ -129,6 +173,7 @@ pub fn summarize(placements: &[Placement]) -> Vec<PlacementInfo> {
             platforms: placement.platform.into_iter().collect(),
             since: rfc3339(placement.since_ns),
             proxy: placement.proxy.clone().into(),
+            node: placement.node.as_deref().or(local_node).map(str::to_owned),
         });
     }
     summary

@@ -5,14 +5,18 @@ use std::{collections::HashMap, net::IpAddr};
 
 use crate::{
     alert::{Alert, AlertBody, FoldWindows, PushInfo},
-    model::{ConnectionId, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, Process, UserResult},
+    model::{
+        ConnectionId, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process,
+        UserResult,
+    },
     openim::diagnosis,
 };
 
 use super::{
     FoldKey, RouteLimits,
-    placements::{self, Placements},
+    placements::{self, Placement, Placements},
     ring_verdicts::RingVerdicts,
+    shared::{AwaitingJoin, ClusterSide, SharedFact},
 };
 
 #[derive(Clone, Debug)]
@@ -38,6 +42,8 @@ pub struct Judge<'a> {
     pub placements: &'a Placements,
     pub rings: &'a mut RingVerdicts,
     pub folds: &'a mut FoldWindows<FoldKey>,
+    /// Cluster mode: where recipients without a local placement are looked up.
+    pub cluster: Option<&'a mut ClusterSide>,
 }
 
 pub struct PushCalls {
@@ -134,7 +140,9 @@ impl PushCalls {
     }
 }
 
-/// Checks each recipient of a call against its placements.
+/// Checks each recipient of a call against its placements. In cluster mode, recipients this
+/// node holds no placement for are looked up on the other nodes and judged when the answer
+/// comes (`judge_joined`), and every answer is shared.
 fn judge_call(
     call: PendingCall,
     results: Option<&[UserResult]>,
@@ -142,81 +150,163 @@ fn judge_call(
     judge: &mut Judge<'_>,
     alerts: &mut Vec<Alert>,
 ) {
+    // A copy of the shared reference: the placements outlive the mutable uses of `judge`.
+    let local_placements = judge.placements;
+    let mut unplaced = Vec::new();
     for user in &call.recipients {
-        let Some(placements) = judge.placements.of(user) else {
-            continue;
-        };
-        if placements
-            .iter()
-            .any(|placement| placement.gateway.ip == call.gateway.ip)
-        {
-            continue;
-        }
         let answer =
             results.and_then(|results| results.iter().find(|answer| &answer.user_id == user));
-        let (gateway_answer, answer_platforms) = match answer {
-            None => (GatewayAnswer::Unknown, Vec::new()),
-            Some(answer) if answer.platforms.is_empty() => {
-                (GatewayAnswer::NotOnlineHere, Vec::new())
+        if let Some(cluster) = judge.cluster.as_deref_mut()
+            && let Some(answer) = answer
+        {
+            cluster.facts.push(SharedFact::PushOutcome {
+                user: user.clone(),
+                gateway: call.gateway.clone(),
+                answer: gateway_answer(Some(answer)).0,
+                message: call.message.clone(),
+                ts_ns,
+            });
+        }
+        match local_placements.of(user) {
+            Some(placements) => {
+                judge_user(user, placements, answer, &call, ts_ns, judge, alerts);
             }
-            Some(answer) => {
-                let delivered = answer.online_push
-                    || answer
-                        .platforms
-                        .iter()
-                        .any(|platform| platform.result_code == 0);
-                let verdict = if delivered {
-                    GatewayAnswer::Delivered
-                } else {
-                    GatewayAnswer::DeliveryFailed
-                };
-                (verdict, answer.platforms.clone())
-            }
-        };
-        let mut placed: Vec<IpAddr> = placements
+            None if judge.cluster.is_some() => unplaced.push(user.clone()),
+            None => {}
+        }
+    }
+    let Some(cluster) = judge.cluster.as_deref_mut() else {
+        return;
+    };
+    if unplaced.is_empty() {
+        return;
+    }
+    let results = results.map(|results| {
+        results
             .iter()
-            .map(|placement| placement.gateway.ip)
-            .collect();
-        placed.sort();
-        placed.dedup();
-        let key = FoldKey::Mismatch {
-            user: user.clone(),
-            placed,
-            pushed: call.gateway.ip,
-        };
-        if judge.folds.repeat(&key, ts_ns, |_| {}) {
+            .filter(|answer| unplaced.contains(&answer.user_id))
+            .cloned()
+            .collect()
+    });
+    let join = AwaitingJoin {
+        call: PendingCall {
+            recipients: Vec::new(),
+            ..call
+        },
+        results,
+        ts_ns,
+    };
+    cluster.park(unplaced, join);
+}
+
+/// Completes a parked judgment with the placements other nodes saw for its recipients.
+pub fn judge_joined(
+    join: AwaitingJoin,
+    found: &HashMap<String, Vec<Placement>>,
+    judge: &mut Judge<'_>,
+    alerts: &mut Vec<Alert>,
+) {
+    let mut users: Vec<&String> = found.keys().collect();
+    users.sort();
+    for user in users {
+        let placements = &found[user];
+        if placements.is_empty() {
             continue;
         }
-        let placed_on = placements::summarize(placements);
-        let placed_gateways: Vec<&Gateway> =
-            placed_on.iter().map(|info| &info.gateway.gateway).collect();
-        let diagnosis = diagnosis::route_mismatch(
-            user,
-            &placed_gateways,
-            &call.gateway,
-            gateway_answer,
-            judge.rings.spelling_difference(),
+        let answer = join
+            .results
+            .as_deref()
+            .and_then(|results| results.iter().find(|answer| &answer.user_id == user));
+        judge_user(
+            user, placements, answer, &join.call, join.ts_ns, judge, alerts,
         );
-        let alert = Alert::new(
-            ts_ns,
-            AlertBody::RouteMismatch {
-                user: user.clone(),
-                placed_on,
-                pushed_to: PushInfo {
-                    gateway: call.gateway.clone().into(),
-                    method: call.method.clone(),
-                    message: call.message.clone(),
-                    pusher: call.pusher.clone().into(),
-                    answer: gateway_answer,
-                    answer_platforms,
-                },
-                count: 1,
-                window_secs: judge.folds.window_secs(),
-                diagnosis,
-            },
-        );
-        judge.folds.first(key, alert, alerts);
     }
+}
+
+/// What the gateway's answer for one user says, and the platforms it lists.
+fn gateway_answer(answer: Option<&UserResult>) -> (GatewayAnswer, Vec<PlatformResult>) {
+    match answer {
+        None => (GatewayAnswer::Unknown, Vec::new()),
+        Some(answer) if answer.platforms.is_empty() => (GatewayAnswer::NotOnlineHere, Vec::new()),
+        Some(answer) => {
+            let delivered = answer.online_push
+                || answer
+                    .platforms
+                    .iter()
+                    .any(|platform| platform.result_code == 0);
+            let verdict = if delivered {
+                GatewayAnswer::Delivered
+            } else {
+                GatewayAnswer::DeliveryFailed
+            };
+            (verdict, answer.platforms.clone())
+        }
+    }
+}
+
+/// One recipient against its placements: a `route_mismatch` unless one of them is on the
+/// gateway the call went to.
+fn judge_user(
+    user: &str,
+    placements: &[Placement],
+    answer: Option<&UserResult>,
+    call: &PendingCall,
+    ts_ns: u64,
+    judge: &mut Judge<'_>,
+    alerts: &mut Vec<Alert>,
+) {
+    if placements
+        .iter()
+        .any(|placement| placement.gateway.ip == call.gateway.ip)
+    {
+        return;
+    }
+    let (gateway_answer, answer_platforms) = gateway_answer(answer);
+    let mut placed: Vec<IpAddr> = placements
+        .iter()
+        .map(|placement| placement.gateway.ip)
+        .collect();
+    placed.sort();
+    placed.dedup();
+    let key = FoldKey::Mismatch {
+        user: user.to_owned(),
+        placed,
+        pushed: call.gateway.ip,
+    };
+    if judge.folds.repeat(&key, ts_ns, |_| {}) {
+        return;
+    }
+    let local_node = judge.cluster.as_deref().map(|cluster| &*cluster.node);
+    let placed_on = placements::summarize(placements, local_node);
+    let placed_gateways: Vec<&Gateway> =
+        placed_on.iter().map(|info| &info.gateway.gateway).collect();
+    let diagnosis = diagnosis::route_mismatch(
+        user,
+        &placed_gateways,
+        &call.gateway,
+        gateway_answer,
+        judge.rings.spelling_difference(),
+    );
+    let alert = Alert::new(
+        ts_ns,
+        AlertBody::RouteMismatch {
+            user: user.to_owned(),
+            placed_on,
+            pushed_to: PushInfo {
+                gateway: call.gateway.clone().into(),
+                method: call.method.clone(),
+                message: call.message.clone(),
+                pusher: call.pusher.clone().into(),
+                answer: gateway_answer,
+                answer_platforms,
+                node: local_node.map(str::to_owned),
+            },
+            count: 1,
+            window_secs: judge.folds.window_secs(),
+            diagnosis,
+        },
+    );
+    judge.folds.first(key, alert, alerts);
 }
 
 #[cfg(test)]

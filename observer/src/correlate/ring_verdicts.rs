@@ -9,7 +9,10 @@ use crate::{
     openim::{diagnosis, members::describe_member_difference},
 };
 
-use super::rings::{LearnedRings, Verdict};
+use super::{
+    rings::{LearnedRings, Verdict},
+    shared::SharedRingEvidence,
+};
 
 pub struct RingVerdicts {
     /// Learned ring membership must be stable this long before a verdict.
@@ -58,6 +61,25 @@ impl RingVerdicts {
             && self.rings.learn_push_member(authority, ip)
         {
             self.members_changed(ts_ns);
+        }
+    }
+
+    /// Merges the cluster's shared evidence (cluster mode): members and placements other nodes
+    /// saw count as if seen here; only news starts a new verdict.
+    pub fn merge(&mut self, evidence: &SharedRingEvidence, ts_ns: u64) {
+        let mut changed = false;
+        for (host, ip) in &evidence.proxy {
+            changed |= self.rings.learn_proxy_host(host, *ip);
+        }
+        for (member, ip) in &evidence.push {
+            changed |= self.rings.learn_push_member(member, *ip);
+        }
+        if changed {
+            self.members_changed(ts_ns);
+        }
+        // Oldest first, so the newest placement of a user wins.
+        for (user, ip) in evidence.placements.iter().rev() {
+            self.evidence_since_verdict |= self.rings.record_placement(user, *ip);
         }
     }
 

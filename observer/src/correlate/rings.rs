@@ -50,13 +50,18 @@ impl LearnedRings {
         learn(&mut self.push_members, name, ip)
     }
 
-    pub fn record_placement(&mut self, user: &str, ip: IpAddr) {
+    /// Records where `user` was placed; returns whether that is news.
+    pub fn record_placement(&mut self, user: &str, ip: IpAddr) -> bool {
         if let Some(known) = self.evidence.get_mut(user) {
+            let moved = *known != ip;
             *known = ip;
+            moved
         } else if self.evidence.len() < MAX_EVIDENCE {
             self.evidence.insert(user.to_owned(), ip);
+            true
         } else {
             self.evidence_dropped += 1;
+            false
         }
     }
 

@@ -1,6 +1,10 @@
 //! Typed capture events: one per kernel record, with the connection's 4-tuple and process.
 
-use std::net::IpAddr;
+use std::{
+    fmt,
+    net::{IpAddr, SocketAddr},
+    str::FromStr,
+};
 
 use bytes::Bytes;
 
@@ -122,4 +126,53 @@ pub struct Event {
     pub dport: u16,
     pub port_class: PortClass,
     pub kind: EventKind,
+}
+
+/// One TCP connection by its two ends: the connecting process's address and the gateway's.
+/// Unlike the kernel's socket address (`ConnectionId`) it survives an observer restart, so
+/// cluster mode names placements by it and a restarted observer finds them again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectionKey {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+impl ConnectionKey {
+    /// The key with IPv4-mapped IPv6 addresses written as IPv4, as `/proc/net/tcp6` and the
+    /// kernel's records may spell one connection either way.
+    pub fn canonical(self) -> Self {
+        let canonical =
+            |address: SocketAddr| SocketAddr::new(address.ip().to_canonical(), address.port());
+        Self {
+            local: canonical(self.local),
+            remote: canonical(self.remote),
+        }
+    }
+
+    /// The connection an event belongs to.
+    pub fn of(event: &Event) -> Self {
+        Self {
+            local: SocketAddr::new(event.saddr, event.sport),
+            remote: SocketAddr::new(event.daddr, event.dport),
+        }
+        .canonical()
+    }
+}
+
+impl fmt::Display for ConnectionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}>{}", self.local, self.remote)
+    }
+}
+
+impl FromStr for ConnectionKey {
+    type Err = ();
+
+    fn from_str(text: &str) -> Result<Self, ()> {
+        let (local, remote) = text.split_once('>').ok_or(())?;
+        Ok(Self {
+            local: local.parse().map_err(|_| ())?,
+            remote: remote.parse().map_err(|_| ())?,
+        })
+    }
 }

@@ -9,7 +9,7 @@ mod event;
 mod routing;
 pub mod wire;
 
-pub use event::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
+pub use event::{ConnectionId, ConnectionKey, Direction, Event, EventKind, PortClass, TcpState};
 pub use routing::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process, UserResult};
 
 /// Timestamps are Unix nanoseconds throughout.

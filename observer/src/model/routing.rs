@@ -24,7 +24,7 @@ pub struct Gateway {
 }
 
 /// Ids that identify a message without revealing it (never its content).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct MessageIds {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_msg_id: Option<String>,
@@ -54,7 +54,7 @@ pub struct PlatformResult {
 }
 
 /// What the gateway that received a push answered for one user.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GatewayAnswer {
     /// At least one of the user's connections on that gateway took the message.

@@ -110,6 +110,23 @@ pub fn push_connection_churn(churn: &Churn<'_>) -> String {
 }
 
 /// The last line of `observer audit`: why the two rings split users, or why they do not.
+/// Cluster mode lost its shared state (`recovered`: got it back).
+pub fn shared_state_unreachable(recovered: bool) -> String {
+    if recovered {
+        "Redis answers again: this node's placements and ring evidence were written back, and \
+         joins across nodes and cluster-wide deduplication resumed. Mismatches whose halves were \
+         seen on different nodes while it was down were missed."
+            .to_owned()
+    } else {
+        "The shared-state Redis does not answer: each node now judges only what its own kernel \
+         shows (a mismatch whose placement and push were seen on different nodes is missed, and \
+         an alert may be printed by more than one node). Facts wait in a bounded queue, then are \
+         dropped and counted (openim_observer_redis_facts_dropped). Check the Redis URL, \
+         credentials, the NetworkPolicy egress rule and Redis itself."
+            .to_owned()
+    }
+}
+
 pub fn audit_why(spellings_differ: bool, difference: &str) -> String {
     if spellings_differ {
         format!(

@@ -1,0 +1,326 @@
+//! The shared keyspace: what cluster mode stores in Redis, under which keys, for how long.
+//!
+//! Every key starts with the prefix (`--redis-prefix`) and carries a hash tag, so a Redis
+//! Cluster keeps what one pipeline touches together: one user's keys share `{u:USER}`, one
+//! node's connection index `{n:NODE}`, the ring evidence `{ring}`.
+//!
+//! | key | type | holds | lives |
+//! |---|---|---|---|
+//! | `P{u:USER}:placements` | hash | `NODE\|CONNECTION` → placement | deleted field on close; key TTL [`PLACEMENT_TTL`], refreshed by the owning node every [`PLACEMENT_REFRESH`] |
+//! | `P{n:NODE}:connections` | hash | `CONNECTION` → user | same, so a restarted observer finds its node's users |
+//! | `P{u:USER}:pushes` | list | the last [`MAX_PUSH_OUTCOMES`] push outcomes | [`PUSH_OUTCOME_TTL`] |
+//! | `P{u:USER}:claim:mismatch:PLACED>PUSHED` | string | the node that printed | one fold window |
+//! | `P{ring}:members:proxy`, `…:push` | hash | member string → gateway IP, node, last seen | [`RING_TTL`], refreshed while seen |
+//! | `P{ring}:placements` | list | the last [`MAX_RING_PLACEMENTS`] `USER IP` placements | [`RING_TTL`] |
+//! | `P{ring}:claim:divergence:CHANGE` | string | the node that printed | [`DIVERGENCE_CLAIM_TTL`] |
+//!
+//! Values hold only what the engine joins on (user ids, gateways, processes, message ids,
+//! answers): never a token, a header beyond those, or message content.
+
+use std::{net::IpAddr, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{GatewayAnswer, MessageIds};
+pub use crate::{correlate::RingSide, model::ConnectionKey};
+
+pub const DEFAULT_PREFIX: &str = "openim-observer:";
+
+/// A placement outlives its node's observer this long: long enough for a DaemonSet rollout
+/// to restart the observer and adopt it, short enough that a node gone for good stops
+/// answering for its users soon after.
+pub const PLACEMENT_TTL: Duration = Duration::from_secs(15 * 60);
+/// The owning node rewrites its live placements this often (and at once after Redis comes
+/// back, possibly empty).
+pub const PLACEMENT_REFRESH: Duration = Duration::from_secs(5 * 60);
+/// Ring members not seen again for this long leave the shared rings.
+pub const RING_TTL: Duration = Duration::from_secs(15 * 60);
+/// A push outcome matters while a placement for the same user may still arrive late.
+pub const PUSH_OUTCOME_TTL: Duration = Duration::from_secs(120);
+/// A divergence (one pair of member lists) is printed once per this period cluster-wide.
+pub const DIVERGENCE_CLAIM_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Push outcomes kept per user.
+pub const MAX_PUSH_OUTCOMES: usize = 16;
+/// Recent placements kept as ring evidence (the proxy-ring inference needs a few dozen that
+/// tell the candidates apart; this many covers hundreds of gateways).
+pub const MAX_RING_PLACEMENTS: usize = 1_000;
+
+/// Where the proxy placed a user's WebSocket, as seen by one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedPlacement {
+    pub user: String,
+    pub node: String,
+    pub connection: ConnectionKey,
+    pub gateway_ip: IpAddr,
+    pub gateway_port: u16,
+    /// The proxy's `Host`, when seen.
+    pub gateway_name: Option<String>,
+    pub platform: Option<i32>,
+    pub since_ns: u64,
+    pub proxy_pid: u32,
+    pub proxy_comm: String,
+}
+
+/// The stored value of a placement: user, node and connection are in its key and field.
+/// Short names: this is most of the bytes per online user.
+#[derive(Debug, Serialize, Deserialize)]
+struct PlacementValue {
+    #[serde(rename = "gw")]
+    gateway_ip: IpAddr,
+    #[serde(rename = "port")]
+    gateway_port: u16,
+    #[serde(rename = "name", default, skip_serializing_if = "Option::is_none")]
+    gateway_name: Option<String>,
+    #[serde(rename = "plat", default, skip_serializing_if = "Option::is_none")]
+    platform: Option<i32>,
+    #[serde(rename = "since")]
+    since_ns: u64,
+    #[serde(rename = "pid")]
+    proxy_pid: u32,
+    #[serde(rename = "comm")]
+    proxy_comm: String,
+    /// Unix milliseconds after which readers ignore it: the hash's TTL is shared by every node
+    /// placing the user, so each field carries its own.
+    #[serde(rename = "exp")]
+    expires_ms: u64,
+}
+
+impl SharedPlacement {
+    /// The placement's field in its user's hash.
+    pub fn field(&self) -> String {
+        placement_field(&self.node, &self.connection)
+    }
+
+    pub(crate) fn value(&self, expires_ms: u64) -> String {
+        let value = PlacementValue {
+            gateway_ip: self.gateway_ip,
+            gateway_port: self.gateway_port,
+            gateway_name: self.gateway_name.clone(),
+            platform: self.platform,
+            since_ns: self.since_ns,
+            proxy_pid: self.proxy_pid,
+            proxy_comm: self.proxy_comm.clone(),
+            expires_ms,
+        };
+        serde_json::to_string(&value).unwrap_or_default()
+    }
+
+    /// Reads one field of `user`'s hash back; `None` when malformed or expired at `now_ms`.
+    pub(crate) fn from_stored(user: &str, field: &str, value: &str, now_ms: u64) -> Option<Self> {
+        let (node, connection) = field.split_once('|')?;
+        let value: PlacementValue = serde_json::from_str(value).ok()?;
+        let connection = connection.parse().ok()?;
+        (value.expires_ms > now_ms).then(|| Self {
+            user: user.to_owned(),
+            node: node.to_owned(),
+            connection,
+            gateway_ip: value.gateway_ip,
+            gateway_port: value.gateway_port,
+            gateway_name: value.gateway_name,
+            platform: value.platform,
+            since_ns: value.since_ns,
+            proxy_pid: value.proxy_pid,
+            proxy_comm: value.proxy_comm,
+        })
+    }
+}
+
+pub(crate) fn placement_field(node: &str, connection: &ConnectionKey) -> String {
+    format!("{node}|{connection}")
+}
+
+/// What a gateway answered for one user of a push call, as seen by one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushOutcome {
+    #[serde(skip)]
+    pub user: String,
+    pub node: String,
+    #[serde(rename = "gw")]
+    pub gateway_ip: IpAddr,
+    #[serde(rename = "port")]
+    pub gateway_port: u16,
+    #[serde(rename = "name", default, skip_serializing_if = "Option::is_none")]
+    pub gateway_name: Option<String>,
+    pub answer: GatewayAnswer,
+    #[serde(rename = "msg")]
+    pub message: MessageIds,
+    #[serde(rename = "ts")]
+    pub ts_ns: u64,
+}
+
+/// A ring member string tied to the gateway IP dialled, as one node last saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingMember {
+    pub ip: IpAddr,
+    pub node: String,
+    /// Unix milliseconds; members older than [`RING_TTL`] are ignored.
+    #[serde(rename = "seen")]
+    pub seen_ms: u64,
+}
+
+/// Builds every key from the prefix.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn user_placements(&self, user: &str) -> String {
+        format!("{}{{u:{}}}:placements", self.prefix, escape(user))
+    }
+
+    pub fn user_pushes(&self, user: &str) -> String {
+        format!("{}{{u:{}}}:pushes", self.prefix, escape(user))
+    }
+
+    /// One claim per (user, gateways placed on, gateway pushed to) and fold window.
+    pub fn mismatch_claim(&self, user: &str, placed: &[IpAddr], pushed: IpAddr) -> String {
+        let mut placed: Vec<String> = placed.iter().map(IpAddr::to_string).collect();
+        placed.sort();
+        placed.dedup();
+        format!(
+            "{}{{u:{}}}:claim:mismatch:{}>{pushed}",
+            self.prefix,
+            escape(user),
+            placed.join(",")
+        )
+    }
+
+    pub fn node_connections(&self, node: &str) -> String {
+        format!("{}{{n:{}}}:connections", self.prefix, escape(node))
+    }
+
+    pub fn ring_members(&self, side: RingSide) -> String {
+        format!("{}{{ring}}:members:{}", self.prefix, side.name())
+    }
+
+    pub fn ring_placements(&self) -> String {
+        format!("{}{{ring}}:placements", self.prefix)
+    }
+
+    /// One claim per pair of member lists (the change a divergence describes).
+    pub fn divergence_claim(&self, proxy_members: &[String], push_members: &[String]) -> String {
+        let mut hasher = crc32fast::Hasher::new();
+        for member in proxy_members {
+            hasher.update(member.as_bytes());
+            hasher.update(b"\n");
+        }
+        hasher.update(b"\0");
+        for member in push_members {
+            hasher.update(member.as_bytes());
+            hasher.update(b"\n");
+        }
+        format!(
+            "{}{{ring}}:claim:divergence:{}-{}-{:08x}",
+            self.prefix,
+            proxy_members.len(),
+            push_members.len(),
+            hasher.finalize()
+        )
+    }
+}
+
+/// User ids and node names go inside hash tags: braces would end the tag early and `%` would
+/// make escapes ambiguous, so those three are percent-encoded (OpenIM ids never contain them).
+fn escape(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(['{', '}', '%']) {
+        return text.into();
+    }
+    text.replace('%', "%25")
+        .replace('{', "%7B")
+        .replace('}', "%7D")
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The part of a key Redis Cluster hashes: the first `{…}` with something inside.
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').unwrap();
+        let close = key[open..].find('}').unwrap() + open;
+        &key[open + 1..close]
+    }
+
+    #[test]
+    fn one_users_keys_share_a_slot() {
+        let keys = Keys::new(DEFAULT_PREFIX);
+        let ip: IpAddr = "10.0.0.7".parse().unwrap();
+        let user_keys = [
+            keys.user_placements("3355700821"),
+            keys.user_pushes("3355700821"),
+            keys.mismatch_claim("3355700821", &[ip], ip),
+        ];
+        for key in &user_keys {
+            assert!(key.starts_with("openim-observer:{u:3355700821}:"), "{key}");
+            assert_eq!(hash_tag(key), "u:3355700821");
+        }
+        assert_eq!(hash_tag(&keys.node_connections("node-a")), "n:node-a");
+        assert_eq!(hash_tag(&keys.ring_placements()), "ring");
+    }
+
+    #[test]
+    fn braces_in_ids_cannot_break_out_of_the_tag() {
+        let keys = Keys::new("p:");
+        let key = keys.user_placements("a}b{%");
+        assert_eq!(key, "p:{u:a%7Db%7B%25}:placements");
+        assert_eq!(hash_tag(&key), "u:a%7Db%7B%25");
+    }
+
+    #[test]
+    fn claims_do_not_depend_on_order() {
+        let keys = Keys::new("p:");
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            "10.0.0.3".parse().unwrap(),
+        );
+        assert_eq!(
+            keys.mismatch_claim("u", &[a, b], c),
+            keys.mismatch_claim("u", &[b, a, a], c)
+        );
+        let members = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_ne!(
+            keys.divergence_claim(&members(&["a", "b"]), &members(&["a:88"])),
+            keys.divergence_claim(&members(&["a"]), &members(&["b", "a:88"]))
+        );
+    }
+
+    #[test]
+    fn placements_round_trip_and_expire() {
+        let placement = SharedPlacement {
+            user: "42".into(),
+            node: "node-b".into(),
+            connection: "[::ffff:10.0.0.9]:41000>10.0.0.7:80".parse().unwrap(),
+            gateway_ip: "10.0.0.7".parse().unwrap(),
+            gateway_port: 80,
+            gateway_name: Some("gw-0.gw-headless".into()),
+            platform: Some(1),
+            since_ns: 5,
+            proxy_pid: 77,
+            proxy_comm: "msggw-proxy".into(),
+        };
+        let (field, value) = (placement.field(), placement.value(2_000));
+        assert_eq!(field, "node-b|[::ffff:10.0.0.9]:41000>10.0.0.7:80");
+        assert_eq!(
+            SharedPlacement::from_stored("42", &field, &value, 1_999),
+            Some(placement)
+        );
+        assert_eq!(
+            SharedPlacement::from_stored("42", &field, &value, 2_000),
+            None
+        );
+        assert_eq!(SharedPlacement::from_stored("42", "junk", &value, 0), None);
+    }
+}

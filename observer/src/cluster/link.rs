@@ -1,0 +1,531 @@
+//! Between the engine (synchronous, fast) and the store (async, may be slow or gone): the
+//! engine's facts go to the store's queue, its placement lookups and the dedup claims of its
+//! alerts go to a worker task, and what the worker brings back (`Done`) is fed to the engine or
+//! printed. Redis being down never blocks the engine: lookups are answered with nothing,
+//! claims are skipped (the alert is printed by whoever saw it), and `capture_degraded` says so.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::{sync::mpsc, task::JoinHandle};
+
+use super::{
+    ClusterConfig,
+    keys::{self, ConnectionKey, PushOutcome, SharedPlacement},
+    recovery,
+    store::{Fact, LinkEvent, SharedState, StoreError},
+};
+use crate::{
+    alert::{Alert, AlertBody, DegradedReason, DegradedState, rfc3339},
+    correlate::{Engine, PlacementLookup, RemotePlacement, SharedFact, SharedRingEvidence},
+    model::{Gateway, Process},
+    openim::diagnosis,
+};
+
+/// Jobs waiting for the worker at most; a lookup that finds the queue full is answered with
+/// nothing at once, a claim is printed unclaimed (both counted).
+const MAX_JOBS: usize = 4_096;
+/// Jobs the worker takes at once: their lookups share one pipeline.
+const MAX_JOBS_PER_ROUND: usize = 256;
+/// The shared ring evidence is merged this often (a fraction of the ring settle time, so every
+/// node reaches the same verdict before it is claimed).
+const RING_MERGE_INTERVAL: Duration = Duration::from_secs(1);
+/// Redis unreachable this long after start, before it ever answered, is a degradation.
+const START_GRACE: Duration = Duration::from_secs(3);
+/// Won claims remembered (their windows' summaries are printed by the winner only).
+const MAX_WON_CLAIMS: usize = 262_144;
+
+enum Job {
+    Lookup(PlacementLookup),
+    Claim {
+        key: String,
+        ttl: Duration,
+        alert: Box<Alert>,
+    },
+    RingEvidence,
+}
+
+/// What the worker brings back.
+pub enum Done {
+    Joined {
+        id: u64,
+        found: HashMap<String, Vec<RemotePlacement>>,
+    },
+    Claimed {
+        key: String,
+        /// `None`: Redis did not answer.
+        won: Option<bool>,
+        alert: Box<Alert>,
+    },
+    /// `None`: Redis did not answer.
+    RingEvidence(Option<SharedRingEvidence>),
+}
+
+pub struct ClusterLink {
+    state: Arc<SharedState>,
+    jobs: mpsc::Sender<Job>,
+    done: mpsc::Receiver<Done>,
+    worker: JoinHandle<()>,
+    fold_window: Duration,
+    /// Jobs sent whose answer has not been applied yet.
+    outstanding: usize,
+    /// Answers made without the worker (its queue was full).
+    pending_now: Vec<Done>,
+    facts: Vec<SharedFact>,
+    lookups: Vec<PlacementLookup>,
+    /// Mismatch claims this node won, until their window ends.
+    won: HashMap<String, Instant>,
+    last_ring_merge: Option<Instant>,
+    started: Instant,
+    ever_up: bool,
+    /// Since when Redis is down, and whether that was said.
+    down_since_ns: Option<u64>,
+    degraded_said: bool,
+}
+
+impl Drop for ClusterLink {
+    fn drop(&mut self) {
+        self.worker.abort();
+    }
+}
+
+impl ClusterLink {
+    /// Starts the store and the worker; needs a tokio runtime. `fold_window` is how long one
+    /// `route_mismatch` claim holds.
+    pub fn start(config: &ClusterConfig, fold_window: Duration) -> Result<Self, StoreError> {
+        let state = Arc::new(SharedState::start(config)?);
+        let (jobs, queue) = mpsc::channel(MAX_JOBS);
+        let (done_sender, done) = mpsc::channel(MAX_JOBS);
+        let worker = tokio::spawn(work(Arc::clone(&state), queue, done_sender));
+        Ok(Self {
+            state,
+            jobs,
+            done,
+            worker,
+            fold_window,
+            outstanding: 0,
+            pending_now: Vec::new(),
+            facts: Vec::new(),
+            lookups: Vec::new(),
+            won: HashMap::new(),
+            last_ring_merge: None,
+            started: Instant::now(),
+            ever_up: false,
+            down_since_ns: None,
+            degraded_said: false,
+        })
+    }
+
+    pub fn state(&self) -> &SharedState {
+        &self.state
+    }
+
+    pub fn node(&self) -> &str {
+        self.state.node()
+    }
+
+    /// Restart recovery: this node's placements in Redis whose connections the kernel still
+    /// holds are adopted by the engine (and kept in Redis); the rest are deleted. Returns how
+    /// many were recovered; 0 when Redis does not answer within a few seconds.
+    pub async fn recover(&mut self, engine: &mut Engine) -> usize {
+        let mut stored = None;
+        for _ in 0..3 {
+            match self.state.own_placements().await {
+                Ok(placements) => {
+                    stored = Some(placements);
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "restart recovery: reading this node's placements");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+        let Some(stored) = stored else {
+            return 0;
+        };
+        if stored.is_empty() {
+            return 0;
+        }
+        let established = recovery::established_connections();
+        self.adopt(stored, &established, engine)
+    }
+
+    /// Adopts the `stored` placements whose connection is in `established`; deletes the rest.
+    pub fn adopt(
+        &mut self,
+        stored: Vec<SharedPlacement>,
+        established: &HashSet<ConnectionKey>,
+        engine: &mut Engine,
+    ) -> usize {
+        let mut adopted = Vec::new();
+        for placement in stored {
+            if established.contains(&placement.connection.canonical()) {
+                adopted.push((placement.user.clone(), remote_placement(&placement)));
+                self.state.record(Fact::Adopted(placement));
+            } else {
+                self.state.record(Fact::Unplaced {
+                    user: placement.user,
+                    connection: placement.connection,
+                });
+            }
+        }
+        let count = adopted.len();
+        tracing::info!(recovered = count, "restart recovery: placements adopted");
+        engine.adopt(adopted);
+        count
+    }
+
+    /// After the engine ran: its facts go to the store, its lookups to the worker, and its
+    /// alerts that must be printed once cluster-wide to a claim (removed from `alerts` until
+    /// won). Every other alert stays in `alerts`, to print now.
+    pub fn forward(&mut self, engine: &mut Engine, alerts: &mut Vec<Alert>) {
+        engine.take_shared(&mut self.facts, &mut self.lookups);
+        let node = self.state.node().to_owned();
+        for fact in self.facts.drain(..) {
+            self.state.record(store_fact(fact, &node));
+        }
+        for lookup in std::mem::take(&mut self.lookups) {
+            if self.state.health().is_up() {
+                self.send(Job::Lookup(lookup));
+            } else {
+                // Local detection only while Redis is down: nothing to wait for.
+                engine.joined(lookup.id, HashMap::new(), alerts);
+            }
+        }
+        if !self.state.health().is_up() {
+            return;
+        }
+        let mut kept = Vec::with_capacity(alerts.len());
+        for alert in alerts.drain(..) {
+            match self.claim_key(&alert) {
+                Some((key, ttl, true)) => self.send(Job::Claim {
+                    key,
+                    ttl,
+                    alert: Box::new(alert),
+                }),
+                // A window's summary: printed by the node whose first alert won.
+                Some((key, _, false)) => {
+                    if self.won.contains_key(&key) {
+                        kept.push(alert);
+                    } else {
+                        self.state.health().count(LinkEvent::MismatchDeduplicated);
+                    }
+                }
+                None => kept.push(alert),
+            }
+        }
+        *alerts = kept;
+    }
+
+    /// The claim an alert needs, if any, and whether it is a first alert (a summary is not
+    /// claimed again).
+    fn claim_key(&self, alert: &Alert) -> Option<(String, Duration, bool)> {
+        let keys = self.state.keys();
+        match &alert.body {
+            AlertBody::RouteMismatch {
+                user,
+                placed_on,
+                pushed_to,
+                count,
+                ..
+            } => {
+                let placed: Vec<_> = placed_on
+                    .iter()
+                    .map(|info| info.gateway.gateway.ip)
+                    .collect();
+                let key = keys.mismatch_claim(user, &placed, pushed_to.gateway.gateway.ip);
+                Some((key, self.fold_window, *count <= 1))
+            }
+            AlertBody::RingDivergence {
+                proxy_members,
+                push_members,
+                ..
+            } => Some((
+                keys.divergence_claim(proxy_members, push_members),
+                keys::DIVERGENCE_CLAIM_TTL,
+                true,
+            )),
+            _ => None,
+        }
+    }
+
+    fn send(&mut self, job: Job) {
+        match self.jobs.try_send(job) {
+            Ok(()) => self.outstanding += 1,
+            Err(mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job)) => {
+                // The worker is behind: answer as if Redis were down.
+                let done = match job {
+                    Job::Lookup(lookup) => {
+                        self.state.health().count(LinkEvent::LookupFailed);
+                        Done::Joined {
+                            id: lookup.id,
+                            found: HashMap::new(),
+                        }
+                    }
+                    Job::Claim { key, alert, .. } => {
+                        self.state.health().count(LinkEvent::ClaimFailed);
+                        Done::Claimed {
+                            key,
+                            won: None,
+                            alert,
+                        }
+                    }
+                    Job::RingEvidence => return,
+                };
+                self.outstanding += 1;
+                self.pending_now.push(done);
+            }
+        }
+    }
+
+    /// The worker's next answer (cancel-safe, for `select!`).
+    pub async fn next(&mut self) -> Done {
+        if let Some(done) = self.pending_now.pop() {
+            return done;
+        }
+        match self.done.recv().await {
+            Some(done) => done,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Feeds an answer to the engine, or releases a claimed alert into `alerts` if won.
+    pub fn apply(&mut self, done: Done, engine: &mut Engine, alerts: &mut Vec<Alert>) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        // What the engine raises now goes through `forward` like any other of its alerts.
+        let mut raised = Vec::new();
+        match done {
+            Done::Joined { id, found } => engine.joined(id, found, &mut raised),
+            Done::Claimed { key, won, alert } => {
+                let is_mismatch = matches!(alert.body, AlertBody::RouteMismatch { .. });
+                match won {
+                    Some(false) => self.state.health().count(if is_mismatch {
+                        LinkEvent::MismatchDeduplicated
+                    } else {
+                        LinkEvent::DivergenceDeduplicated
+                    }),
+                    Some(true) | None => {
+                        if is_mismatch && won.is_some() && self.won.len() < MAX_WON_CLAIMS {
+                            self.won.insert(key, Instant::now() + self.fold_window);
+                        }
+                        alerts.push(*alert);
+                    }
+                }
+            }
+            Done::RingEvidence(Some(evidence)) => engine.merge_ring_evidence(&evidence),
+            Done::RingEvidence(None) => {}
+        }
+        self.forward(engine, &mut raised);
+        alerts.append(&mut raised);
+    }
+
+    /// Jobs sent whose answer was not applied yet.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Once a second: says when Redis is lost or back (`capture_degraded`), merges the shared
+    /// ring evidence, forgets ended claims.
+    pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
+        let up = self.state.health().is_up();
+        self.ever_up |= up;
+        if up {
+            if self.degraded_said {
+                alerts.push(self.degraded_alert(now_ns, DegradedState::Recovered));
+                self.degraded_said = false;
+            }
+            self.down_since_ns = None;
+            let due = self
+                .last_ring_merge
+                .is_none_or(|last| last.elapsed() >= RING_MERGE_INTERVAL);
+            if due {
+                self.last_ring_merge = Some(Instant::now());
+                self.send(Job::RingEvidence);
+            }
+        } else {
+            self.down_since_ns.get_or_insert(now_ns);
+            let lost = self.ever_up || self.started.elapsed() >= START_GRACE;
+            if lost && !self.degraded_said {
+                alerts.push(self.degraded_alert(now_ns, DegradedState::Degraded));
+                self.degraded_said = true;
+            }
+        }
+        let now = Instant::now();
+        self.won.retain(|_, until| *until > now);
+    }
+
+    fn degraded_alert(&self, now_ns: u64, state: DegradedState) -> Alert {
+        let since = self.down_since_ns.unwrap_or(now_ns);
+        let mut alert = Alert::new(
+            now_ns,
+            AlertBody::CaptureDegraded {
+                reason: DegradedReason::SharedStateUnreachable,
+                state,
+                since: rfc3339(since),
+                affects: "route_mismatch whose placement and push were seen on different nodes; \
+                          cluster-wide deduplication; the shared ring evidence; restart recovery"
+                    .to_owned(),
+                diagnosis: diagnosis::shared_state_unreachable(state == DegradedState::Recovered),
+            },
+        );
+        alert.node = Some(self.state.node().to_owned());
+        alert
+    }
+}
+
+fn store_fact(fact: SharedFact, node: &str) -> Fact {
+    match fact {
+        SharedFact::Placed {
+            user,
+            connection,
+            gateway,
+            platform,
+            since_ns,
+            proxy,
+        } => Fact::Placed(SharedPlacement {
+            user,
+            node: node.to_owned(),
+            connection,
+            gateway_ip: gateway.ip,
+            gateway_port: gateway.port,
+            gateway_name: gateway.name,
+            platform,
+            since_ns,
+            proxy_pid: proxy.pid,
+            proxy_comm: proxy.comm,
+        }),
+        SharedFact::Unplaced { user, connection } => Fact::Unplaced { user, connection },
+        SharedFact::RingMember { side, member, ip } => Fact::RingMember { side, member, ip },
+        SharedFact::PushOutcome {
+            user,
+            gateway,
+            answer,
+            message,
+            ts_ns,
+        } => Fact::PushOutcome(PushOutcome {
+            user,
+            node: node.to_owned(),
+            gateway_ip: gateway.ip,
+            gateway_port: gateway.port,
+            gateway_name: gateway.name,
+            answer,
+            message,
+            ts_ns,
+        }),
+    }
+}
+
+fn remote_placement(placement: &SharedPlacement) -> RemotePlacement {
+    RemotePlacement {
+        node: placement.node.clone(),
+        connection: placement.connection,
+        gateway: Gateway {
+            ip: placement.gateway_ip,
+            port: placement.gateway_port,
+            name: placement.gateway_name.clone(),
+        },
+        platform: placement.platform,
+        since_ns: placement.since_ns,
+        // Another node's process: its cgroup means nothing here.
+        proxy: Process {
+            pid: placement.proxy_pid,
+            comm: placement.proxy_comm.clone(),
+            cgroup_id: 0,
+        },
+    }
+}
+
+/// Answers jobs in rounds: the lookups of one round share one pipelined round trip.
+async fn work(state: Arc<SharedState>, mut jobs: mpsc::Receiver<Job>, done: mpsc::Sender<Done>) {
+    let mut round = Vec::with_capacity(MAX_JOBS_PER_ROUND);
+    while jobs.recv_many(&mut round, MAX_JOBS_PER_ROUND).await > 0 {
+        let mut lookups = Vec::new();
+        let mut answers = Vec::new();
+        for job in round.drain(..) {
+            match job {
+                Job::Lookup(lookup) => lookups.push(lookup),
+                Job::Claim { key, ttl, alert } => {
+                    let won = match state.claim(&key, ttl).await {
+                        Ok(won) => Some(won),
+                        Err(error) => {
+                            tracing::debug!(%error, "shared state: claim failed");
+                            state.health().count(LinkEvent::ClaimFailed);
+                            None
+                        }
+                    };
+                    answers.push(Done::Claimed { key, won, alert });
+                }
+                Job::RingEvidence => match state.ring_evidence().await {
+                    Ok(evidence) => answers.push(Done::RingEvidence(Some(SharedRingEvidence {
+                        proxy: evidence
+                            .proxy
+                            .into_iter()
+                            .map(|(member, seen)| (member, seen.ip))
+                            .collect(),
+                        push: evidence
+                            .push
+                            .into_iter()
+                            .map(|(member, seen)| (member, seen.ip))
+                            .collect(),
+                        placements: evidence.placements,
+                    }))),
+                    Err(error) => {
+                        tracing::debug!(%error, "shared state: ring evidence");
+                        answers.push(Done::RingEvidence(None));
+                    }
+                },
+            }
+        }
+        if !lookups.is_empty() {
+            answers.extend(look_up(&state, lookups).await);
+        }
+        for answer in answers {
+            if done.send(answer).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// One pipelined read for every user of `lookups`; each lookup gets its users' placements on
+/// other nodes (this node's own are in the engine already).
+async fn look_up(state: &SharedState, lookups: Vec<PlacementLookup>) -> Vec<Done> {
+    let mut users: Vec<String> = lookups
+        .iter()
+        .flat_map(|lookup| lookup.users.iter().cloned())
+        .collect();
+    users.sort();
+    users.dedup();
+    let found = match state.placements_of(&users).await {
+        Ok(found) => found,
+        Err(error) => {
+            tracing::debug!(%error, "shared state: placement lookup failed");
+            state.health().count(LinkEvent::LookupFailed);
+            HashMap::new()
+        }
+    };
+    let node = state.node();
+    lookups
+        .into_iter()
+        .map(|lookup| Done::Joined {
+            id: lookup.id,
+            found: lookup
+                .users
+                .iter()
+                .filter_map(|user| {
+                    let placements: Vec<RemotePlacement> = found
+                        .get(user)?
+                        .iter()
+                        .filter(|placement| placement.node != node)
+                        .map(remote_placement)
+                        .collect();
+                    (!placements.is_empty()).then(|| (user.clone(), placements))
+                })
+                .collect(),
+        })
+        .collect()
+}

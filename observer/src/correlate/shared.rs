@@ -1,0 +1,204 @@
+//! Cluster mode's side of the engine: what this node's observer tells the others, and the joins
+//! it completes with what they saw.
+//!
+//! The engine stays synchronous: it appends facts (placements, ring members, push outcomes) to
+//! a buffer the daemon forwards to Redis, and when a push call names recipients this node holds
+//! no placement for, it parks the judgment and asks for their placements (`PlacementLookup`).
+//! The daemon answers with `Engine::joined`, which completes the judgment with the placements
+//! other nodes saw. Nothing here runs without `--redis-url`.
+
+use std::{collections::HashMap, net::IpAddr, sync::Arc};
+
+use crate::model::{
+    ConnectionId, ConnectionKey, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, Process,
+    UserResult,
+};
+
+use super::push_calls::PendingCall;
+
+/// Judgments parked for a lookup at most; more are judged with local placements only (counted).
+const MAX_AWAITING_JOINS: usize = 16_384;
+/// A parked judgment whose lookup never came back is dropped after this long (counted).
+const JOIN_TIMEOUT_NS: u64 = 30 * NANOS_PER_SEC;
+/// A ring member seen again is told again at most this often (its shared entry expires unless
+/// refreshed; telling it on every call would queue a fact per push).
+const MEMBER_REFRESH_NS: u64 = 60 * NANOS_PER_SEC;
+/// Ring members remembered for that refresh (gateways × two spellings).
+const MAX_MEMBERS: usize = 4_096;
+
+/// Which side of OpenIM spelled a ring member: the proxy (`Host`) or push (`:authority`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RingSide {
+    Proxy,
+    Push,
+}
+
+impl RingSide {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Proxy => "proxy",
+            Self::Push => "push",
+        }
+    }
+}
+
+/// What this node saw that the other nodes need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SharedFact {
+    /// The proxy on this node asked a gateway to take `user`.
+    Placed {
+        user: String,
+        connection: ConnectionKey,
+        gateway: Gateway,
+        platform: Option<i32>,
+        since_ns: u64,
+        proxy: Process,
+    },
+    /// That placement ended (refused upgrade, or the connection closed).
+    Unplaced {
+        user: String,
+        connection: ConnectionKey,
+    },
+    RingMember {
+        side: RingSide,
+        member: String,
+        ip: IpAddr,
+    },
+    /// What the gateway answered for one recipient of a push call.
+    PushOutcome {
+        user: String,
+        gateway: Gateway,
+        answer: GatewayAnswer,
+        message: MessageIds,
+        ts_ns: u64,
+    },
+}
+
+/// A placement another node saw (or this node, before its observer restarted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemotePlacement {
+    pub node: String,
+    pub connection: ConnectionKey,
+    pub gateway: Gateway,
+    pub platform: Option<i32>,
+    pub since_ns: u64,
+    pub proxy: Process,
+}
+
+/// Recipients of a judged call that this node holds no placement for: the daemon looks them up
+/// and answers with `Engine::joined(id, …)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacementLookup {
+    pub id: u64,
+    pub users: Vec<String>,
+}
+
+/// The cluster's shared ring evidence, merged into this node's learned rings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharedRingEvidence {
+    /// `(member, gateway IP)` per side.
+    pub proxy: Vec<(String, IpAddr)>,
+    pub push: Vec<(String, IpAddr)>,
+    /// `(user, gateway IP)` placements, newest first.
+    pub placements: Vec<(String, IpAddr)>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct JoinCounters {
+    pub lookups: u64,
+    pub joins_completed: u64,
+    /// Judged with local placements only: too many judgments were waiting.
+    pub joins_dropped: u64,
+    /// Their lookup never came back.
+    pub joins_expired: u64,
+    pub placements_adopted: u64,
+}
+
+/// A judgment waiting for other nodes' placements.
+pub struct AwaitingJoin {
+    pub call: PendingCall,
+    pub results: Option<Vec<UserResult>>,
+    pub ts_ns: u64,
+}
+
+pub struct ClusterSide {
+    pub node: Arc<str>,
+    pub facts: Vec<SharedFact>,
+    pub lookups: Vec<PlacementLookup>,
+    awaiting: HashMap<u64, AwaitingJoin>,
+    next_lookup: u64,
+    /// The two ends of each live placement's connection, for its `Unplaced` fact.
+    pub keys_by_connection: HashMap<ConnectionId, ConnectionKey>,
+    /// When each ring member was last told.
+    members_told: HashMap<(RingSide, String), (IpAddr, u64)>,
+    pub counters: JoinCounters,
+}
+
+impl ClusterSide {
+    pub fn new(node: &str) -> Self {
+        Self {
+            node: node.into(),
+            facts: Vec::new(),
+            lookups: Vec::new(),
+            awaiting: HashMap::new(),
+            next_lookup: 1,
+            keys_by_connection: HashMap::new(),
+            members_told: HashMap::new(),
+            counters: JoinCounters::default(),
+        }
+    }
+
+    /// Parks the judgment of `users` (no local placement) and asks for their placements;
+    /// false when too many judgments wait already.
+    pub fn park(&mut self, users: Vec<String>, join: AwaitingJoin) -> bool {
+        if self.awaiting.len() >= MAX_AWAITING_JOINS {
+            self.counters.joins_dropped += 1;
+            return false;
+        }
+        let id = self.next_lookup;
+        self.next_lookup += 1;
+        self.counters.lookups += 1;
+        self.awaiting.insert(id, join);
+        self.lookups.push(PlacementLookup { id, users });
+        true
+    }
+
+    pub fn unpark(&mut self, id: u64) -> Option<AwaitingJoin> {
+        let join = self.awaiting.remove(&id);
+        if join.is_some() {
+            self.counters.joins_completed += 1;
+        }
+        join
+    }
+
+    /// Drops judgments whose lookup never came back (the daemon answers every lookup, even
+    /// with nothing: this only bounds a lost answer).
+    pub fn expire(&mut self, now_ns: u64) {
+        let before = self.awaiting.len();
+        self.awaiting
+            .retain(|_, join| now_ns.saturating_sub(join.ts_ns) < JOIN_TIMEOUT_NS);
+        self.counters.joins_expired += (before - self.awaiting.len()) as u64;
+    }
+
+    /// A member was seen: told when new, moved, or not told for a while.
+    pub fn member_seen(&mut self, side: RingSide, member: &str, ip: IpAddr, ts_ns: u64) {
+        let key = (side, member.to_owned());
+        let due = match self.members_told.get(&key) {
+            Some((told_ip, told_ns)) => {
+                *told_ip != ip || ts_ns.saturating_sub(*told_ns) >= MEMBER_REFRESH_NS
+            }
+            None => true,
+        };
+        if !due {
+            return;
+        }
+        if self.members_told.len() < MAX_MEMBERS || self.members_told.contains_key(&key) {
+            self.members_told.insert(key, (ip, ts_ns));
+        }
+        self.facts.push(SharedFact::RingMember {
+            side,
+            member: member.to_owned(),
+            ip,
+        });
+    }
+}

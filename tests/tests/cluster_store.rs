@@ -1,0 +1,446 @@
+//! Cluster mode's shared state against a real `redis-server` (no root needed): what one node
+//! writes another reads, every key expires, Redis faults are survived and the queue is bounded.
+
+use std::{
+    future::Future,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use observer::{
+    cluster::{
+        ClusterArgs, ClusterConfig, ConnectionKey, PushOutcome, RingSide, SharedPlacement,
+        SharedState, StoreMetrics, keys::DEFAULT_PREFIX, store::Fact,
+    },
+    metrics::Metrics,
+    model::{GatewayAnswer, MessageIds},
+};
+use tests::redis_server::{AclUser, RedisServer, free_port};
+
+/// Probe and writer act within seconds; this bounds every wait.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn config(url: &str, node: &str, queue: usize) -> ClusterConfig {
+    ClusterArgs {
+        redis_url: Some(url.to_owned()),
+        redis_url_file: None,
+        redis_prefix: DEFAULT_PREFIX.to_owned(),
+        node_name: Some(node.to_owned()),
+        redis_queue: queue,
+    }
+    .resolve()
+    .expect("valid cluster flags")
+    .expect("cluster mode")
+}
+
+fn placement(user: &str, node: &str, source_port: u16, gateway: &str) -> SharedPlacement {
+    let gateway_ip: IpAddr = gateway.parse().unwrap();
+    SharedPlacement {
+        user: user.to_owned(),
+        node: node.to_owned(),
+        connection: ConnectionKey {
+            local: format!("10.244.0.5:{source_port}").parse().unwrap(),
+            remote: (gateway_ip, 80).into(),
+        },
+        gateway_ip,
+        gateway_port: 80,
+        gateway_name: Some(format!("gw.{gateway}.svc")),
+        platform: Some(1),
+        since_ns: 1_700_000_000_000_000_000,
+        proxy_pid: 4242,
+        proxy_comm: "msggw-proxy".to_owned(),
+    }
+}
+
+async fn until<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < PATIENCE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn written(state: &SharedState, facts: u64) {
+    let health = state.health();
+    until(&format!("{facts} facts written"), || {
+        let done = health.counters().facts_written >= facts;
+        async move { done }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn what_one_node_writes_another_reads() {
+    let redis = RedisServer::start().unwrap();
+    let proxy_node = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
+    let push_node = SharedState::start(&config(&redis.url(), "node-b", 1024)).unwrap();
+    let first = placement("1001", "node-a", 40001, "10.244.0.11");
+    let second = placement("1001", "node-a", 40002, "10.244.0.12");
+    let other = placement("1002", "node-a", 40003, "10.244.0.12");
+    for fact in [
+        Fact::Placed(first.clone()),
+        Fact::Placed(second.clone()),
+        Fact::Placed(other.clone()),
+        Fact::RingMember {
+            side: RingSide::Proxy,
+            member: "gw-0.gw-headless".to_owned(),
+            ip: first.gateway_ip,
+        },
+        Fact::RingMember {
+            side: RingSide::Push,
+            member: "gw-0.gw-headless:88".to_owned(),
+            ip: first.gateway_ip,
+        },
+    ] {
+        proxy_node.record(fact);
+    }
+    let outcome = PushOutcome {
+        user: "1001".to_owned(),
+        node: "node-b".to_owned(),
+        gateway_ip: "10.244.0.13".parse().unwrap(),
+        gateway_port: 88,
+        gateway_name: Some("gw-2.gw-headless:88".to_owned()),
+        answer: GatewayAnswer::NotOnlineHere,
+        message: MessageIds {
+            client_msg_id: Some("c-1".to_owned()),
+            seq: Some(7),
+            ..MessageIds::default()
+        },
+        ts_ns: 5,
+    };
+    push_node.record(Fact::PushOutcome(outcome.clone()));
+    written(&proxy_node, 5).await;
+    written(&push_node, 1).await;
+
+    let users = ["1001".to_owned(), "1002".to_owned(), "1003".to_owned()];
+    let found = push_node.placements_of(&users).await.unwrap();
+    assert_eq!(found.len(), 2, "user 1003 was never placed: {found:?}");
+    let mut of_first = found["1001"].clone();
+    of_first.sort_by_key(|placement| placement.connection);
+    assert_eq!(of_first, vec![first.clone(), second.clone()]);
+    assert_eq!(found["1002"], vec![other.clone()]);
+
+    let outcomes = proxy_node.push_outcomes(&users[..1]).await.unwrap();
+    assert_eq!(outcomes["1001"], vec![outcome]);
+
+    let evidence = push_node.ring_evidence().await.unwrap();
+    assert_eq!(evidence.proxy["gw-0.gw-headless"].ip, first.gateway_ip);
+    assert_eq!(evidence.proxy["gw-0.gw-headless"].node, "node-a");
+    assert!(evidence.push.contains_key("gw-0.gw-headless:88"));
+    assert_eq!(evidence.placements.len(), 3);
+    assert_eq!(
+        evidence.placements[0],
+        ("1002".to_owned(), other.gateway_ip)
+    );
+
+    // A restarted observer on node-a finds its own placements; node-b has none.
+    let restarted = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
+    assert_eq!(
+        restarted.own_placements().await.unwrap(),
+        vec![first.clone(), second.clone(), other.clone()]
+    );
+    assert!(push_node.own_placements().await.unwrap().is_empty());
+
+    proxy_node.record(Fact::Unplaced {
+        user: "1001".to_owned(),
+        connection: first.connection,
+    });
+    written(&proxy_node, 6).await;
+    let found = push_node.placements_of(&users[..1]).await.unwrap();
+    assert_eq!(found["1001"], vec![second]);
+
+    // One claimant wins a dedup key until it expires.
+    let key = proxy_node
+        .keys()
+        .mismatch_claim("1001", &[first.gateway_ip], outcome_gateway());
+    assert!(
+        push_node
+            .claim(&key, Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !proxy_node
+            .claim(&key, Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !push_node
+            .claim(&key, Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        proxy_node
+            .claim(&key, Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
+}
+
+fn outcome_gateway() -> IpAddr {
+    "10.244.0.13".parse().unwrap()
+}
+
+#[tokio::test]
+async fn every_key_expires() {
+    let redis = RedisServer::start().unwrap();
+    let state = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
+    let placed = placement("2001", "node-a", 41000, "10.244.0.11");
+    state.record(Fact::Placed(placed.clone()));
+    state.record(Fact::Adopted(placement(
+        "2002",
+        "node-a",
+        41001,
+        "10.244.0.12",
+    )));
+    state.record(Fact::RingMember {
+        side: RingSide::Push,
+        member: "gw-1:88".to_owned(),
+        ip: placed.gateway_ip,
+    });
+    state.record(Fact::RingMember {
+        side: RingSide::Proxy,
+        member: "gw-1".to_owned(),
+        ip: placed.gateway_ip,
+    });
+    state.record(Fact::PushOutcome(PushOutcome {
+        user: "2001".to_owned(),
+        node: "node-a".to_owned(),
+        gateway_ip: placed.gateway_ip,
+        gateway_port: 88,
+        gateway_name: None,
+        answer: GatewayAnswer::Delivered,
+        message: MessageIds::default(),
+        ts_ns: 1,
+    }));
+    written(&state, 5).await;
+    let keys = state.keys().clone();
+    assert!(
+        state
+            .claim(
+                &keys.mismatch_claim("2001", &[placed.gateway_ip], outcome_gateway()),
+                Duration::from_secs(60)
+            )
+            .await
+            .unwrap()
+    );
+    assert!(
+        state
+            .claim(
+                &keys.divergence_claim(&["gw-1".to_owned()], &["gw-1:88".to_owned()]),
+                Duration::from_secs(3600)
+            )
+            .await
+            .unwrap()
+    );
+    let dump = redis.dump().unwrap();
+    let names: Vec<&str> = dump.iter().map(|key| key.key.as_str()).collect();
+    assert_eq!(dump.len(), 9, "{names:?}");
+    for key in &dump {
+        assert!(key.key.starts_with(DEFAULT_PREFIX), "{key:?}");
+        assert!(key.ttl_ms > 0, "no TTL on {key:?}");
+        assert!(key.ttl_ms <= 24 * 3600 * 1000, "{key:?}");
+    }
+}
+
+#[tokio::test]
+async fn redis_restarted_empty_gets_this_nodes_state_back() {
+    let mut redis = RedisServer::start().unwrap();
+    let state = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
+    let health = state.health();
+    let before = placement("3001", "node-a", 42000, "10.244.0.11");
+    state.record(Fact::Placed(before.clone()));
+    written(&state, 1).await;
+
+    redis.kill();
+    let killed = Instant::now();
+    until("Redis seen down", || {
+        let down = !health.is_up();
+        async move { down }
+    })
+    .await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(state.placements_of(&["3001".to_owned()]).await.is_err());
+    // Facts made while Redis is down wait in the queue.
+    let during = placement("3002", "node-a", 42001, "10.244.0.12");
+    state.record(Fact::Placed(during.clone()));
+
+    redis.restart().unwrap();
+    let restarted = Instant::now();
+    until("Redis seen up again", || {
+        let up = health.is_up();
+        async move { up }
+    })
+    .await;
+    assert!(
+        restarted.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        restarted.elapsed()
+    );
+    let users = ["3001".to_owned(), "3002".to_owned()];
+    until("both placements back in Redis", || {
+        let state = &state;
+        let users = &users;
+        async move {
+            state
+                .placements_of(users)
+                .await
+                .is_ok_and(|found| found.len() == 2)
+        }
+    })
+    .await;
+    let found = state.placements_of(&users).await.unwrap();
+    assert_eq!(found["3001"], vec![before]);
+    assert_eq!(found["3002"], vec![during]);
+    assert_eq!(health.counters().facts_dropped, 0);
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_bounds_the_queue() {
+    let url = format!("redis://127.0.0.1:{}", free_port().unwrap());
+    let state = SharedState::start(&config(&url, "node-a", 8)).unwrap();
+    for port in 0..100 {
+        state.record(Fact::Placed(placement(
+            "4001",
+            "node-a",
+            43000 + port,
+            "10.244.0.11",
+        )));
+    }
+    let counters = state.health().counters();
+    assert_eq!(counters.facts_dropped, 92);
+    assert_eq!(counters.queued, 8);
+    let error = state
+        .placements_of(&["4001".to_owned()])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.starts_with("Redis at redis://127.0.0.1:"), "{error}");
+}
+
+#[tokio::test]
+async fn an_acl_user_limited_to_the_prefix_is_enough() {
+    let acl = AclUser {
+        name: "observer".to_owned(),
+        password: "canary-redis-password".to_owned(),
+        prefix: DEFAULT_PREFIX.to_owned(),
+    };
+    let redis = RedisServer::start_with(Some(acl.clone())).unwrap();
+    let cluster = config(&redis.url(), "node-a", 64);
+    assert!(!cluster.url.to_string().contains(&acl.password));
+    assert!(!format!("{cluster:?}").contains(&acl.password));
+    let state = SharedState::start(&cluster).unwrap();
+    let placed = placement("5001", "node-a", 44000, "10.244.0.11");
+    state.record(Fact::Placed(placed.clone()));
+    written(&state, 1).await;
+    assert_eq!(
+        state.placements_of(&["5001".to_owned()]).await.unwrap()["5001"],
+        vec![placed]
+    );
+    assert!(
+        state
+            .claim(
+                &state.keys().divergence_claim(&[], &[]),
+                Duration::from_secs(5)
+            )
+            .await
+            .unwrap()
+    );
+
+    let wrong = redis.url().replace(&acl.password, "not-the-password");
+    let refused = SharedState::start(&config(&wrong, "node-b", 64)).unwrap();
+    let error = refused
+        .placements_of(&["5001".to_owned()])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(!error.contains("not-the-password"), "{error}");
+    assert!(!refused.health().is_up());
+}
+
+#[tokio::test]
+async fn health_shows_on_metrics() {
+    let redis = RedisServer::start().unwrap();
+    let state = SharedState::start(&config(&redis.url(), "node-a", 64)).unwrap();
+    let health = state.health();
+    until("Redis seen up", || {
+        let up = health.is_up();
+        async move { up }
+    })
+    .await;
+    let mut metrics = Metrics::default();
+    metrics.register_collector(Box::new(StoreMetrics(state.health())));
+    let text = metrics.render();
+    assert!(text.contains("openim_observer_redis_up 1"), "{text}");
+    assert!(
+        text.contains("openim_observer_redis_round_trip_seconds "),
+        "{text}"
+    );
+    assert!(
+        text.contains("openim_observer_redis_facts_dropped_total 0"),
+        "{text}"
+    );
+}
+
+/// The figures deploy/README.md quotes: Redis memory per placed user (`INFO memory` before and
+/// after), and round trips per batch. Run with
+/// `cargo test -p tests --test cluster_store -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement, not a check: prints figures"]
+async fn measure_memory_per_placed_user() {
+    let redis = RedisServer::start().unwrap();
+    let used = || -> u64 {
+        let mut connection = redis.client().unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(&mut connection)
+            .unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("used_memory:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let node = SharedState::start(&config(&redis.url(), "node-a", 1 << 20)).unwrap();
+    let mut placed = 0u64;
+    for users in [10_000u64, 100_000] {
+        let before = used();
+        let round_trips = node.health().counters().round_trips;
+        for index in placed..placed + users {
+            let mut placement = placement(
+                &(3_000_000_000 + index * 7).to_string(),
+                "node-a",
+                (20_000 + index % 40_000) as u16,
+                &format!("10.244.{}.{}", 1 + index % 3, 10 + index % 50),
+            );
+            placement.connection.local = format!(
+                "10.244.0.{}:{}",
+                1 + index / 40_000,
+                20_000 + index % 40_000
+            )
+            .parse()
+            .unwrap();
+            placement.gateway_name = Some(format!(
+                "im-openim-msggateway-{}.im-openim-msggateway-headless.openim.svc.cluster.local",
+                index % 50
+            ));
+            node.record(Fact::Placed(placement));
+        }
+        placed += users;
+        written(&node, placed).await;
+        let bytes = used() - before;
+        println!(
+            "{users} placed users: {bytes} bytes, {} bytes per user, {} round trips",
+            bytes / users,
+            node.health().counters().round_trips - round_trips
+        );
+    }
+}
