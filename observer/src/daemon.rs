@@ -61,9 +61,14 @@ pub struct RunArgs {
     /// Print every captured record as one JSON object per line (credentials scrubbed).
     #[arg(long)]
     pub events: bool,
-    /// Also write every captured record to FILE, for `observer replay FILE` later.
+    /// Also write every captured record to FILE, for `observer replay FILE` later. Created
+    /// mode 0600 once the observer is attached; never through a symbolic link, never over an
+    /// existing file unless --overwrite.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
+    /// Let --record replace an existing file.
+    #[arg(long, requires = "record")]
+    pub overwrite: bool,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
@@ -165,6 +170,7 @@ impl RunArgs {
 struct EventSink {
     stdout: BufWriter<io::Stdout>,
     print_events: bool,
+    /// `--record`, opened once the capture is attached.
     record: Option<(PathBuf, BufWriter<File>)>,
     private_lines: PrivateLines,
     engine: Engine,
@@ -175,15 +181,11 @@ struct EventSink {
 }
 
 impl EventSink {
-    fn new(
-        print_events: bool,
-        record: Option<(PathBuf, BufWriter<File>)>,
-        engine: &EngineArgs,
-    ) -> Self {
+    fn new(print_events: bool, engine: &EngineArgs) -> Self {
         Self {
             stdout: BufWriter::new(io::stdout()),
             print_events,
-            record,
+            record: None,
             private_lines: PrivateLines::new(engine.max_connections),
             engine: Engine::new(engine.config()),
             alerts: Vec::new(),
@@ -250,17 +252,11 @@ impl EventSink {
 
 pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let options = args.capture_options();
-    let record = match &args.record {
-        Some(path) => {
-            let file = File::create(path).map_err(|source| DaemonError::File {
-                path: path.clone(),
-                source,
-            })?;
-            Some((path.clone(), BufWriter::new(file)))
-        }
-        None => None,
-    };
-    let mut sink = EventSink::new(args.events, record, &args.engine);
+    // Refused now, created only once attached: a start that fails leaves any file as it was.
+    if let Some(path) = &args.record {
+        recording::check_target(path, args.overwrite)?;
+    }
+    let mut sink = EventSink::new(args.events, &args.engine);
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
         let pods = PodIndex::shared(args.kube_max_pods);
@@ -280,6 +276,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut capture = KernelCapture::start(&options)?;
+    if let Some(path) = &args.record {
+        let file = recording::create(path, args.overwrite)?;
+        sink.record = Some((path.clone(), BufWriter::new(file)));
+    }
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
     sink.print_json(&serde_json::json!({
@@ -381,7 +381,7 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
         path: args.file.clone(),
         source,
     })?;
-    let mut sink = EventSink::new(args.events, None, &args.engine);
+    let mut sink = EventSink::new(args.events, &args.engine);
     for (index, line) in BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|source| DaemonError::File {
             path: args.file.clone(),

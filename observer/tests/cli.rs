@@ -100,3 +100,68 @@ fn explain_prints_both_picks() {
         "{stdout}"
     );
 }
+
+/// A capture from an earlier run, which a refused or failed start must leave as it was.
+fn earlier_recording(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("cap.jsonl");
+    std::fs::write(&path, "earlier capture\n").expect("temp folder is writable");
+    path
+}
+
+fn assert_one_line_exit_2(output: &Output, expected: &str) {
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains(expected), "{stderr}");
+}
+
+#[test]
+fn record_refuses_an_existing_file_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = earlier_recording(&dir);
+    let output = observer(&["run", "--record", path.to_str().unwrap()], "");
+    assert_one_line_exit_2(&output, "already exists (pass --overwrite to replace it)");
+    assert_eq!(std::fs::read(&path).unwrap(), b"earlier capture\n");
+}
+
+#[test]
+fn record_never_writes_through_a_symbolic_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let victim = earlier_recording(&dir);
+    let link = dir.path().join("link.jsonl");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    for extra in [&[][..], &["--overwrite"][..]] {
+        let mut args = vec!["run", "--record", link.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let output = observer(&args, "");
+        assert_one_line_exit_2(&output, "is a symbolic link or not a regular file");
+    }
+    assert_eq!(std::fs::read(&victim).unwrap(), b"earlier capture\n");
+}
+
+#[test]
+fn a_start_that_fails_leaves_the_recording_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = earlier_recording(&dir);
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_addr = busy.local_addr().unwrap().to_string();
+    let output = observer(
+        &[
+            "run",
+            "--record",
+            path.to_str().unwrap(),
+            "--overwrite",
+            "--metrics-addr",
+            &busy_addr,
+        ],
+        "",
+    );
+    assert_one_line_exit_2(&output, &format!("cannot serve metrics on {busy_addr}"));
+    assert_eq!(std::fs::read(&path).unwrap(), b"earlier capture\n");
+}
+
+#[test]
+fn overwrite_needs_record() {
+    let output = observer(&["run", "--overwrite"], "");
+    assert_one_line_exit_2(&output, "--record");
+}
