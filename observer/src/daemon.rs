@@ -4,7 +4,7 @@
 use std::{
     fs::File,
     io::{self, BufRead, BufReader, BufWriter, Write},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -21,8 +21,10 @@ use crate::{
     },
     correlate::{Engine, EngineConfig, RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
+    lines::{BoundedLines, LineError},
     metrics::{self, Metrics, MetricsError},
     model::Event,
+    tools::in_range,
 };
 
 #[derive(Debug, Error)]
@@ -33,6 +35,8 @@ pub enum DaemonError {
     Recording(#[from] RecordingError),
     #[error("{path}: {source}")]
     File { path: PathBuf, source: io::Error },
+    #[error("{path}: {source}")]
+    Input { path: PathBuf, source: LineError },
     #[error("writing output failed: {0}")]
     Output(io::Error),
     #[error(transparent)]
@@ -108,22 +112,22 @@ pub struct ReplayArgs {
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// Users with a live WebSocket placement tracked at once; more are counted and ignored.
-    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = in_range(1, 100_000_000))]
     pub max_users: usize,
     /// Connections decoded at once; more are counted and ignored.
-    #[arg(long, value_name = "N", default_value_t = 65_536)]
+    #[arg(long, value_name = "N", default_value_t = 65_536, value_parser = in_range(1, 1 << 24))]
     pub max_connections: usize,
     /// Bytes one connection's decoder buffers per direction at most.
-    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20, value_parser = in_range(1 << 10, 1 << 30))]
     pub max_buffered_bytes: usize,
     /// Repeats of one alert (same user and gateways) within this window fold into a count.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub fold_window: u64,
     /// Learned ring membership must hold this long before a divergence is reported.
-    #[arg(long, value_name = "SECS", default_value_t = 3)]
+    #[arg(long, value_name = "SECS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub ring_settle: u64,
     /// New gRPC connections by one pusher within 10 s that count as churn.
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub churn_min_connections: u64,
 }
 
@@ -376,29 +380,46 @@ fn unix_now_ns() -> u64 {
         })
 }
 
+/// A recorded event is one data record of at most a few KiB, base64: a longer line is not one.
+pub const MAX_RECORDING_LINE_BYTES: usize = 64 << 10;
+
 pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
     let file = File::open(&args.file).map_err(|source| DaemonError::File {
         path: args.file.clone(),
         source,
     })?;
     let mut sink = EventSink::new(args.events, &args.engine);
-    for (index, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| DaemonError::File {
-            path: args.file.clone(),
+    let replayed = replay_lines(&args.file, BufReader::new(file), &mut sink);
+    if replayed.is_err() {
+        // What the valid lines before the bad one decided is still printed.
+        sink.flush()?;
+        return replayed;
+    }
+    sink.finish();
+    sink.flush()?;
+    report_stop(&sink.engine, 0, None);
+    Ok(())
+}
+
+fn replay_lines(
+    path: &Path,
+    reader: impl BufRead,
+    sink: &mut EventSink,
+) -> Result<(), DaemonError> {
+    for line in BoundedLines::new(reader, MAX_RECORDING_LINE_BYTES) {
+        let (number, line) = line.map_err(|source| DaemonError::Input {
+            path: path.to_owned(),
             source,
         })?;
         if line.trim().is_empty() {
             continue;
         }
-        let event = recording::from_json_line(&line, index + 1)?;
+        let event = recording::from_json_line(&line, number)?;
         sink.consume(&event)?;
-        if index % 1024 == 0 {
+        if number % 1024 == 0 {
             sink.flush()?;
         }
     }
-    sink.finish();
-    sink.flush()?;
-    report_stop(&sink.engine, 0, None);
     Ok(())
 }
 

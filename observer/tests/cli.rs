@@ -3,6 +3,10 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
+#[path = "support/synthetic.rs"]
+#[allow(dead_code)]
+mod synthetic;
+
 fn observer(args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
         .args(args)
@@ -69,7 +73,7 @@ fn user_errors_are_one_line_on_stderr_with_exit_code_2() {
     assert!(output.stdout.is_empty());
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
-        "observer: --replicas must be at least 1: OpenIM runs one msggateway or more\n"
+        "observer: invalid value '0' for '--replicas <N>': 0 is not in 1..=1024\n"
     );
 }
 
@@ -164,4 +168,175 @@ fn a_start_that_fails_leaves_the_recording_untouched() {
 fn overwrite_needs_record() {
     let output = observer(&["run", "--overwrite"], "");
     assert_one_line_exit_2(&output, "--record");
+}
+
+/// Runs the observer with a bounded address space and wall time: a tool that reads without
+/// bound fails the allocation (or the clock) instead of the machine.
+fn bounded_observer(args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_observer"));
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            let limit = libc::rlimit {
+                rlim_cur: 1 << 30,
+                rlim_max: 1 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let cpu = libc::rlimit {
+                rlim_cur: 20,
+                rlim_max: 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_CPU, &cpu) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command.output().expect("the observer binary starts")
+}
+
+const DEPLOYMENT: [&str; 4] = ["--instance", "demo", "--namespace", "chat"];
+
+#[test]
+fn replay_of_an_endless_line_stops_at_the_line_bound() {
+    let output = bounded_observer(&["replay", "/dev/zero"]);
+    assert_one_line_exit_2(&output, "/dev/zero: line 1 is longer than 65536 bytes");
+}
+
+#[test]
+fn ring_and_audit_bound_the_lines_they_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = dir.path().join("members");
+    std::fs::write(&members, "gw-0\ngw-1\n").unwrap();
+    let members = members.to_str().unwrap();
+    for args in [
+        &["ring", "--members-file", "/dev/zero"][..],
+        &[
+            "ring",
+            "--members-file",
+            members,
+            "--users-file",
+            "/dev/zero",
+        ][..],
+    ] {
+        let output = bounded_observer(args);
+        assert_one_line_exit_2(&output, "/dev/zero: line 1 is longer than 512 bytes");
+    }
+    let mut audit = vec!["audit", "--replicas", "2", "--users-file", "/dev/zero"];
+    audit.extend(DEPLOYMENT);
+    assert_one_line_exit_2(
+        &bounded_observer(&audit),
+        "/dev/zero: line 1 is longer than 512 bytes",
+    );
+
+    let many = dir.path().join("many-members");
+    let text: String = (0..10_001).map(|i| format!("gw-{i}\n")).collect();
+    std::fs::write(&many, text).unwrap();
+    let output = bounded_observer(&["ring", "--members-file", many.to_str().unwrap()]);
+    assert_one_line_exit_2(&output, "lists more than 10000 entries");
+}
+
+#[test]
+fn ring_from_standard_input_bounds_the_line_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = dir.path().join("members");
+    std::fs::write(&members, "gw-0\n").unwrap();
+    let output = observer(
+        &["ring", "--members-file", members.to_str().unwrap()],
+        &"7".repeat(4096),
+    );
+    assert_one_line_exit_2(
+        &output,
+        "cannot read user ids from standard input: line 1 is longer than 512 bytes",
+    );
+}
+
+#[test]
+fn numbers_out_of_range_are_one_line_usage_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["audit", "--replicas", "18446744073709551615"],
+            "'--replicas <N>': 18446744073709551615 is not in 1..=1024",
+        ),
+        (
+            &["audit", "--replicas", "99999999999999999999999"],
+            "'--replicas <N>'",
+        ),
+        (
+            &["audit", "--replicas", "3", "--sample", "1099511627776"],
+            "'--sample <K>': 1099511627776 is not in 1..=1000000",
+        ),
+        (
+            &["audit", "--replicas", "3", "--sample", "0"],
+            "'--sample <K>': 0 is not in 1..=1000000",
+        ),
+        (
+            &["explain", "--user", "1", "--replicas", "1000000000"],
+            "'--replicas <N>': 1000000000 is not in 1..=1024",
+        ),
+    ];
+    for (args, expected) in cases {
+        let mut args = args.to_vec();
+        args.extend(DEPLOYMENT);
+        assert_one_line_exit_2(&bounded_observer(&args), expected);
+    }
+    for flag in [
+        "--max-connections",
+        "--max-users",
+        "--max-buffered-bytes",
+        "--fold-window",
+    ] {
+        let output = bounded_observer(&["replay", "/dev/null", flag, "18446744073709551615"]);
+        assert_one_line_exit_2(&output, &format!("'{flag} <"));
+    }
+}
+
+#[test]
+fn the_largest_accepted_numbers_finish() {
+    let mut explain = vec!["explain", "--user", "1", "--replicas", "1024"];
+    explain.extend(DEPLOYMENT);
+    let output = bounded_observer(&explain);
+    assert!(output.status.success(), "{output:?}");
+}
+
+#[test]
+fn a_capture_cut_mid_line_still_prints_the_alerts_of_the_lines_before() {
+    // Any capture that raises an alert, then half a line: the alerts come out, then the error.
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("cut.jsonl");
+    let traffic = synthetic::generate(&synthetic::Scenario {
+        gateways: 3,
+        users: 20,
+        push_calls: 5,
+        recipients_per_call: 4,
+        ..synthetic::Scenario::default()
+    });
+    assert!(traffic.misrouted_users > 0);
+    let lines: Vec<String> = traffic
+        .events
+        .iter()
+        .map(observer::capture::recording::to_json_line)
+        .collect();
+    // Fewer lines than replay's periodic flush: only a flush on the error prints the alerts.
+    assert!(lines.len() < 1024, "{} lines", lines.len());
+    let mut text = lines.join("\n");
+    text.push('\n');
+    text.push_str(&lines[0][..lines[0].len() / 2]);
+    std::fs::write(&capture, text).unwrap();
+    let output = bounded_observer(&["replay", capture.to_str().unwrap()]);
+    assert_one_line_exit_2(&output, "not an observer event");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|line| line.contains("\"kind\":\"route_mismatch\"")),
+        "{stdout}"
+    );
 }
