@@ -90,6 +90,10 @@ pub struct RunArgs {
     /// pods beyond it stay unnamed.
     #[arg(long, value_name = "N", default_value_t = 150_000)]
     pub kube_max_pods: usize,
+    /// With --kube, watch the pods of this namespace only (repeat for several; default: every
+    /// namespace). The namespaces OpenIM runs in are enough, and need only a namespaced Role.
+    #[arg(long = "kube-namespace", value_name = "NS", requires = "kube")]
+    pub kube_namespaces: Vec<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -266,7 +270,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         let pods = PodIndex::shared(args.kube_max_pods);
         let cgroups = CgroupIndex::new(args.cgroup_root.clone(), CGROUP_RESCAN_INTERVAL);
         sink.pods = Some(PodDirectory::new(Arc::clone(&pods), cgroups));
-        Some(tokio::spawn(identity::watch_pods(client, pods)))
+        let namespaces = args.kube_namespaces.clone();
+        Some(tokio::spawn(identity::watch_pods(client, pods, namespaces)))
     } else {
         None
     };
