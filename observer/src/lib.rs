@@ -6,7 +6,7 @@
 //!
 //! Layers, bottom-up; each imports only from those before it in this list (README:
 //! Architecture): `model`, `openim`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
-//! the edges `identity`, `metrics`, `tools`, `daemon`.
+//! the edges `lines`, `identity`, `metrics`, `tools`, `daemon`.
 
 // The shared vocabulary and OpenIM knowledge.
 pub mod model;
@@ -21,5 +21,6 @@ pub mod correlate;
 // Edges.
 pub mod daemon;
 pub mod identity;
+pub mod lines;
 pub mod metrics;
 pub mod tools;
