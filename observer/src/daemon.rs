@@ -4,7 +4,7 @@
 use std::{
     fs::File,
     io::{self, BufRead, BufReader, BufWriter, Write},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -25,8 +25,10 @@ use crate::{
     },
     correlate::{Engine, EngineConfig, RouteLimits},
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
+    lines::{BoundedLines, LineError},
     metrics::{self, Metrics, MetricsError},
     model::Event,
+    tools::in_range,
 };
 
 #[derive(Debug, Error)]
@@ -37,6 +39,8 @@ pub enum DaemonError {
     Recording(#[from] RecordingError),
     #[error("{path}: {source}")]
     File { path: PathBuf, source: io::Error },
+    #[error("{path}: {source}")]
+    Input { path: PathBuf, source: LineError },
     #[error("writing output failed: {0}")]
     Output(io::Error),
     #[error(transparent)]
@@ -69,9 +73,14 @@ pub struct RunArgs {
     /// Print every captured record as one JSON object per line (credentials scrubbed).
     #[arg(long)]
     pub events: bool,
-    /// Also write every captured record to FILE, for `observer replay FILE` later.
+    /// Also write every captured record to FILE, for `observer replay FILE` later. Created
+    /// mode 0600 once the observer is attached; never through a symbolic link, never over an
+    /// existing file unless --overwrite.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
+    /// Let --record replace an existing file.
+    #[arg(long, requires = "record")]
+    pub overwrite: bool,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<u64>,
@@ -89,6 +98,10 @@ pub struct RunArgs {
     /// pods beyond it stay unnamed.
     #[arg(long, value_name = "N", default_value_t = 150_000)]
     pub kube_max_pods: usize,
+    /// With --kube, watch the pods of this namespace only (repeat for several; default: every
+    /// namespace). The namespaces OpenIM runs in are enough, and need only a namespaced Role.
+    #[arg(long = "kube-namespace", value_name = "NS", requires = "kube")]
+    pub kube_namespaces: Vec<String>,
     #[command(flatten)]
     pub cluster: ClusterArgs,
     #[command(flatten)]
@@ -124,22 +137,22 @@ pub struct ReplayArgs {
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
     /// Users with a live WebSocket placement tracked at once; more are counted and ignored.
-    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = in_range(1, 100_000_000))]
     pub max_users: usize,
     /// Connections decoded at once; more are counted and ignored.
-    #[arg(long, value_name = "N", default_value_t = 65_536)]
+    #[arg(long, value_name = "N", default_value_t = 65_536, value_parser = in_range(1, 1 << 24))]
     pub max_connections: usize,
     /// Bytes one connection's decoder buffers per direction at most.
-    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20, value_parser = in_range(1 << 10, 1 << 30))]
     pub max_buffered_bytes: usize,
     /// Repeats of one alert (same user and gateways) within this window fold into a count.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub fold_window: u64,
     /// Learned ring membership must hold this long before a divergence is reported.
-    #[arg(long, value_name = "SECS", default_value_t = 3)]
+    #[arg(long, value_name = "SECS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub ring_settle: u64,
     /// New gRPC connections by one pusher within 10 s that count as churn.
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub churn_min_connections: u64,
 }
 
@@ -188,6 +201,7 @@ impl RunArgs {
 struct EventSink {
     stdout: BufWriter<io::Stdout>,
     print_events: bool,
+    /// `--record`, opened once the capture is attached.
     record: Option<(PathBuf, BufWriter<File>)>,
     private_lines: PrivateLines,
     engine: Engine,
@@ -200,17 +214,12 @@ struct EventSink {
 }
 
 impl EventSink {
-    fn new(
-        print_events: bool,
-        record: Option<(PathBuf, BufWriter<File>)>,
-        engine: &EngineArgs,
-        cluster: Option<ClusterLink>,
-    ) -> Self {
+    fn new(print_events: bool, engine: &EngineArgs, cluster: Option<ClusterLink>) -> Self {
         let node = cluster.as_ref().map(|link| link.node().to_owned());
         Self {
             stdout: BufWriter::new(io::stdout()),
             print_events,
-            record,
+            record: None,
             private_lines: PrivateLines::new(engine.max_connections),
             engine: Engine::new(engine.config(node)),
             alerts: Vec::new(),
@@ -309,16 +318,10 @@ impl EventSink {
 
 pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let options = args.capture_options();
-    let record = match &args.record {
-        Some(path) => {
-            let file = File::create(path).map_err(|source| DaemonError::File {
-                path: path.clone(),
-                source,
-            })?;
-            Some((path.clone(), BufWriter::new(file)))
-        }
-        None => None,
-    };
+    // Refused now, created only once attached: a start that fails leaves any file as it was.
+    if let Some(path) = &args.record {
+        recording::check_target(path, args.overwrite)?;
+    }
     let cluster = match args.cluster.resolve()? {
         Some(config) => Some(ClusterLink::start(
             &config,
@@ -326,13 +329,14 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         )?),
         None => None,
     };
-    let mut sink = EventSink::new(args.events, record, &args.engine, cluster);
+    let mut sink = EventSink::new(args.events, &args.engine, cluster);
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
         let pods = PodIndex::shared(args.kube_max_pods);
         let cgroups = CgroupIndex::new(args.cgroup_root.clone(), CGROUP_RESCAN_INTERVAL);
         sink.pods = Some(PodDirectory::new(Arc::clone(&pods), cgroups));
-        Some(tokio::spawn(identity::watch_pods(client, pods)))
+        let namespaces = args.kube_namespaces.clone();
+        Some(tokio::spawn(identity::watch_pods(client, pods, namespaces)))
     } else {
         None
     };
@@ -350,6 +354,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut capture = KernelCapture::start(&options)?;
+    if let Some(path) = &args.record {
+        let file = recording::create(path, args.overwrite)?;
+        sink.record = Some((path.clone(), BufWriter::new(file)));
+    }
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
     let mut started = serde_json::json!({
@@ -469,29 +477,46 @@ fn unix_now_ns() -> u64 {
         })
 }
 
+/// A recorded event is one data record of at most a few KiB, base64: a longer line is not one.
+pub const MAX_RECORDING_LINE_BYTES: usize = 64 << 10;
+
 pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
     let file = File::open(&args.file).map_err(|source| DaemonError::File {
         path: args.file.clone(),
         source,
     })?;
-    let mut sink = EventSink::new(args.events, None, &args.engine, None);
-    for (index, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| DaemonError::File {
-            path: args.file.clone(),
+    let mut sink = EventSink::new(args.events, &args.engine, None);
+    let replayed = replay_lines(&args.file, BufReader::new(file), &mut sink);
+    if replayed.is_err() {
+        // What the valid lines before the bad one decided is still printed.
+        sink.flush()?;
+        return replayed;
+    }
+    sink.finish();
+    sink.flush()?;
+    report_stop(&sink.engine, 0, None, None);
+    Ok(())
+}
+
+fn replay_lines(
+    path: &Path,
+    reader: impl BufRead,
+    sink: &mut EventSink,
+) -> Result<(), DaemonError> {
+    for line in BoundedLines::new(reader, MAX_RECORDING_LINE_BYTES) {
+        let (number, line) = line.map_err(|source| DaemonError::Input {
+            path: path.to_owned(),
             source,
         })?;
         if line.trim().is_empty() {
             continue;
         }
-        let event = recording::from_json_line(&line, index + 1)?;
+        let event = recording::from_json_line(&line, number)?;
         sink.consume(&event)?;
-        if index % 1024 == 0 {
+        if number % 1024 == 0 {
             sink.flush()?;
         }
     }
-    sink.finish();
-    sink.flush()?;
-    report_stop(&sink.engine, 0, None, None);
     Ok(())
 }
 

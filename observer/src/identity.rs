@@ -58,13 +58,25 @@ fn one_line(error: &dyn std::error::Error) -> String {
 /// The pod index shared between the watch task (writer) and the output (reader).
 pub type SharedPods = Arc<RwLock<PodIndex>>;
 
-/// Keeps `pods` in step with every pod of the cluster until the process ends. Restarts and
-/// relists are the watcher's (with backoff); a relist replaces the index only once complete, so
-/// lookups keep answering from the previous state meanwhile and pods deleted while the watch
-/// was down disappear.
-pub async fn watch_pods(client: kube::Client, pods: SharedPods) {
-    let capacity = read(&pods).capacity;
-    let api = kube::Api::<Pod>::all(client);
+/// Keeps `pods` in step with the pods of `namespaces` (every namespace when empty) until the
+/// process ends: one watch per namespace, so the service account needs read access to those
+/// namespaces only. Restarts and relists are the watcher's (with backoff); a relist replaces
+/// its namespace's pods only once complete, so lookups keep answering from the previous state
+/// meanwhile and pods deleted while the watch was down disappear.
+pub async fn watch_pods(client: kube::Client, pods: SharedPods, namespaces: Vec<String>) {
+    if namespaces.is_empty() {
+        return watch_scope(kube::Api::all(client), &pods, None).await;
+    }
+    let watches = namespaces.iter().map(|namespace| {
+        let api = kube::Api::namespaced(client.clone(), namespace);
+        watch_scope(api, &pods, Some(namespace.as_str()))
+    });
+    futures_util::future::join_all(watches).await;
+}
+
+/// One watch: the whole cluster (`namespace` None) or one namespace.
+async fn watch_scope(api: kube::Api<Pod>, pods: &SharedPods, namespace: Option<&str>) {
+    let capacity = read(pods).capacity;
     let events = watcher(api, watcher::Config::default()).default_backoff();
     futures_util::pin_mut!(events);
     let mut relisted: Option<PodIndex> = None;
@@ -79,15 +91,20 @@ pub async fn watch_pods(client: kube::Client, pods: SharedPods) {
             Ok(Some(watcher::Event::InitDone)) => {
                 if let Some(index) = relisted.take() {
                     tracing::info!(
+                        namespace = namespace.unwrap_or("(all)"),
                         pods = index.pod_count(),
                         turned_away = index.turned_away,
                         "pod list loaded"
                     );
-                    *write(&pods) = index;
+                    let mut shared = write(pods);
+                    match namespace {
+                        Some(namespace) => shared.replace_namespace(namespace, index),
+                        None => *shared = index,
+                    }
                 }
             }
-            Ok(Some(watcher::Event::Apply(pod))) => write(&pods).apply(&pod),
-            Ok(Some(watcher::Event::Delete(pod))) => write(&pods).delete(&pod),
+            Ok(Some(watcher::Event::Apply(pod))) => write(pods).apply(&pod),
+            Ok(Some(watcher::Event::Delete(pod))) => write(pods).delete(&pod),
             Ok(None) => return,
             // The backoff spaces the retries; every failure is worth a line.
             Err(error) => tracing::warn!("pod watch: {}", one_line(&error)),
@@ -171,6 +188,33 @@ impl PodIndex {
         if let Some(uid) = &pod.metadata.uid {
             self.forget_ips(uid);
             self.by_uid.remove(uid);
+        }
+    }
+
+    /// Replaces the pods of `namespace` with those of `relisted` (a fresh list of that
+    /// namespace), leaving other namespaces' pods as they are.
+    pub fn replace_namespace(&mut self, namespace: &str, relisted: PodIndex) {
+        let stale: Vec<String> = self
+            .by_uid
+            .iter()
+            .filter(|(_, entry)| entry.pod.namespace == namespace)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in &stale {
+            self.forget_ips(uid);
+            self.by_uid.remove(uid);
+        }
+        self.turned_away += relisted.turned_away;
+        for (uid, entry) in relisted.by_uid {
+            if !self.by_uid.contains_key(&uid) && self.by_uid.len() >= self.capacity {
+                self.turned_away += 1;
+                continue;
+            }
+            self.forget_ips(&uid);
+            for ip in &entry.ips {
+                self.by_ip.insert(*ip, uid.clone());
+            }
+            self.by_uid.insert(uid, entry);
         }
     }
 
@@ -408,6 +452,41 @@ mod tests {
             namespace: "chat".into(),
             name: name.into(),
         })
+    }
+
+    #[test]
+    fn a_namespace_relist_replaces_that_namespace_only() {
+        let in_namespace = |uid: &str, namespace: &str, name: &str, ip: &str| {
+            let mut pod = pod(uid, name, ip);
+            pod.metadata.namespace = Some(namespace.into());
+            pod
+        };
+        let mut index = PodIndex::new(10);
+        index.apply(&in_namespace("a-1", "chat", "gateway-0", "10.0.0.1"));
+        index.apply(&in_namespace("a-2", "chat", "push-old", "10.0.0.2"));
+        index.apply(&in_namespace("b-1", "infra", "redis-0", "10.0.1.1"));
+
+        let mut relisted = PodIndex::new(10);
+        relisted.apply(&in_namespace("a-1", "chat", "gateway-0", "10.0.0.1"));
+        relisted.apply(&in_namespace("a-3", "chat", "push-new", "10.0.0.3"));
+        index.replace_namespace("chat", relisted);
+
+        assert_eq!(index.pod_count(), 3);
+        assert_eq!(
+            index.pod_by_ip("10.0.0.1".parse().unwrap()),
+            named("gateway-0")
+        );
+        assert_eq!(
+            index.pod_by_ip("10.0.0.3".parse().unwrap()),
+            named("push-new")
+        );
+        assert!(index.pod_by_ip("10.0.0.2".parse().unwrap()).is_none());
+        assert!(index.pod_by_uid("a-2").is_none());
+        assert_eq!(
+            index.pod_by_uid("b-1").map(|pod| pod.name),
+            Some("redis-0".to_owned()),
+            "another namespace's pods survive the relist"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!
 //! Layers, bottom-up; each imports only from those before it in this list (README:
 //! Architecture): `model`, `openim`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
-//! the edges `cluster`, `identity`, `metrics`, `tools`, `daemon`.
+//! the edges `lines`, `cluster`, `identity`, `metrics`, `tools`, `daemon`.
 
 // The shared vocabulary and OpenIM knowledge.
 pub mod model;
@@ -22,5 +22,6 @@ pub mod correlate;
 pub mod cluster;
 pub mod daemon;
 pub mod identity;
+pub mod lines;
 pub mod metrics;
 pub mod tools;

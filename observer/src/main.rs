@@ -37,10 +37,18 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if err.use_stderr() => {
-            // Usage errors in one line, like every other error a user can cause.
+            // Usage errors in one line, like every other error a user can cause: clap's
+            // message up to its blank line (the usage and tips follow), its lines joined.
             let detail = err.to_string();
-            let first = detail.lines().next().unwrap_or_default();
-            eprintln!("observer: {}", first.trim_start_matches("error: "));
+            let message: Vec<&str> = detail
+                .lines()
+                .map(str::trim)
+                .take_while(|line| !line.is_empty())
+                .collect();
+            eprintln!(
+                "observer: {}",
+                message.join(" ").trim_start_matches("error: ")
+            );
             return ExitCode::from(2);
         }
         Err(err) => {

@@ -4,7 +4,11 @@
 //! Counters mirror the kernel's and the engine's own totals: `update` adds what grew since the
 //! last snapshot, so the exported series are monotonic like Prometheus expects.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    fs::File,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use prometheus_client::{
     encoding::text::encode,
@@ -15,6 +19,7 @@ use thiserror::Error;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
+    sync::Semaphore,
 };
 
 use crate::{capture::kernel::KernelCounters, correlate::EngineCounters};
@@ -47,6 +52,7 @@ pub struct Metrics {
     connections_tracked: Gauge,
     users_tracked: Gauge,
     kernel_to_alert_seconds: Histogram,
+    accept_errors: Counter,
     exported: Exported,
 }
 
@@ -100,6 +106,12 @@ impl Default for Metrics {
             "From the traffic that raised an alert to the alert's line on stdout",
             kernel_to_alert_seconds.clone(),
         );
+        let accept_errors = Counter::default();
+        registry.register(
+            "metrics_accept_errors",
+            "Connections to this endpoint that could not be accepted (e.g. out of file descriptors)",
+            accept_errors.clone(),
+        );
         Self {
             registry,
             events,
@@ -110,6 +122,7 @@ impl Default for Metrics {
             connections_tracked,
             users_tracked,
             kernel_to_alert_seconds,
+            accept_errors,
             exported: Exported::default(),
         }
     }
@@ -247,18 +260,61 @@ pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
         })
 }
 
+/// Connections served at once: each holds a descriptor, and the endpoint must not be the way
+/// a neighbour exhausts the observer's.
+const MAX_CONCURRENT_CONNECTIONS: usize = 64;
+/// One connection's whole exchange; a scraper that stalls must not hold its slot longer.
+const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
+/// Under descriptor exhaustion, how long the one connection the reserve lets in may take.
+const RESERVE_DEADLINE: Duration = Duration::from_millis(500);
+/// Pauses after a failed accept, doubling from the first to the last while failures repeat.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
+
 /// Serves `GET /metrics` (and `/healthz` for probes) until the task is dropped.
+///
+/// A failed `accept` (no descriptor left, in this process or the system) is counted and
+/// followed by a pause, so that it cannot spin a core. One descriptor is held in reserve: on
+/// exhaustion it is given up to let one waiting connection in and answer it, so probes are
+/// still answered while something else holds every descriptor.
 pub async fn serve(listener: TcpListener, metrics: Arc<Mutex<Metrics>>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONCURRENT_CONNECTIONS));
+    let mut reserve = File::open("/dev/null").ok();
+    let mut backoff = ACCEPT_BACKOFF.0;
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
         };
-        let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            let respond = answer(stream, &metrics);
-            // A scraper that stalls must not hold a task forever.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), respond).await;
-        });
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = ACCEPT_BACKOFF.0;
+                let metrics = Arc::clone(&metrics);
+                tokio::spawn(async move {
+                    let _ =
+                        tokio::time::timeout(CONNECTION_DEADLINE, answer(stream, &metrics)).await;
+                    drop(slot);
+                });
+            }
+            Err(error) => {
+                if let Ok(metrics) = metrics.lock() {
+                    metrics.accept_errors.inc();
+                }
+                tracing::debug!(%error, "metrics endpoint cannot accept a connection");
+                let out_of_descriptors =
+                    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+                if out_of_descriptors && reserve.take().is_some() {
+                    let answer_one = async {
+                        if let Ok((stream, _)) = listener.accept().await {
+                            let _ = answer(stream, &metrics).await;
+                        }
+                    };
+                    let _ = tokio::time::timeout(RESERVE_DEADLINE, answer_one).await;
+                    reserve = File::open("/dev/null").ok();
+                }
+                drop(slot);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
+            }
+        }
     }
 }
 

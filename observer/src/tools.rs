@@ -14,6 +14,7 @@ use clap::Args;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::lines::{BoundedLines, LineError};
 use crate::openim::{
     diagnosis::{self, Explanation, Pick},
     hashring::{
@@ -27,17 +28,19 @@ use crate::openim::{
 #[derive(Debug, Error)]
 pub enum ToolError {
     #[error("cannot read {}: {reason}", path.display())]
-    ReadFile { path: PathBuf, reason: io::Error },
+    ReadFile { path: PathBuf, reason: LineError },
     #[error("cannot read user ids from standard input: {reason}")]
-    ReadStdin { reason: io::Error },
+    ReadStdin { reason: LineError },
+    #[error("{} lists more than {max} entries", path.display())]
+    TooManyLines { path: PathBuf, max: usize },
     #[error("{} lists no members (expected one member string per line)", path.display())]
     NoMembers { path: PathBuf },
     #[error("{} lists no user ids (expected one user id per line)", path.display())]
     NoUsers { path: PathBuf },
-    #[error("--sample must be at least 1")]
-    EmptySample,
-    #[error("--replicas must be at least 1: OpenIM runs one msggateway or more")]
-    NoReplicas,
+    #[error("--sample must be 1..={MAX_SAMPLE}")]
+    BadSample,
+    #[error("--replicas must be 1..={MAX_REPLICAS}: OpenIM runs one msggateway or more")]
+    BadReplicas,
     #[error("bad {flag}: {reason}")]
     BadTemplate {
         flag: &'static str,
@@ -46,6 +49,18 @@ pub enum ToolError {
     #[error("cannot write output: {0}")]
     Write(io::Error),
 }
+
+/// Gateways a deployment can be given: far beyond any OpenIM cluster, and rings of this many
+/// members stay small.
+pub const MAX_REPLICAS: usize = 1024;
+/// Synthetic user ids `audit` may generate.
+pub const MAX_SAMPLE: usize = 1_000_000;
+/// Users `audit` reads from a file (it holds them all).
+pub const MAX_AUDIT_USERS: usize = 1_000_000;
+/// Members a ring file may list.
+pub const MAX_MEMBERS: usize = 10_000;
+/// Bytes of one user id or member string (a member is a DNS name and a port).
+pub const MAX_LINE_BYTES: usize = 512;
 
 /// Pick a member for each user id, as the Go library would, over members listed in a file.
 #[derive(Args, Debug)]
@@ -62,7 +77,7 @@ pub struct RingArgs {
 impl RingArgs {
     /// Prints one `{"user":…,"member":…}` JSON object per line, in input order.
     pub fn run(self, out: &mut impl Write) -> Result<(), ToolError> {
-        let members = read_nonblank_lines(&self.members_file)?;
+        let members = read_nonblank_lines(&self.members_file, MAX_MEMBERS)?;
         if members.is_empty() {
             return Err(ToolError::NoMembers {
                 path: self.members_file,
@@ -74,7 +89,7 @@ impl RingArgs {
             Some(path) => {
                 let file = fs::File::open(path).map_err(|reason| ToolError::ReadFile {
                     path: path.clone(),
-                    reason,
+                    reason: reason.into(),
                 })?;
                 self.pick_each_user(&ring, io::BufReader::new(file), out, |reason| {
                     ToolError::ReadFile {
@@ -94,10 +109,10 @@ impl RingArgs {
         ring: &Ring,
         users: impl BufRead,
         out: &mut impl Write,
-        read_error: impl Fn(io::Error) -> ToolError,
+        read_error: impl Fn(LineError) -> ToolError,
     ) -> Result<(), ToolError> {
-        for line in users.lines() {
-            let line = line.map_err(&read_error)?;
+        for line in BoundedLines::new(users, MAX_LINE_BYTES) {
+            let (_, line) = line.map_err(&read_error)?;
             let user = line.trim_end();
             if user.is_empty() {
                 continue;
@@ -121,8 +136,8 @@ struct RingPick<'a> {
 /// One OpenIM deployment: how many gateways, and how each routing component spells them.
 #[derive(Args, Debug)]
 pub struct DeploymentArgs {
-    /// Number of msggateway replicas (MY_MSGGATEWAY_REPLICACOUNT)
-    #[arg(long, value_name = "N")]
+    /// Number of msggateway replicas (MY_MSGGATEWAY_REPLICACOUNT), 1 to 1024
+    #[arg(long, value_name = "N", value_parser = in_range(1, MAX_REPLICAS))]
     pub replicas: usize,
     /// OpenIM instance name: the pod name up to its first '-' (e.g. "demo" for
     /// demo-openim-push-7d9f…)
@@ -149,8 +164,8 @@ struct Templates {
 
 impl DeploymentArgs {
     fn templates(&self) -> Result<Templates, ToolError> {
-        if self.replicas == 0 {
-            return Err(ToolError::NoReplicas);
+        if !(1..=MAX_REPLICAS).contains(&self.replicas) {
+            return Err(ToolError::BadReplicas);
         }
         let parse = |flag, template: &str| {
             MemberTemplate::parse(template)
@@ -197,7 +212,7 @@ struct GatewayRings {
 impl GatewayRings {
     /// Gateway indexes (proxy, push) for `user`.
     fn gateways(&self, user: &str) -> Result<(usize, usize), ToolError> {
-        let pick = |ring: &Ring| ring.get_index(user).map_err(|_| ToolError::NoReplicas);
+        let pick = |ring: &Ring| ring.get_index(user).map_err(|_| ToolError::BadReplicas);
         Ok((pick(&self.proxy)?, pick(&self.push)?))
     }
 }
@@ -210,8 +225,9 @@ pub struct AuditArgs {
     /// File with user ids, one per line, to audit instead of a synthetic sample
     #[arg(long, value_name = "FILE", conflicts_with = "sample")]
     pub users_file: Option<PathBuf>,
-    /// Number of synthetic numeric user ids to audit (always the same ids for a given K)
-    #[arg(long, value_name = "K", default_value_t = 10_000)]
+    /// Number of synthetic numeric user ids to audit (always the same ids for a given K), up to
+    /// 1000000
+    #[arg(long, value_name = "K", default_value_t = 10_000, value_parser = in_range(1, MAX_SAMPLE))]
     pub sample: usize,
     /// Print one JSON object per replica count (replicas, users, split, share = split/users)
     #[arg(long)]
@@ -235,14 +251,14 @@ impl AuditArgs {
         let templates = self.deployment.templates()?;
         let (users, users_origin) = match &self.users_file {
             Some(path) => {
-                let users = read_nonblank_lines(path)?;
+                let users = read_nonblank_lines(path, MAX_AUDIT_USERS)?;
                 if users.is_empty() {
                     return Err(ToolError::NoUsers { path: path.clone() });
                 }
                 let origin = format!("user ids from {}", path.display());
                 (users, origin)
             }
-            None if self.sample == 0 => return Err(ToolError::EmptySample),
+            None if !(1..=MAX_SAMPLE).contains(&self.sample) => return Err(ToolError::BadSample),
             None => (
                 sample_user_ids(self.sample),
                 "synthetic numeric user ids".to_owned(),
@@ -330,18 +346,35 @@ impl ExplainArgs {
     }
 }
 
-/// Lines of a text file with trailing whitespace (and CR) removed, blank lines skipped.
-fn read_nonblank_lines(path: &Path) -> Result<Vec<String>, ToolError> {
-    let text = fs::read_to_string(path).map_err(|reason| ToolError::ReadFile {
+/// A clap parser for a count within `min..=max`: out of range is a one-line usage error.
+pub(crate) fn in_range(min: usize, max: usize) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(min as u64..=max as u64)
+}
+
+/// Lines of a text file with trailing whitespace (and CR) removed, blank lines skipped; at
+/// most `max_lines` of them, each at most `MAX_LINE_BYTES`.
+fn read_nonblank_lines(path: &Path, max_lines: usize) -> Result<Vec<String>, ToolError> {
+    let read_error = |reason: LineError| ToolError::ReadFile {
         path: path.to_owned(),
         reason,
-    })?;
-    Ok(text
-        .lines()
-        .map(str::trim_end)
-        .filter(|line| !line.is_empty())
-        .map(str::to_owned)
-        .collect())
+    };
+    let file = fs::File::open(path).map_err(|reason| read_error(reason.into()))?;
+    let mut lines = Vec::new();
+    for line in BoundedLines::new(io::BufReader::new(file), MAX_LINE_BYTES) {
+        let (_, line) = line.map_err(read_error)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            continue;
+        }
+        if lines.len() == max_lines {
+            return Err(ToolError::TooManyLines {
+                path: path.to_owned(),
+                max: max_lines,
+            });
+        }
+        lines.push(line.to_owned());
+    }
+    Ok(lines)
 }
 
 fn write_json_line(out: &mut impl Write, value: &impl Serialize) -> Result<(), ToolError> {
@@ -520,13 +553,13 @@ mod tests {
     fn audit_and_explain_refuse_bad_settings_with_one_clear_message() {
         assert_eq!(
             error_of(|out| audit(deployment(0), false).run(out)),
-            "--replicas must be at least 1: OpenIM runs one msggateway or more"
+            "--replicas must be 1..=1024: OpenIM runs one msggateway or more"
         );
         let mut empty_sample = audit(deployment(2), false);
         empty_sample.sample = 0;
         assert_eq!(
             error_of(|out| empty_sample.run(out)),
-            "--sample must be at least 1"
+            "--sample must be 1..=1000000"
         );
         let mut bad_push = deployment(2);
         bad_push.push_template = "gw.{namespace}:88".to_owned();

@@ -9,7 +9,7 @@
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},
-    os::fd::AsRawFd,
+    os::{fd::AsRawFd, unix::fs::PermissionsExt},
     process::{Child, ChildStdout, Command, Stdio},
     sync::{
         Mutex,
@@ -568,6 +568,10 @@ fn without_privileges_the_error_is_one_line_with_exit_code_two() {
     if !can_run() {
         return;
     }
+    // A capture from an earlier run: the failed start must not truncate it.
+    let dir = tempfile::tempdir().unwrap();
+    let recording = dir.path().join("cap.jsonl");
+    std::fs::write(&recording, "earlier capture\n").unwrap();
     // Root, but with every capability dropped: what an unprivileged container looks like.
     let output = Command::new("setpriv")
         .args([
@@ -579,6 +583,9 @@ fn without_privileges_the_error_is_one_line_with_exit_code_two() {
             "run",
             "--duration",
             "1",
+            "--record",
+            recording.to_str().expect("UTF-8 temp path"),
+            "--overwrite",
         ])
         .output()
         .expect("setpriv (util-linux)");
@@ -586,4 +593,44 @@ fn without_privileges_the_error_is_one_line_with_exit_code_two() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("CAP_BPF"), "{stderr}");
+    assert_eq!(std::fs::read(&recording).unwrap(), b"earlier capture\n");
+}
+
+#[test]
+fn a_recording_is_created_private_once_attached() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let recording = dir.path().join("cap.jsonl");
+    let port = 18881;
+    let listener = listen(port);
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port.to_string(),
+        "--record",
+        recording.to_str().expect("UTF-8 temp path"),
+    ]);
+    observer
+        .wait_for(|line| line["kind"] == "observer_started")
+        .expect("observer_started");
+    let mode = std::fs::metadata(&recording)
+        .expect("the recording exists once attached")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let _server_side = listener.accept().unwrap();
+    client.write_all(b"recorded").unwrap();
+    drop(client);
+    observer
+        .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+        .expect("close");
+    observer.stop();
+    let text = std::fs::read_to_string(&recording).unwrap();
+    assert!(
+        text.lines().any(|line| line.contains("\"kind\":\"close\"")),
+        "{text}"
+    );
 }

@@ -62,6 +62,8 @@ enum WatchLine {
 /// The API server's state: the pods a list returns, and the watch events still to send.
 struct FakeApiServer {
     pods: Mutex<(Vec<Pod>, u32)>,
+    /// The paths of the requests, without their query.
+    requested: Mutex<Vec<String>>,
     watch: tokio::sync::Mutex<mpsc::UnboundedReceiver<WatchLine>>,
 }
 
@@ -89,7 +91,12 @@ impl FakeApiServer {
             let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
             buffer.drain(..head_end);
             let target = head.split(' ').nth(1).unwrap_or_default().to_owned();
-            let answered = if !target.starts_with("/api/v1/pods") {
+            let path = target.split('?').next().unwrap_or_default().to_owned();
+            self.requested
+                .lock()
+                .expect("requests lock")
+                .push(path.clone());
+            let answered = if path != "/api/v1/pods" && path != "/api/v1/namespaces/chat/pods" {
                 respond(&mut stream, "404 Not Found", b"{}").await
             } else if target.contains("watch=true") || target.contains("watch=1") {
                 self.stream_watch(&mut stream).await
@@ -232,6 +239,7 @@ async fn pod_names_follow_the_watch_and_reach_the_alerts() {
             2,
         )),
         watch: tokio::sync::Mutex::new(watch_lines),
+        requested: Mutex::default(),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("address"));
@@ -240,7 +248,7 @@ async fn pod_names_follow_the_watch_and_reach_the_alerts() {
     let config = kube::Config::new(url.parse().expect("a URI"));
     let client = kube::Client::try_from(config).expect("a client");
     let pods = PodIndex::shared(100);
-    tokio::spawn(identity::watch_pods(client, Arc::clone(&pods)));
+    tokio::spawn(identity::watch_pods(client, Arc::clone(&pods), Vec::new()));
 
     eventually(&pods, "the listed gateway", |index| {
         index.pod_by_ip(ip("10.244.1.10")) == named("demo-openim-msggateway-0")
@@ -353,5 +361,42 @@ async fn pod_names_follow_the_watch_and_reach_the_alerts() {
     assert!(
         line.contains(r#""pusher":{"pid":30592,"comm":"openim-push"},"#),
         "{line}"
+    );
+}
+
+#[tokio::test]
+async fn a_namespaced_watch_asks_only_for_that_namespace() {
+    let (_watch_events, watch_lines) = mpsc::unbounded_channel();
+    let server = Arc::new(FakeApiServer {
+        pods: Mutex::new((
+            vec![pod(GATEWAY_0, "demo-openim-msggateway-0", "10.244.1.10", 1)],
+            1,
+        )),
+        watch: tokio::sync::Mutex::new(watch_lines),
+        requested: Mutex::default(),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    tokio::spawn(Arc::clone(&server).serve(listener));
+
+    let config = kube::Config::new(url.parse().expect("a URI"));
+    let client = kube::Client::try_from(config).expect("a client");
+    let pods = PodIndex::shared(100);
+    tokio::spawn(identity::watch_pods(
+        client,
+        Arc::clone(&pods),
+        vec!["chat".to_owned()],
+    ));
+    eventually(&pods, "the listed gateway", |index| {
+        index.pod_by_ip(ip("10.244.1.10")) == named("demo-openim-msggateway-0")
+    })
+    .await;
+    let requested = server.requested.lock().expect("requests lock").clone();
+    assert!(!requested.is_empty());
+    assert!(
+        requested
+            .iter()
+            .all(|path| path == "/api/v1/namespaces/chat/pods"),
+        "{requested:?}"
     );
 }

@@ -33,6 +33,8 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
             "80",
             "--record",
             &capture_arg,
+            // The demo's output directory is its own: a rerun replaces the last capture.
+            "--overwrite",
         ],
     )?;
     step("observer attached; starting the lab (every pod is a network namespace)");

@@ -21,7 +21,7 @@ use std::process::Command;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, PodSpec, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value;
@@ -125,9 +125,9 @@ fn round_trip(document: &Value) -> Result<Value, String> {
         Some("Namespace") => through::<Namespace>(document),
         Some("ServiceAccount") => through::<ServiceAccount>(document),
         Some("DaemonSet") => through::<DaemonSet>(document),
-        Some("ClusterRole") => through::<ClusterRole>(document),
-        Some("ClusterRoleBinding") => through::<ClusterRoleBinding>(document),
         Some("ConfigMap") => through::<ConfigMap>(document),
+        Some("Role") => through::<Role>(document),
+        Some("RoleBinding") => through::<RoleBinding>(document),
         Some("NetworkPolicy") => through::<NetworkPolicy>(document),
         Some(kind) => Err(format!(
             "kind {kind} has no typed check: add it to round_trip in tests/tests/manifests.rs"
@@ -265,9 +265,11 @@ fn every_kustomization_renders_typed_objects_in_one_namespace() {
         let mut failures = Vec::new();
         for object in &objects {
             failures.extend(type_problems(object, &place));
+            // Pod names read pods in OpenIM's namespaces: their Roles live there, bound to the
+            // observer's service account (checked with the subjects below).
             let namespaced = !matches!(
                 object["kind"].as_str(),
-                Some("Namespace" | "ClusterRole" | "ClusterRoleBinding")
+                Some("Namespace" | "Role" | "RoleBinding")
             );
             if namespaced && object["metadata"]["namespace"] != NAMESPACE {
                 failures.push(format!(
@@ -380,11 +382,6 @@ fn build_variant(dir: &str) -> Option<(DaemonSet, String)> {
             get.port,
             IntOrString::String("metrics".into()),
             "{place}: {name}.httpGet.port"
-        );
-        assert_eq!(
-            get.path.as_deref(),
-            Some("/metrics"),
-            "{place}: {name}.httpGet.path"
         );
     }
     Some((daemonset, place))
@@ -664,4 +661,173 @@ fn cluster_overlay_reads_redis_from_a_secret_and_names_the_node() {
         })
         .collect();
     assert!(ports.contains(&6379), "{place}: egress to Redis: {ports:?}");
+}
+
+/// The typed objects of one kind in a file under deploy/kubernetes.
+fn objects<T: DeserializeOwned>(file: &str, kind: &str) -> Vec<T> {
+    documents(&kubernetes_dir().join(file))
+        .into_iter()
+        .filter(|document| document["kind"] == kind)
+        .map(|document| {
+            serde_json::from_value(document).unwrap_or_else(|err| panic!("{file}: {kind}: {err}"))
+        })
+        .collect()
+}
+
+#[test]
+fn probes_ask_healthz_not_metrics() {
+    for variant in VARIANTS {
+        let Some((daemonset, place)) = build_variant(variant) else {
+            return;
+        };
+        let container = container(&daemonset, &place);
+        for (name, probe) in [
+            ("startupProbe", &container.startup_probe),
+            ("livenessProbe", &container.liveness_probe),
+            ("readinessProbe", &container.readiness_probe),
+        ] {
+            let path = probe
+                .as_ref()
+                .and_then(|probe| probe.http_get.as_ref())
+                .and_then(|get| get.path.as_deref());
+            assert_eq!(path, Some("/healthz"), "{place}: {name}.httpGet.path");
+        }
+    }
+}
+
+#[test]
+fn only_the_scraper_reaches_the_metrics_port() {
+    let file = "overlays/example/networkpolicy.yaml";
+    let Some(rendered) = render("overlays/example") else {
+        return;
+    };
+    assert!(
+        rendered
+            .iter()
+            .any(|object| object["kind"] == "NetworkPolicy"),
+        "overlays/example does not deploy {file}"
+    );
+    let [policy] = objects::<NetworkPolicy>(file, "NetworkPolicy")
+        .try_into()
+        .unwrap_or_else(|policies: Vec<_>| panic!("{file}: {} policies", policies.len()));
+    assert_eq!(
+        policy.metadata.namespace.as_deref(),
+        Some(NAMESPACE),
+        "{file}: namespace"
+    );
+    let spec = policy.spec.unwrap_or_else(|| panic!("{file}: no spec"));
+    let Some((daemonset, place)) = build_variant("overlays/example") else {
+        return;
+    };
+    let pod_labels = daemonset
+        .spec
+        .and_then(|spec| spec.template.metadata)
+        .and_then(|metadata| metadata.labels)
+        .unwrap_or_else(|| panic!("{place}: the pod has no labels"));
+    let selected = spec
+        .pod_selector
+        .and_then(|selector| selector.match_labels)
+        .unwrap_or_default();
+    assert!(
+        !selected.is_empty() && selected.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+        "{file}: podSelector {selected:?} does not select the observer's pods {pod_labels:?}"
+    );
+    assert_eq!(
+        spec.policy_types,
+        Some(vec!["Ingress".to_owned()]),
+        "{file}: policyTypes"
+    );
+    let rules = spec.ingress.unwrap_or_default();
+    assert!(!rules.is_empty(), "{file}: no ingress rule");
+    for rule in rules {
+        let ports: Vec<_> = rule.ports.unwrap_or_default();
+        assert!(
+            !ports.is_empty()
+                && ports.iter().all(|port| {
+                    port.port == Some(IntOrString::String("metrics".into()))
+                        || port.port == Some(IntOrString::Int(9400))
+                }),
+            "{file}: an ingress rule opens more than the metrics port: {ports:?}"
+        );
+        let peers = rule.from.unwrap_or_default();
+        assert!(!peers.is_empty(), "{file}: an ingress rule admits everyone");
+        for peer in peers {
+            let narrowed = |labels: Option<BTreeMap<String, String>>| {
+                labels.is_some_and(|labels| !labels.is_empty())
+            };
+            assert!(
+                peer.namespace_selector
+                    .is_some_and(|selector| narrowed(selector.match_labels))
+                    && peer
+                        .pod_selector
+                        .is_some_and(|selector| narrowed(selector.match_labels)),
+                "{file}: every peer names the scraper's namespace and pods"
+            );
+        }
+    }
+}
+
+#[test]
+fn pod_names_read_pods_only_in_the_watched_namespaces() {
+    let file = "components/pod-names/rbac.yaml";
+    for document in documents(&kubernetes_dir().join(file)) {
+        let kind = document["kind"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            kind == "Role" || kind == "RoleBinding",
+            "{file}: {kind}: pod names need namespaced read access only"
+        );
+    }
+    let roles: Vec<Role> = objects(file, "Role");
+    let bindings: Vec<RoleBinding> = objects(file, "RoleBinding");
+    let mut role_namespaces = BTreeSet::new();
+    for role in &roles {
+        let namespace = role.metadata.namespace.clone().unwrap_or_default();
+        let rules = role.rules.clone().unwrap_or_default();
+        let [rule] = rules.as_slice() else {
+            panic!("{file}: Role in {namespace}: expected one rule");
+        };
+        assert_eq!(rule.resources, Some(vec!["pods".to_owned()]), "{file}");
+        assert_eq!(rule.verbs, ["get", "list", "watch"], "{file}");
+        let bound = bindings.iter().any(|binding| {
+            binding.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && binding.role_ref.kind == "Role"
+                && binding.role_ref.name == role.metadata.name.clone().unwrap_or_default()
+                && binding.subjects.iter().flatten().any(|subject| {
+                    subject.kind == "ServiceAccount"
+                        && subject.name == "openim-observer"
+                        && subject.namespace.as_deref() == Some(NAMESPACE)
+                })
+        });
+        assert!(
+            bound,
+            "{file}: the Role in {namespace} is not bound to the observer"
+        );
+        assert!(
+            role_namespaces.insert(namespace.clone()),
+            "{file}: two Roles in {namespace}"
+        );
+    }
+    assert_eq!(
+        bindings.len(),
+        roles.len(),
+        "{file}: a RoleBinding per Role"
+    );
+    let Some((daemonset, place)) = build_variant("overlays/example") else {
+        return;
+    };
+    let watched: BTreeSet<String> = container(&daemonset, &place)
+        .args
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|arg| arg.strip_prefix("--kube-namespace="))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        !watched.is_empty(),
+        "{place}: no --kube-namespace: it would watch every namespace"
+    );
+    assert_eq!(
+        watched, role_namespaces,
+        "{place}: the namespaces watched are exactly those the Roles grant"
+    );
 }

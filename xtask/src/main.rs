@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod apt;
+mod fuzz;
 mod image;
 mod toolchain;
 mod vm;
@@ -38,8 +39,9 @@ enum Task {
         release: bool,
     },
     /// Everything CI checks: formatting, clippy -D warnings (host and eBPF crates), unit tests
-    /// and the privileged integration tests (run as root: they load the real programs), then
-    /// the kernel tests under Linux 6.1 and 6.12 (`vm`).
+    /// and the privileged integration tests (run as root: they load the real programs), a short
+    /// run of every fuzz target (installs cargo-fuzz once), then the kernel tests under Linux
+    /// 6.1 and 6.12 (`vm`).
     Test,
     /// The observer catching OpenIM 3.5.1's scale-out bug in a simulated cluster (network
     /// namespaces on this machine; needs root). Arguments go to `openim-lab demo`, e.g.
@@ -136,12 +138,8 @@ fn setup() -> Result<Toolchain> {
     // One linker per nightly: it must link exactly that nightly's libLLVM. The directory doubles
     // as LLVM_PREFIX and as the linker's rpath, so it must outlive the build: keep it out of
     // target/, where `cargo clean` would take it.
-    let data_home = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/share")))
-        .context("neither XDG_DATA_HOME nor HOME is set")?;
     let short_commit = &commit[..commit.len().min(12)];
-    let prefix = data_home.join(format!("openim-observer/bpf-linker-{short_commit}"));
+    let prefix = data_dir()?.join(format!("bpf-linker-{short_commit}"));
     let bpf_linker = prefix.join("bin/bpf-linker");
     let linker_works = Command::new(&bpf_linker)
         .arg("--version")
@@ -154,6 +152,15 @@ fn setup() -> Result<Toolchain> {
         nightly,
         bpf_linker_bin: prefix.join("bin"),
     })
+}
+
+/// Where xtask keeps the tools it builds once (bpf-linker, cargo-fuzz), out of `target/`.
+fn data_dir() -> Result<PathBuf> {
+    let data_home = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".local/share")))
+        .context("neither XDG_DATA_HOME nor HOME is set")?;
+    Ok(data_home.join("openim-observer"))
 }
 
 fn install_bpf_linker(nightly: &str, prefix: &Path, llvm_major: &str) -> Result<()> {
@@ -286,6 +293,7 @@ fn test(toolchain: &Toolchain) -> Result<()> {
         );
         bail!("cargo test failed");
     }
+    fuzz::smoke(toolchain)?;
     // The kernels of real nodes (about a minute and a half each under TCG, cached downloads).
     let kernels = vm_tests(CI_KERNELS);
     let (passed, failed) = match &kernels {

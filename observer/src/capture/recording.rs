@@ -9,7 +9,11 @@
 
 use std::{
     collections::HashMap,
+    fs::{File, OpenOptions, Permissions},
+    io,
     net::IpAddr,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
     time::{Duration, UNIX_EPOCH},
 };
 
@@ -25,6 +29,76 @@ use crate::privacy::ContentScrubber;
 pub enum RecordingError {
     #[error("line {line}: not an observer event ({reason})")]
     BadLine { line: usize, reason: String },
+    #[error("{}: already exists (pass --overwrite to replace it)", path.display())]
+    Exists { path: PathBuf },
+    #[error("{}: is a symbolic link or not a regular file; a recording is never written through one", path.display())]
+    NotARegularFile { path: PathBuf },
+    #[error("cannot create {}: {source}", path.display())]
+    Create { path: PathBuf, source: io::Error },
+}
+
+/// Captures of other programs' traffic: readable by their owner only.
+pub const RECORDING_MODE: u32 = 0o600;
+
+/// Refuses a recording path early, before anything is attached: an existing entry unless
+/// `overwrite`, and whatever is not a regular file (a link could point the privileged
+/// observer at any file on the host). `create` checks again when it opens the file.
+pub fn check_target(path: &Path, overwrite: bool) -> Result<(), RecordingError> {
+    match std::fs::symlink_metadata(path) {
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(RecordingError::Create {
+            path: path.to_owned(),
+            source,
+        }),
+        Ok(metadata) if !metadata.file_type().is_file() => Err(RecordingError::NotARegularFile {
+            path: path.to_owned(),
+        }),
+        Ok(_) if !overwrite => Err(RecordingError::Exists {
+            path: path.to_owned(),
+        }),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Creates the recording mode 0600 without following a symbolic link at `path`: a new file,
+/// or with `overwrite` an existing regular file truncated (and made 0600).
+pub fn create(path: &Path, overwrite: bool) -> Result<File, RecordingError> {
+    check_target(path, overwrite)?;
+    let mut options = OpenOptions::new();
+    options
+        .write(true)
+        .mode(RECORDING_MODE)
+        // ELOOP on a link at `path`, ENXIO/EAGAIN rather than a hang on a FIFO swapped in.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC);
+    if overwrite {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    let create_error = |source: io::Error| match source.raw_os_error() {
+        Some(libc::ELOOP) => RecordingError::NotARegularFile {
+            path: path.to_owned(),
+        },
+        _ if source.kind() == io::ErrorKind::AlreadyExists => RecordingError::Exists {
+            path: path.to_owned(),
+        },
+        _ => RecordingError::Create {
+            path: path.to_owned(),
+            source,
+        },
+    };
+    let file = options.open(path).map_err(create_error)?;
+    // What was opened, not what the path names now: the check above raced with the open.
+    let metadata = file.metadata().map_err(create_error)?;
+    if !metadata.file_type().is_file() {
+        return Err(RecordingError::NotARegularFile {
+            path: path.to_owned(),
+        });
+    }
+    // An overwritten file keeps its old mode unless told.
+    file.set_permissions(Permissions::from_mode(RECORDING_MODE))
+        .map_err(create_error)?;
+    Ok(file)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -307,6 +381,52 @@ mod tests {
         assert_eq!(value["direction"], "send");
         assert_eq!(value["payload_b64"], "YWJj");
         assert_eq!(value["ts"], "2025-11-30T10:53:20.123456Z");
+    }
+
+    #[test]
+    fn a_recording_is_private_and_new_unless_told() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cap.jsonl");
+        create(&path, false).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        std::fs::write(&path, "earlier capture\n").unwrap();
+        std::fs::set_permissions(&path, Permissions::from_mode(0o644)).unwrap();
+        let refused = create(&path, false).unwrap_err();
+        assert!(
+            matches!(refused, RecordingError::Exists { .. }),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("--overwrite"), "{refused}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"earlier capture\n");
+
+        create(&path, true).unwrap();
+        let metadata = std::fs::metadata(&path).unwrap();
+        assert_eq!(metadata.len(), 0);
+        assert_eq!(metadata.permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_recording_never_goes_through_a_symbolic_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious\n").unwrap();
+        let link = dir.path().join("cap.jsonl");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        for overwrite in [false, true] {
+            let refused = create(&link, overwrite).unwrap_err();
+            assert!(
+                matches!(refused, RecordingError::NotARegularFile { .. }),
+                "{refused}"
+            );
+        }
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious\n");
+        // A dangling link would otherwise create its target.
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("created-through-link"), &dangling).unwrap();
+        assert!(create(&dangling, true).is_err());
+        assert!(!dir.path().join("created-through-link").exists());
     }
 
     #[test]

@@ -57,8 +57,9 @@ pub struct ConnectionDecoders {
     counters: ConnectionCounters,
 }
 
-/// Upgraded WebSocket connections remembered per decoder slot (`max_connections`).
-const UPGRADED_PER_SLOT: usize = 16;
+/// Upgraded WebSocket connections remembered per decoder slot (`max_connections`): with the
+/// decoders themselves, `tracked` stays within `max_connections * (1 + UPGRADED_PER_SLOT)`.
+pub const UPGRADED_PER_SLOT: usize = 16;
 
 impl ConnectionDecoders {
     pub fn new(limits: Limits, max_connections: usize) -> Self {
@@ -166,7 +167,8 @@ impl ConnectionDecoders {
                 if decoder.is_done() {
                     counters.decode.add(decoder.counters());
                     self.connections.remove(&event.connection);
-                    if self.upgraded.len() < self.max_connections * UPGRADED_PER_SLOT {
+                    if self.upgraded.len() < self.max_connections.saturating_mul(UPGRADED_PER_SLOT)
+                    {
                         self.upgraded.insert(event.connection);
                     } else {
                         // Its close will go unseen: the placement then ends by eviction.
