@@ -17,6 +17,7 @@ use crate::{
         WATCHED_PORTS, insert_or_count,
     },
     ring::{header_for, output_header, stamp_current},
+    scope::current_task_in_scope,
     tracepoint::{
         EINPROGRESS, IPPROTO_TCP, SOCK_DADDR, SOCK_DADDR_V6, SOCK_DPORT, SOCK_FAMILY,
         SOCK_NEWSTATE, SOCK_OLDSTATE, SOCK_PROTOCOL, SOCK_SADDR, SOCK_SADDR_V6, SOCK_SKADDR,
@@ -62,6 +63,10 @@ fn try_sys_enter_connect(ctx: &TracePointContext) -> Result<(), i64> {
     let Some(class) = (unsafe { WATCHED_PORTS.get(u16::from_be(port_be)) }) else {
         return Ok(());
     };
+    // After the port test: only connects to watched ports pay for the cgroup test.
+    if !current_task_in_scope() {
+        return Ok(());
+    }
     let pending = PendingConnect {
         sock: 0,
         fd: fd as u32,

@@ -17,6 +17,7 @@ use crate::{
         SocketState, count, insert_or_count,
     },
     ring::{header_for, stamp_current},
+    scope::current_task_in_scope,
     tracepoint::{
         MSGHDR_IOV, MSGHDR_IOVLEN, SYSCALL_ARG0, SYSCALL_ARG1, SYSCALL_ARG2, SYSCALL_RET,
     },
@@ -89,7 +90,7 @@ fn try_enter_io(ctx: &TracePointContext, direction: Direction, arguments: u8) ->
         fd: fd as u32,
     };
     // The one lookup an unwatched descriptor costs.
-    if unsafe { SOCKETS.get(key) }.is_none() {
+    if unsafe { SOCKETS.get(key) }.is_none() || !current_task_in_scope() {
         return Ok(());
     }
     let first: u64 = unsafe { ctx.read_at(SYSCALL_ARG1) }.map_err(i64::from)?;

@@ -16,6 +16,9 @@
 //!    port class's policy. A connect to a watched port over UDP never reaches step 2 and is
 //!    dropped.
 //!
+//! With `--cgroup-scope`, step 1 and every read or write also require the current task to be
+//! inside one of the scope's cgroup v2 directories (`scope`): the kernel ignores the rest.
+//!
 //! Built for the host (`cargo check --workspace`), the crate is an empty binary: the programs
 //! need `aya-ebpf`, which only builds for BPF.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
@@ -30,6 +33,8 @@ mod io;
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod ring;
+#[cfg(target_arch = "bpf")]
+mod scope;
 #[cfg(target_arch = "bpf")]
 mod tracepoint;
 

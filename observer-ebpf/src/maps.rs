@@ -3,10 +3,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, CgroupArray, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_records::{
-    COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_WATCHED_PORTS,
+    COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_CGROUP_SCOPES,
+    MAX_WATCHED_PORTS,
 };
 
 use crate::copy::CopyCursor;
@@ -24,6 +25,12 @@ pub static WATCHED_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(MAX_WATCH
 /// Index 0: the `CaptureConfig` userspace wrote. One entry.
 #[map]
 pub static CONFIG: Array<CaptureConfig> = Array::with_max_entries(1, 0);
+
+/// cgroup v2 directories (written by userspace as directory fds) that bound what is watched:
+/// `CaptureConfig::cgroup_scopes` slots from index 0. Bound: `MAX_CGROUP_SCOPES`, the most
+/// `--cgroup-scope` flags userspace accepts.
+#[map]
+pub static CGROUP_SCOPE: CgroupArray = CgroupArray::with_max_entries(MAX_CGROUP_SCOPES, 0);
 
 /// Per-CPU event counters, indexed by `Counter`; userspace sums the CPUs. One entry per
 /// counter.

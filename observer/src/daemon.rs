@@ -91,6 +91,11 @@ pub struct RunArgs {
     /// from a watch on the Kubernetes API: the in-cluster service account, else the kubeconfig.
     #[arg(long)]
     pub kube: bool,
+    /// Watch only processes inside this cgroup v2 directory (or below it), e.g. the node's
+    /// `kubepods`; enforced in the kernel. Repeat for several (at most 16). Default: every
+    /// process.
+    #[arg(long = "cgroup-scope", value_name = "DIR")]
+    pub cgroup_scope: Vec<PathBuf>,
     /// With --kube, the node's cgroup v2 hierarchy, where a process's cgroup leads to its pod.
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
@@ -193,6 +198,7 @@ impl RunArgs {
             websocket_ports: or_default(&self.websocket_ports, 80),
             grpc_budget: self.grpc_budget,
             ring_bytes: self.ring_bytes,
+            cgroup_scope: self.cgroup_scope.clone(),
         }
     }
 }
@@ -374,6 +380,9 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         started["node"] = link.node().into();
         // After the capture started, so a close racing the recovery is seen.
         started["placements_recovered"] = link.recover(&mut sink.engine).await.into();
+    }
+    if !options.cgroup_scope.is_empty() {
+        started["cgroup_scope"] = serde_json::json!(options.cgroup_scope);
     }
     sink.print_json(&started)?;
     tracing::info!(

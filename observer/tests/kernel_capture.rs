@@ -56,6 +56,19 @@ struct Observer {
     child: Child,
     lines: Receiver<Value>,
     seen: Vec<Value>,
+    /// Waited for: nothing left to kill on drop.
+    exited: bool,
+}
+
+/// A test that fails before `stop` must not leave its observer attached (and holding the
+/// machine lock its parent inherited) under the next test.
+impl Drop for Observer {
+    fn drop(&mut self) {
+        if !self.exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Observer {
@@ -83,6 +96,7 @@ impl Observer {
             child,
             lines,
             seen: Vec::new(),
+            exited: false,
         };
         if observer
             .wait_for(|line| line["kind"] == "observer_started")
@@ -121,13 +135,14 @@ impl Observer {
         while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
             self.seen.push(line);
         }
-        (self.seen, stderr)
+        (std::mem::take(&mut self.seen), stderr)
     }
 
     fn stop_with_stderr(&mut self) -> String {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let status = self.child.wait().expect("wait for observer");
+        self.exited = true;
         let mut stderr = String::new();
         if let Some(mut pipe) = self.child.stderr.take() {
             let _ = pipe.read_to_string(&mut stderr);
@@ -633,4 +648,261 @@ fn a_recording_is_created_private_once_attached() {
         text.lines().any(|line| line.contains("\"kind\":\"close\"")),
         "{text}"
     );
+}
+
+/// A cgroup v2 hierarchy mounted at a temporary directory (this host's services may live in
+/// cgroup v1 only), with sub-directories made on demand. Dropping it moves any process left in
+/// them back to the root, removes them and unmounts.
+struct Cgroup2Mount {
+    mount: tempfile::TempDir,
+    children: Vec<std::path::PathBuf>,
+}
+
+impl Cgroup2Mount {
+    fn new() -> Self {
+        let mount = tempfile::tempdir().expect("temp dir");
+        let target = std::ffi::CString::new(mount.path().as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mount(2) with valid C strings and no data.
+        let ret = unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                target.as_ptr(),
+                c"cgroup2".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(ret, 0, "mount cgroup2: {}", std::io::Error::last_os_error());
+        Self {
+            mount,
+            children: Vec::new(),
+        }
+    }
+
+    fn child(&mut self, name: &str) -> std::path::PathBuf {
+        let path = self
+            .mount
+            .path()
+            .join(format!("observer-test-{}-{name}", std::process::id()));
+        std::fs::create_dir(&path).expect("make cgroup");
+        self.children.push(path.clone());
+        path
+    }
+
+    fn move_to_root(&self, pid: u32) {
+        std::fs::write(self.mount.path().join("cgroup.procs"), pid.to_string())
+            .expect("move to the root cgroup");
+    }
+}
+
+impl Drop for Cgroup2Mount {
+    fn drop(&mut self) {
+        for child in std::mem::take(&mut self.children).into_iter().rev() {
+            if let Ok(procs) = std::fs::read_to_string(child.join("cgroup.procs")) {
+                for pid in procs.lines().filter_map(|pid| pid.parse().ok()) {
+                    self.move_to_root(pid);
+                }
+            }
+            let _ = std::fs::remove_dir(&child);
+        }
+        let target = std::ffi::CString::new(self.mount.path().as_os_str().as_encoded_bytes());
+        if let Ok(target) = target {
+            // SAFETY: umount2(2) on the directory we mounted.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// A forked copy of this test that joins `cgroup`, connects to 127.0.0.1:`port`, writes
+/// `before`, waits for a byte from the test, writes `after` and exits: plain syscalls on one
+/// descriptor, the way a pod's process talks.
+struct ForkedWriter {
+    pid: libc::pid_t,
+    /// Write end of the pipe the child waits on.
+    go: libc::c_int,
+}
+
+impl ForkedWriter {
+    fn start(cgroup: &std::path::Path, port: u16) -> Self {
+        let procs =
+            std::ffi::CString::new(cgroup.join("cgroup.procs").as_os_str().as_encoded_bytes())
+                .unwrap();
+        let address = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let mut pipe = [0; 2];
+        // SAFETY: pipe2 writes two fds into the array.
+        assert_eq!(
+            unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) },
+            0
+        );
+        // SAFETY: the child makes only async-signal-safe calls on memory prepared before the
+        // fork, and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(forked_writer(&procs, &address, pipe[0])) };
+        }
+        // SAFETY: the read end is the child's.
+        unsafe { libc::close(pipe[0]) };
+        Self { pid, go: pipe[1] }
+    }
+
+    fn pid(&self) -> u32 {
+        self.pid as u32
+    }
+
+    /// Lets the child write `after`, and returns its exit status.
+    fn finish(self) -> i32 {
+        let mut status = 0;
+        // SAFETY: our pipe and our child.
+        unsafe {
+            libc::write(self.go, c"g".as_ptr().cast(), 1);
+            libc::close(self.go);
+            libc::waitpid(self.pid, &mut status, 0);
+        }
+        status
+    }
+}
+
+/// The child's side of `ForkedWriter`; the exit code says which step failed.
+///
+/// # Safety
+/// Only async-signal-safe calls: it runs between fork and _exit.
+unsafe fn forked_writer(
+    procs: &std::ffi::CStr,
+    address: &libc::sockaddr_in,
+    go: libc::c_int,
+) -> libc::c_int {
+    unsafe {
+        let file = libc::open(procs.as_ptr(), libc::O_WRONLY);
+        // "0" moves the writer.
+        if file < 0 || libc::write(file, c"0".as_ptr().cast(), 1) != 1 {
+            return 10;
+        }
+        libc::close(file);
+        let socket = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        if socket < 0 {
+            return 11;
+        }
+        let length = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        if libc::connect(socket, (address as *const libc::sockaddr_in).cast(), length) != 0 {
+            return 12;
+        }
+        if libc::write(socket, c"before".as_ptr().cast(), 6) != 6 {
+            return 13;
+        }
+        let mut byte = 0u8;
+        if libc::read(go, (&mut byte as *mut u8).cast(), 1) != 1 {
+            return 14;
+        }
+        if libc::write(socket, c"after".as_ptr().cast(), 5) != 5 {
+            return 15;
+        }
+        libc::close(socket);
+        0
+    }
+}
+
+#[test]
+fn a_cgroup_scope_watches_only_the_processes_inside_it() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18871;
+    let listener = listen(port);
+    let mut cgroups = Cgroup2Mount::new();
+    let inside = cgroups.child("inside");
+    let server = thread::spawn(move || {
+        // The outside connection, then the inside one: each read to its end.
+        let mut received = Vec::new();
+        for _ in 0..2 {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut bytes = Vec::new();
+            socket.read_to_end(&mut bytes).unwrap();
+            received.push(bytes);
+        }
+        received
+    });
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port.to_string(),
+        "--cgroup-scope",
+        inside.to_str().unwrap(),
+    ]);
+    let started = observer
+        .wait_for(|line| line["kind"] == "observer_started")
+        .unwrap();
+    assert_eq!(started["cgroup_scope"][0], inside.to_str().unwrap());
+
+    // This test process is outside the scope.
+    let mut outside = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    outside.write_all(b"outside").unwrap();
+    drop(outside);
+    // A process inside writes, then (moved out of the scope while connected) writes again.
+    let child = ForkedWriter::start(&inside, port);
+    let child_pid = child.pid();
+    let before = observer.wait_for(|line| {
+        line["kind"] == "data" && line["pid"] == child_pid && line["direction"] == "send"
+    });
+    assert!(
+        before.is_some(),
+        "the process inside the scope was not captured"
+    );
+    cgroups.move_to_root(child_pid);
+    assert_eq!(child.finish(), 0, "the forked writer failed");
+    // It closes its socket after the last write.
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["pid"] == child_pid)
+            .is_some()
+    );
+    let received = server.join().unwrap();
+    assert_eq!(received, [b"outside".to_vec(), b"beforeafter".to_vec()]);
+
+    let (lines, _) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    assert!(
+        ours.iter().all(|line| line["pid"] != std::process::id()),
+        "a process outside the scope was watched: {ours:?}"
+    );
+    let connects: Vec<_> = ours
+        .iter()
+        .filter(|line| line["kind"] == "tcp_connect")
+        .collect();
+    assert_eq!(connects.len(), 1, "{connects:?}");
+    assert_eq!(connects[0]["pid"], child_pid);
+    // Written after leaving the scope: not captured.
+    assert_eq!(captured_stream(&ours, "send"), b"before");
+}
+
+#[test]
+fn a_cgroup_scope_that_is_not_cgroup2_is_a_one_line_error_with_exit_code_two() {
+    // Without the programs the observer stops before reading its scope; no root needed.
+    if !observer::capture::kernel::PROGRAMS_EMBEDDED {
+        return;
+    }
+    let plain = tempfile::tempdir().unwrap();
+    for scope in [plain.path(), std::path::Path::new("/nonexistent/scope")] {
+        let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+            .args(["run", "--cgroup-scope"])
+            .arg(scope)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("observer: --cgroup-scope {}: ", scope.display())),
+            "{stderr}"
+        );
+        assert!(output.stdout.is_empty());
+    }
 }

@@ -51,6 +51,10 @@ pub const MAX_IOVECS: u32 = 8;
 /// Ports watched at once per class (`WATCHED_PORTS` holds their union).
 pub const MAX_WATCHED_PORTS: u32 = 64;
 
+/// cgroup v2 directories a capture can be scoped to (`--cgroup-scope`, the `CGROUP_SCOPE`
+/// array). Each costs one helper call per watched connect and per I/O on a watched socket.
+pub const MAX_CGROUP_SCOPES: u32 = 16;
+
 /// `CaptureConfig::grpc_budget` default: bytes captured per direction of a gRPC connection.
 pub const DEFAULT_GRPC_BUDGET: u32 = 256 * 1024;
 
@@ -174,6 +178,9 @@ pub struct CaptureConfig {
     /// the reader also drains on a short timer. A wakeup per record cost a busy pusher several
     /// context switches per call.
     pub wakeup_bytes: u32,
+    /// Slots filled in `CGROUP_SCOPE`, from index 0: only tasks inside one of those cgroups
+    /// are watched. 0: no scope, every process is.
+    pub cgroup_scopes: u32,
 }
 
 numbered_enum! {
@@ -261,7 +268,7 @@ const _: () = assert!(core::mem::size_of::<RecordHeader>().is_multiple_of(8));
 const _: () = assert!(
     core::mem::size_of::<DataRecord>() == core::mem::size_of::<RecordHeader>() + CHUNK_SIZE
 );
-const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 8);
+const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 3 * 4);
 
 #[cfg(test)]
 mod tests {

@@ -2,12 +2,13 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::Path,
+    os::fd::AsFd,
+    path::{Path, PathBuf},
 };
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, RingBuf},
     programs::{ProgramError, TracePoint},
 };
 use bytes::Bytes;
@@ -17,7 +18,10 @@ use observer_records::{
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
-use super::tracepoint_format::{self, LayoutError};
+use super::{
+    cgroup_scope::{self, ScopeError},
+    tracepoint_format::{self, LayoutError},
+};
 use crate::model::{Direction, Event, EventKind, PortClass, TcpState};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
@@ -104,6 +108,8 @@ pub enum CaptureError {
     PortInBothClasses(u16),
     #[error("--ring-bytes must be a power of two multiple of the page size, got {0}")]
     BadRingSize(u32),
+    #[error(transparent)]
+    Scope(#[from] ScopeError),
     #[error("eBPF setup failed: {0}")]
     Setup(String),
     #[error("reading the ring buffer failed: {0}")]
@@ -117,6 +123,8 @@ pub struct CaptureOptions {
     pub websocket_ports: Vec<u16>,
     pub grpc_budget: u32,
     pub ring_bytes: u32,
+    /// cgroup v2 directories whose processes alone are watched; empty: every process.
+    pub cgroup_scope: Vec<PathBuf>,
 }
 
 /// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
@@ -180,6 +188,8 @@ impl KernelCapture {
         if !PROGRAMS_EMBEDDED {
             return Err(CaptureError::BuiltWithoutPrograms);
         }
+        // User input first: a mistyped directory is named whatever else is missing.
+        let scope = cgroup_scope::open(&options.cgroup_scope)?;
         check_privileges()?;
         ensure_tracefs()?;
         tracepoint_format::check(Path::new(TRACEFS), ATTACHMENTS)?;
@@ -221,7 +231,15 @@ impl KernelCapture {
             // An eighth of the ring: the reader wakes well before the ring fills, and drains
             // on its timer (`DRAIN_INTERVAL`) in between.
             wakeup_bytes: options.ring_bytes / 8,
+            // `cgroup_scope::open` allows at most MAX_CGROUP_SCOPES.
+            cgroup_scopes: scope.len() as u32,
         };
+        let mut scope_map: CgroupArray<_> = take_map(&mut ebpf, "CGROUP_SCOPE")?;
+        for (index, directory) in (0..).zip(&scope) {
+            scope_map
+                .set(index, directory.as_fd(), 0)
+                .map_err(|err| CaptureError::Setup(format!("CGROUP_SCOPE: {err}")))?;
+        }
         config
             .set(0, capture_config, 0)
             .map_err(|err| CaptureError::Setup(format!("CONFIG: {err}")))?;

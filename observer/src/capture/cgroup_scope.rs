@@ -1,0 +1,100 @@
+//! `--cgroup-scope DIR`: the cgroup v2 directories whose processes the kernel programs watch.
+//! Userspace only opens and checks them; the kernel keeps a reference to each cgroup once its
+//! fd is written into `CGROUP_SCOPE`, and tests membership itself.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+};
+
+use observer_records::MAX_CGROUP_SCOPES;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ScopeError {
+    #[error("too many --cgroup-scope directories ({count}); at most {MAX_CGROUP_SCOPES}")]
+    TooMany { count: usize },
+    #[error("--cgroup-scope {}: {reason}", path.display())]
+    Unusable { path: PathBuf, reason: String },
+}
+
+/// Opens every directory, in order, after checking each is a directory of a cgroup v2
+/// hierarchy (`bpf_current_task_under_cgroup` tests the v2 hierarchy only, so a v1 directory
+/// would silently match nothing).
+pub fn open(paths: &[PathBuf]) -> Result<Vec<File>, ScopeError> {
+    if paths.len() > MAX_CGROUP_SCOPES as usize {
+        return Err(ScopeError::TooMany { count: paths.len() });
+    }
+    paths.iter().map(|path| open_one(path)).collect()
+}
+
+fn open_one(path: &Path) -> Result<File, ScopeError> {
+    let unusable = |reason: String| ScopeError::Unusable {
+        path: path.to_owned(),
+        reason,
+    };
+    let directory = File::open(path).map_err(|err| unusable(err.to_string()))?;
+    let metadata = directory
+        .metadata()
+        .map_err(|err| unusable(err.to_string()))?;
+    if !metadata.is_dir() {
+        return Err(unusable("not a directory".to_owned()));
+    }
+    // SAFETY: statfs is plain old data; zeroed is a valid value that fstatfs overwrites.
+    let mut filesystem: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid open fd and a pointer to a statfs the call may write.
+    if unsafe { libc::fstatfs(directory.as_raw_fd(), &mut filesystem) } != 0 {
+        return Err(unusable(std::io::Error::last_os_error().to_string()));
+    }
+    if filesystem.f_type != libc::CGROUP2_SUPER_MAGIC {
+        return Err(unusable(
+            "not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`)".to_owned(),
+        ));
+    }
+    Ok(directory)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_directory_is_named_in_one_line() {
+        let error = open(&[PathBuf::from("/nonexistent/scope")]).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.starts_with("--cgroup-scope /nonexistent/scope: "),
+            "{message}"
+        );
+        assert!(!message.contains('\n'));
+    }
+
+    #[test]
+    fn a_directory_outside_cgroup2_is_refused() {
+        let directory = tempfile::tempdir().unwrap();
+        let error = open(&[directory.path().to_owned()]).unwrap_err();
+        assert!(
+            error.to_string().contains("not a cgroup v2 directory"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_file_is_refused() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let error = open(&[file.path().to_owned()]).unwrap_err();
+        assert!(error.to_string().ends_with("not a directory"), "{error}");
+    }
+
+    #[test]
+    fn more_scopes_than_the_map_holds_are_refused() {
+        let paths = vec![PathBuf::from("/"); MAX_CGROUP_SCOPES as usize + 1];
+        assert!(matches!(open(&paths), Err(ScopeError::TooMany { .. })));
+    }
+
+    #[test]
+    fn no_scope_opens_nothing() {
+        assert!(open(&[]).unwrap().is_empty());
+    }
+}
