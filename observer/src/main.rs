@@ -22,7 +22,7 @@ struct Cli {
 enum Command {
     /// Attach to the kernel and watch connections to the gateway ports (needs root or
     /// CAP_BPF + CAP_PERFMON). Alerts go to stdout as JSON lines, logs to stderr.
-    Run(daemon::RunArgs),
+    Run(Box<daemon::RunArgs>),
     /// Read a capture written by `observer run --record` (no root needed).
     Replay(daemon::ReplayArgs),
     /// Print the ring's pick for each user id as JSON lines {"user":…,"member":…}
@@ -82,7 +82,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(daemon::run(args))?;
+            runtime.block_on(daemon::run(*args))?;
         }
         Command::Replay(args) => daemon::replay(args)?,
         Command::Ring(args) => print_with(|out| args.run(out))?,

@@ -478,8 +478,19 @@ impl Lab {
     /// The scenario: connect users, scale out if configured, connect late users, push every
     /// message to every user, and report what happened.
     pub async fn run_scenario(&mut self) -> anyhow::Result<GroundTruth> {
+        self.run_scenario_with(|_| Ok(())).await
+    }
+
+    /// [`Lab::run_scenario`], calling `after_connect` once the first users are connected and
+    /// before anything is pushed (e.g. to restart an observer or break Redis meanwhile). It runs
+    /// on the runtime's thread: wrap blocking work in `tokio::task::block_in_place`.
+    pub async fn run_scenario_with(
+        &mut self,
+        after_connect: impl FnOnce(&Self) -> anyhow::Result<()>,
+    ) -> anyhow::Result<GroundTruth> {
         let scenario_started = Instant::now();
         self.connect_users(0..self.config.users, false).await;
+        after_connect(self)?;
         let run_tag: String = random_bytes::<4>()?
             .iter()
             .map(|byte| format!("{byte:02x}"))

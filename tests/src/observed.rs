@@ -85,6 +85,31 @@ impl ObserverProcess {
         }
     }
 
+    /// Waits (bounded) for a stdout line that `accept` takes; the line is kept for
+    /// [`ObserverProcess::stop`] like every other.
+    pub fn wait_for_line(
+        &mut self,
+        timeout: Duration,
+        accept: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(line) = self.lines.recv_timeout(left) else {
+                bail!("no such observer line within {timeout:?}");
+            };
+            self.stdout.push(line.clone());
+            if accept(&line) {
+                return Ok(line);
+            }
+        }
+    }
+
+    /// Whether the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// SIGINT (the observer flushes what it holds back and detaches), then collects.
     pub fn stop(mut self) -> anyhow::Result<ObserverOutput> {
         // SAFETY: kill(2) on our own child's pid.
@@ -187,5 +212,75 @@ fn ratio(part: usize, whole: usize) -> f64 {
         1.0
     } else {
         part as f64 / whole as f64
+    }
+}
+
+/// The lab's simulated nodes as the kernel can tell them apart: a private cgroup v2 mount with
+/// one directory per node, each node's pod processes moved into its directory, so that
+/// `observer run --cgroup-scope DIR` sees only that node. Unmounted and removed when dropped.
+pub struct NodeScopes {
+    mount: PathBuf,
+    nodes: Vec<PathBuf>,
+}
+
+impl NodeScopes {
+    /// Mounts cgroup2 at a fresh temporary directory and creates `node-1` … `node-N` in it.
+    pub fn create(nodes: usize) -> anyhow::Result<Self> {
+        let mount = std::env::temp_dir().join(format!("openim-lab-cgroup-{}", std::process::id()));
+        std::fs::create_dir_all(&mount).with_context(|| format!("create {}", mount.display()))?;
+        let status = Command::new("mount")
+            .args(["-t", "cgroup2", "none"])
+            .arg(&mount)
+            .status()
+            .context("run mount")?;
+        if !status.success() {
+            let _ = std::fs::remove_dir(&mount);
+            bail!("mount -t cgroup2 at {} failed: {status}", mount.display());
+        }
+        let mut scopes = Self {
+            mount,
+            nodes: Vec::new(),
+        };
+        for node in 0..nodes {
+            let dir = scopes.mount.join(crate::Lab::node_name(node));
+            // A directory left by an earlier run that was killed is reused.
+            if !dir.is_dir() {
+                std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+            }
+            scopes.nodes.push(dir);
+        }
+        Ok(scopes)
+    }
+
+    /// The cgroup directory of node `node` (0-based), for `--cgroup-scope`.
+    pub fn dir(&self, node: usize) -> &Path {
+        &self.nodes[node]
+    }
+
+    /// Moves every pod process of every node into its node's directory.
+    pub fn place(&self, lab: &crate::Lab) -> anyhow::Result<()> {
+        for (node, dir) in self.nodes.iter().enumerate() {
+            for pid in lab.node_pids(node) {
+                std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+                    .with_context(|| format!("move pid {pid} into {}", dir.display()))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for NodeScopes {
+    fn drop(&mut self) {
+        // A cgroup with processes cannot be removed: hand any survivor back to the root.
+        for dir in &self.nodes {
+            if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                for pid in procs.lines() {
+                    let _ = std::fs::write(self.mount.join("cgroup.procs"), pid);
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_dir(&self.mount);
     }
 }
