@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::observed::{ObserverProcess, Score};
+use crate::observed::{NodeObservers, NodeOutput, ObserverOutput, ObserverProcess, Score};
+use crate::truth::GroundTruth;
 use crate::{Lab, LabConfig};
 
 pub struct DemoConfig {
@@ -22,31 +23,12 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
     std::fs::create_dir_all(&config.out_dir)
         .with_context(|| format!("create {}", config.out_dir.display()))?;
     let capture = config.out_dir.join("capture.jsonl");
-    let capture_arg = capture.to_string_lossy().into_owned();
-    step("starting the observer: loading its eBPF programs into this kernel");
-    let observer = ObserverProcess::start(
-        &config.observer,
-        &[
-            "--grpc-port",
-            "88",
-            "--ws-port",
-            "80",
-            "--record",
-            &capture_arg,
-        ],
-    )?;
-    step("observer attached; starting the lab (every pod is a network namespace)");
-    let lab_config = config.lab.clone();
-    let outcome = async {
-        let mut lab = Lab::start(lab_config).await?;
-        let truth = lab.run_scenario().await?;
-        drop(lab);
-        anyhow::Ok(truth)
-    }
-    .await;
-    step("lab done; stopping the observer");
-    let output = observer.stop()?;
-    let truth = outcome?;
+    let (truth, nodes) = if config.lab.nodes > 1 {
+        run_with_node_observers(&config).await?
+    } else {
+        run_with_one_observer(&config, &capture).await?
+    };
+    let output = merged(&nodes);
 
     let alerts_path = config.out_dir.join("alerts.jsonl");
     let alert_text: String = output
@@ -64,6 +46,11 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
     let score = Score::new(&truth, &output.alerts);
     let lab = &config.lab;
     let mut text = String::new();
+    let observers = if nodes.len() > 1 {
+        "the node observers"
+    } else {
+        "the observer"
+    };
     let scale = if lab.replicas_initial == lab.replicas_final {
         format!("{} msggateway replicas", lab.replicas_final)
     } else {
@@ -72,9 +59,14 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
             lab.replicas_initial, lab.replicas_final
         )
     };
+    let spread = if lab.nodes > 1 {
+        format!(" on {} nodes", lab.nodes)
+    } else {
+        String::new()
+    };
     writeln!(
         text,
-        "\nOpenIM 3.5.1 in the lab: proxy mode {}, {scale}, {} users\n",
+        "\nOpenIM 3.5.1 in the lab: proxy mode {}, {scale}{spread}, {} users\n",
         lab.mode.as_str(),
         lab.users + lab.late_users
     )?;
@@ -100,12 +92,30 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
             truth.summary.connect_failures
         )?;
     }
-    writeln!(
-        text,
-        "\nWhat the observer reported ({} JSON alert lines on its stdout, saved in {}):",
-        output.alerts.len(),
-        alerts_path.display()
-    )?;
+    if nodes.len() > 1 {
+        writeln!(
+            text,
+            "\nWhat the {} node observers reported ({} JSON alert lines on their stdout, saved in {}):",
+            nodes.len(),
+            output.alerts.len(),
+            alerts_path.display()
+        )?;
+        for node in &nodes {
+            writeln!(
+                text,
+                "  {:<26} {} alerts",
+                node.node,
+                node.output.alerts.len()
+            )?;
+        }
+    } else {
+        writeln!(
+            text,
+            "\nWhat the observer reported ({} JSON alert lines on its stdout, saved in {}):",
+            output.alerts.len(),
+            alerts_path.display()
+        )?;
+    }
     for (kind, count) in &score.kinds {
         let unit = if kind == "route_mismatch" {
             format!("{} users", score.alerted.len())
@@ -121,7 +131,7 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
     {
         writeln!(
             text,
-            "\n  the first route_mismatch, as the observer printed it:"
+            "\n  the first route_mismatch, as {observers} printed it:"
         )?;
         writeln!(text, "  {first}")?;
     }
@@ -146,18 +156,98 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
         score.missed.len() - score.false_negatives.len(),
         score.missed.len(),
     )?;
-    writeln!(
-        text,
-        "\nFiles: {} (alerts), {} (the observer's capture: `observer replay` reads it without root), {} (ground truth).",
-        alerts_path.display(),
-        capture.display(),
-        truth_path.display()
-    )?;
+    if nodes.len() > 1 {
+        writeln!(
+            text,
+            "\nFiles: {} (alerts), {} (ground truth).",
+            alerts_path.display(),
+            truth_path.display()
+        )?;
+    } else {
+        writeln!(
+            text,
+            "\nFiles: {} (alerts), {} (the observer's capture: `observer replay` reads it without root), {} (ground truth).",
+            alerts_path.display(),
+            capture.display(),
+            truth_path.display()
+        )?;
+    }
     writeln!(
         text,
         "Try `--mode report-fix` (the incident report's fix as written) and `--mode correct`."
     )?;
     Ok(text)
+}
+
+/// One observer for the whole machine, started before the lab, recording its capture.
+async fn run_with_one_observer(
+    config: &DemoConfig,
+    capture: &std::path::Path,
+) -> anyhow::Result<(GroundTruth, Vec<NodeOutput>)> {
+    let capture_arg = capture.to_string_lossy().into_owned();
+    step("starting the observer: loading its eBPF programs into this kernel");
+    let observer = ObserverProcess::start(
+        &config.observer,
+        &[
+            "--grpc-port",
+            "88",
+            "--ws-port",
+            "80",
+            "--record",
+            &capture_arg,
+        ],
+    )?;
+    step("observer attached; starting the lab (every pod is a network namespace)");
+    let lab_config = config.lab.clone();
+    let outcome = async {
+        let mut lab = Lab::start(lab_config).await?;
+        let truth = lab.run_scenario().await?;
+        drop(lab);
+        anyhow::Ok(truth)
+    }
+    .await;
+    step("lab done; stopping the observer");
+    let output = observer.stop()?;
+    let truth = outcome?;
+    Ok((
+        truth,
+        vec![NodeOutput {
+            node: String::new(),
+            output,
+        }],
+    ))
+}
+
+/// One observer per simulated node, scoped to the node's cgroup, which exists once the lab
+/// does: the lab starts first (its pods only listen until the scenario runs).
+async fn run_with_node_observers(
+    config: &DemoConfig,
+) -> anyhow::Result<(GroundTruth, Vec<NodeOutput>)> {
+    step("starting the lab (every pod is a network namespace, every node a cgroup)");
+    let mut lab = Lab::start(config.lab.clone()).await?;
+    step("starting one observer per node, sharing state through a lab redis-server");
+    let observers = NodeObservers::start(
+        &config.observer,
+        &lab,
+        &["--grpc-port", "88", "--ws-port", "80"],
+    )?;
+    step("observers attached; running the scenario");
+    let outcome = lab.run_scenario().await;
+    drop(lab);
+    step("lab done; stopping the observers");
+    let outputs = observers.stop()?;
+    Ok((outcome?, outputs))
+}
+
+/// Every node's alerts together (the cluster's verdict), node by node.
+fn merged(nodes: &[NodeOutput]) -> ObserverOutput {
+    let mut all = ObserverOutput::default();
+    for node in nodes {
+        all.alerts.extend(node.output.alerts.iter().cloned());
+        all.alert_lines
+            .extend(node.output.alert_lines.iter().cloned());
+    }
+    all
 }
 
 fn step(message: &str) {

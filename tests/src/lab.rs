@@ -11,6 +11,7 @@ use anyhow::{Context, bail, ensure};
 use observer::openim::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
 use serde::{Deserialize, Serialize};
 
+use crate::cgroups::NodeCgroups;
 use crate::client::{self, Arrivals, Client};
 use crate::control::{PodEvent, PushCommand, PushOutcome};
 use crate::names::{NameTable, random_bytes};
@@ -162,6 +163,9 @@ pub struct Lab {
     /// Replaced proxies that keep relaying the WebSockets they accepted.
     draining_proxies: Vec<PodProcess>,
     gateways: Vec<GatewayPod>,
+    /// With more than one node: each node's cgroup, which its pods join (after the pods in
+    /// drop order, so they are killed first).
+    cgroups: Option<NodeCgroups>,
     network: Network,
     config: LabConfig,
     binary: PathBuf,
@@ -198,12 +202,28 @@ impl Lab {
             None => find_lab_binary()?,
         };
         let mut network = Network::create(&netns::new_prefix())?;
+        let cgroups = if config.nodes > 1 {
+            Some(NodeCgroups::create(network.prefix(), config.nodes)?)
+        } else {
+            None
+        };
+        let procs = |role: PodRole| {
+            cgroups
+                .as_ref()
+                .map(|cgroups| cgroups.procs_file(role.node(config.nodes)))
+        };
         let proxy_net = network.add_pod("proxy", PROXY_HOST)?;
         let push_net = network.add_pod("push", PUSH_HOST)?;
         let observations: SharedObservations = Arc::new(Mutex::new(Observations::default()));
         let mut gateways = Vec::new();
         for index in 0..config.replicas_initial {
-            gateways.push(start_gateway(&mut network, &binary, index, &observations)?);
+            gateways.push(start_gateway(
+                &mut network,
+                &binary,
+                index,
+                procs(PodRole::Gateway(index)).as_deref(),
+                &observations,
+            )?);
         }
         for gateway in &mut gateways {
             gateway.process.wait_ready().await?;
@@ -212,7 +232,10 @@ impl Lab {
         let mut proxy = spawn_proxy(
             &config,
             &binary,
-            &proxy_net,
+            PodHome {
+                net: &proxy_net,
+                cgroup_procs: procs(PodRole::Proxy).as_deref(),
+            },
             &names,
             0,
             gateways.len(),
@@ -221,7 +244,10 @@ impl Lab {
         let mut push = spawn_push(
             &config,
             &binary,
-            &push_net,
+            PodHome {
+                net: &push_net,
+                cgroup_procs: procs(PodRole::Push).as_deref(),
+            },
             &names,
             0,
             gateways.len(),
@@ -235,6 +261,7 @@ impl Lab {
             proxy,
             draining_proxies: Vec::new(),
             gateways,
+            cgroups,
             network,
             config,
             binary,
@@ -303,6 +330,11 @@ impl Lab {
         pod.node(self.config.nodes)
     }
 
+    /// Simulated nodes (`LabConfig::nodes`).
+    pub fn nodes(&self) -> usize {
+        self.config.nodes
+    }
+
     /// The node's name as its observer reports it (`node-1`, `node-2`, …).
     pub fn node_name(node: usize) -> String {
         format!("node-{}", node + 1)
@@ -327,6 +359,26 @@ impl Lab {
             .chain(push)
             .filter_map(PodProcess::pid)
             .collect()
+    }
+
+    /// The node's cgroup v2 directory, which holds its pods and their children (what the
+    /// node's observer is scoped to); `None` with a single node, where nothing is scoped.
+    pub fn node_cgroup(&self, node: usize) -> Option<&std::path::Path> {
+        self.cgroups.as_ref().map(|cgroups| cgroups.node_dir(node))
+    }
+
+    /// Pids the kernel lists in the node's cgroup (empty with a single node).
+    pub fn node_cgroup_pids(&self, node: usize) -> Vec<u32> {
+        self.cgroups
+            .as_ref()
+            .map(|cgroups| cgroups.pids(node))
+            .unwrap_or_default()
+    }
+
+    fn cgroup_procs(&self, role: PodRole) -> Option<PathBuf> {
+        self.cgroups
+            .as_ref()
+            .map(|cgroups| cgroups.procs_file(self.node_of(role)))
     }
 
     fn user_id(index: usize) -> String {
@@ -395,8 +447,14 @@ impl Lab {
         ensure!(replicas <= MAX_REPLICAS, "at most {MAX_REPLICAS} replicas");
         let existing = self.gateways.len();
         for index in existing..replicas {
-            let gateway =
-                start_gateway(&mut self.network, &self.binary, index, &self.observations)?;
+            let procs = self.cgroup_procs(PodRole::Gateway(index));
+            let gateway = start_gateway(
+                &mut self.network,
+                &self.binary,
+                index,
+                procs.as_deref(),
+                &self.observations,
+            )?;
             self.gateways.push(gateway);
         }
         for gateway in &mut self.gateways[existing..] {
@@ -413,7 +471,10 @@ impl Lab {
         let proxy = spawn_proxy(
             &self.config,
             &self.binary,
-            &self.proxy_net,
+            PodHome {
+                net: &self.proxy_net,
+                cgroup_procs: self.cgroup_procs(PodRole::Proxy).as_deref(),
+            },
             &names,
             self.generation,
             replicas,
@@ -425,7 +486,10 @@ impl Lab {
         let push = spawn_push(
             &self.config,
             &self.binary,
-            &self.push_net,
+            PodHome {
+                net: &self.push_net,
+                cgroup_procs: self.cgroup_procs(PodRole::Push).as_deref(),
+            },
             &names,
             self.generation,
             replicas,
@@ -730,6 +794,7 @@ fn start_gateway(
     network: &mut Network,
     binary: &std::path::Path,
     index: usize,
+    cgroup_procs: Option<&std::path::Path>,
     observations: &SharedObservations,
 ) -> anyhow::Result<GatewayPod> {
     let host = FIRST_GATEWAY_HOST + u8::try_from(index).context("gateway index")?;
@@ -744,6 +809,7 @@ fn start_gateway(
         ],
         &format!("msggateway-{index}"),
         Some(index),
+        cgroup_procs,
         observations.clone(),
     )?;
     Ok(GatewayPod { net, process })
@@ -761,10 +827,16 @@ fn name_table(config: &LabConfig, gateways: &[GatewayPod]) -> NameTable {
     names
 }
 
+/// Where a pod runs: its network namespace and, with several nodes, its node's cgroup.
+struct PodHome<'a> {
+    net: &'a PodNet,
+    cgroup_procs: Option<&'a std::path::Path>,
+}
+
 fn spawn_proxy(
     config: &LabConfig,
     binary: &std::path::Path,
-    net: &PodNet,
+    home: PodHome<'_>,
     names: &NameTable,
     generation: usize,
     replicas: usize,
@@ -785,10 +857,11 @@ fn spawn_proxy(
     ];
     Ok(PodProcess::spawn(
         binary,
-        &net.netns,
+        &home.net.netns,
         &args,
         &format!("msggw-proxy-gen{generation}"),
         None,
+        home.cgroup_procs,
         observations.clone(),
     )?)
 }
@@ -796,7 +869,7 @@ fn spawn_proxy(
 fn spawn_push(
     config: &LabConfig,
     binary: &std::path::Path,
-    net: &PodNet,
+    home: PodHome<'_>,
     names: &NameTable,
     generation: usize,
     replicas: usize,
@@ -815,10 +888,11 @@ fn spawn_push(
     ];
     Ok(PodProcess::spawn(
         binary,
-        &net.netns,
+        &home.net.netns,
         &args,
         &format!("openim-push-gen{generation}"),
         None,
+        home.cgroup_procs,
         observations.clone(),
     )?)
 }

@@ -12,6 +12,7 @@
 //! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`observed`] runs the real
 //! observer beside a lab and scores its alerts; [`demo`] is `cargo xtask demo`.
 
+pub mod cgroups;
 pub mod client;
 pub mod control;
 pub mod demo;

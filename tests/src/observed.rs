@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
+use crate::Lab;
+use crate::redis_server::RedisServer;
 use crate::truth::GroundTruth;
 
 /// The `observer` binary: `$OBSERVER_BIN`, else the one cargo built beside this executable.
@@ -24,6 +26,8 @@ pub struct ObserverProcess {
     child: Child,
     lines: Receiver<String>,
     stdout: Vec<String>,
+    /// Waited for: nothing left to kill on drop.
+    exited: bool,
 }
 
 /// Everything the observer printed.
@@ -62,6 +66,7 @@ impl ObserverProcess {
             child,
             lines,
             stdout: Vec::new(),
+            exited: false,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -90,6 +95,7 @@ impl ObserverProcess {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
         let status = self.child.wait().context("wait for the observer")?;
+        self.exited = true;
         let mut stderr = String::new();
         if let Some(mut pipe) = self.child.stderr.take() {
             pipe.read_to_string(&mut stderr)
@@ -113,9 +119,90 @@ impl ObserverProcess {
         Ok(ObserverOutput {
             alerts,
             alert_lines,
-            stdout: self.stdout,
+            stdout: std::mem::take(&mut self.stdout),
             stderr,
         })
+    }
+}
+
+/// An observer dropped without `stop` (a failed start beside it, a test that panicked) must
+/// not keep its programs attached under the next test.
+impl Drop for ObserverProcess {
+    fn drop(&mut self) {
+        if !self.exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One observer per simulated node, the way a DaemonSet runs them: each scoped to its node's
+/// cgroup (`--cgroup-scope`, so it sees only that node's pods), named after the node and
+/// sharing state through a `redis-server` started for them.
+pub struct NodeObservers {
+    /// (node name, its observer), in node order.
+    observers: Vec<(String, ObserverProcess)>,
+    /// Last: outlives the observers that talk to it.
+    redis: RedisServer,
+}
+
+/// What one node's observer printed.
+#[derive(Debug)]
+pub struct NodeOutput {
+    pub node: String,
+    pub output: ObserverOutput,
+}
+
+impl NodeObservers {
+    /// Starts one observer per node of `lab` (which must have more than one node), each with
+    /// `args` besides its scope, name and the Redis URL.
+    pub fn start(binary: &Path, lab: &Lab, args: &[&str]) -> anyhow::Result<Self> {
+        let redis = RedisServer::start().context("start the lab's redis-server")?;
+        let url = redis.url();
+        let mut observers = Vec::new();
+        for node in 0..lab.nodes() {
+            let name = Lab::node_name(node);
+            let scope = lab
+                .node_cgroup(node)
+                .context("node observers need a lab with more than one node")?
+                .to_str()
+                .context("cgroup path is not UTF-8")?
+                .to_owned();
+            let mut node_args = args.to_vec();
+            node_args.extend([
+                "--cgroup-scope",
+                scope.as_str(),
+                "--node-name",
+                name.as_str(),
+                "--redis-url",
+                url.as_str(),
+            ]);
+            let observer = ObserverProcess::start(binary, &node_args)
+                .with_context(|| format!("observer of {name}"))?;
+            observers.push((name, observer));
+        }
+        Ok(Self { observers, redis })
+    }
+
+    /// The Redis the observers share, for tests that inspect or disturb it.
+    pub fn redis(&mut self) -> &mut RedisServer {
+        &mut self.redis
+    }
+
+    /// Stops every observer (all of them, even after one failed) and returns what each
+    /// printed, in node order.
+    pub fn stop(self) -> anyhow::Result<Vec<NodeOutput>> {
+        let stopped: Vec<anyhow::Result<NodeOutput>> = self
+            .observers
+            .into_iter()
+            .map(|(node, observer)| {
+                let output = observer
+                    .stop()
+                    .with_context(|| format!("observer of {node}"))?;
+                Ok(NodeOutput { node, output })
+            })
+            .collect();
+        stopped.into_iter().collect()
     }
 }
 
