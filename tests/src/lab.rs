@@ -1,6 +1,7 @@
 //! The lab: builds the pods, runs a scenario, collects ground truth, and removes everything it
 //! created when dropped (also when a scenario fails or its future is dropped on Ctrl-C).
 
+pub mod cgroups;
 pub mod client;
 pub mod control;
 pub mod gateway;
@@ -21,6 +22,7 @@ use anyhow::{Context, bail, ensure};
 use observer::openim::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
 use serde::{Deserialize, Serialize};
 
+use crate::lab::cgroups::NodeCgroups;
 use crate::lab::client::{Arrivals, Client};
 use crate::lab::control::{PodEvent, PushCommand, PushOutcome};
 use crate::lab::names::{NameTable, random_bytes};
@@ -172,6 +174,9 @@ pub struct Lab {
     /// Replaced proxies that keep relaying the WebSockets they accepted.
     draining_proxies: Vec<PodProcess>,
     gateways: Vec<GatewayPod>,
+    /// With more than one node: each node's cgroup, which its pods join (after the pods in
+    /// drop order, so they are killed first).
+    cgroups: Option<NodeCgroups>,
     network: Network,
     config: LabConfig,
     binary: PathBuf,
@@ -208,12 +213,28 @@ impl Lab {
             None => find_lab_binary()?,
         };
         let mut network = Network::create(&netns::new_prefix())?;
+        let cgroups = if config.nodes > 1 {
+            Some(NodeCgroups::create(network.prefix(), config.nodes)?)
+        } else {
+            None
+        };
+        let procs = |role: PodRole| {
+            cgroups
+                .as_ref()
+                .map(|cgroups| cgroups.procs_file(role.node(config.nodes)))
+        };
         let proxy_net = network.add_pod("proxy", PROXY_HOST)?;
         let push_net = network.add_pod("push", PUSH_HOST)?;
         let observations: SharedObservations = Arc::new(Mutex::new(Observations::default()));
         let mut gateways = Vec::new();
         for index in 0..config.replicas_initial {
-            gateways.push(start_gateway(&mut network, &binary, index, &observations)?);
+            gateways.push(start_gateway(
+                &mut network,
+                &binary,
+                index,
+                procs(PodRole::Gateway(index)).as_deref(),
+                &observations,
+            )?);
         }
         for gateway in &mut gateways {
             gateway.process.wait_ready().await?;
@@ -222,7 +243,10 @@ impl Lab {
         let mut proxy = spawn_proxy(
             &config,
             &binary,
-            &proxy_net,
+            PodHome {
+                net: &proxy_net,
+                cgroup_procs: procs(PodRole::Proxy).as_deref(),
+            },
             &names,
             0,
             gateways.len(),
@@ -231,7 +255,10 @@ impl Lab {
         let mut push = spawn_push(
             &config,
             &binary,
-            &push_net,
+            PodHome {
+                net: &push_net,
+                cgroup_procs: procs(PodRole::Push).as_deref(),
+            },
             &names,
             0,
             gateways.len(),
@@ -245,6 +272,7 @@ impl Lab {
             proxy,
             draining_proxies: Vec::new(),
             gateways,
+            cgroups,
             network,
             config,
             binary,
@@ -313,6 +341,11 @@ impl Lab {
         pod.node(self.config.nodes)
     }
 
+    /// Simulated nodes (`LabConfig::nodes`).
+    pub fn nodes(&self) -> usize {
+        self.config.nodes
+    }
+
     /// The node's name as its observer reports it (`node-1`, `node-2`, …).
     pub fn node_name(node: usize) -> String {
         format!("node-{}", node + 1)
@@ -337,6 +370,26 @@ impl Lab {
             .chain(push)
             .filter_map(PodProcess::pid)
             .collect()
+    }
+
+    /// The node's cgroup v2 directory, which holds its pods and their children (what the
+    /// node's observer is scoped to); `None` with a single node, where nothing is scoped.
+    pub fn node_cgroup(&self, node: usize) -> Option<&std::path::Path> {
+        self.cgroups.as_ref().map(|cgroups| cgroups.node_dir(node))
+    }
+
+    /// Pids the kernel lists in the node's cgroup (empty with a single node).
+    pub fn node_cgroup_pids(&self, node: usize) -> Vec<u32> {
+        self.cgroups
+            .as_ref()
+            .map(|cgroups| cgroups.pids(node))
+            .unwrap_or_default()
+    }
+
+    fn cgroup_procs(&self, role: PodRole) -> Option<PathBuf> {
+        self.cgroups
+            .as_ref()
+            .map(|cgroups| cgroups.procs_file(self.node_of(role)))
     }
 
     fn user_id(index: usize) -> String {
@@ -405,8 +458,14 @@ impl Lab {
         ensure!(replicas <= MAX_REPLICAS, "at most {MAX_REPLICAS} replicas");
         let existing = self.gateways.len();
         for index in existing..replicas {
-            let gateway =
-                start_gateway(&mut self.network, &self.binary, index, &self.observations)?;
+            let procs = self.cgroup_procs(PodRole::Gateway(index));
+            let gateway = start_gateway(
+                &mut self.network,
+                &self.binary,
+                index,
+                procs.as_deref(),
+                &self.observations,
+            )?;
             self.gateways.push(gateway);
         }
         for gateway in &mut self.gateways[existing..] {
@@ -423,7 +482,10 @@ impl Lab {
         let proxy = spawn_proxy(
             &self.config,
             &self.binary,
-            &self.proxy_net,
+            PodHome {
+                net: &self.proxy_net,
+                cgroup_procs: self.cgroup_procs(PodRole::Proxy).as_deref(),
+            },
             &names,
             self.generation,
             replicas,
@@ -435,7 +497,10 @@ impl Lab {
         let push = spawn_push(
             &self.config,
             &self.binary,
-            &self.push_net,
+            PodHome {
+                net: &self.push_net,
+                cgroup_procs: self.cgroup_procs(PodRole::Push).as_deref(),
+            },
             &names,
             self.generation,
             replicas,
@@ -751,6 +816,7 @@ fn start_gateway(
     network: &mut Network,
     binary: &std::path::Path,
     index: usize,
+    cgroup_procs: Option<&std::path::Path>,
     observations: &SharedObservations,
 ) -> anyhow::Result<GatewayPod> {
     let host = FIRST_GATEWAY_HOST + u8::try_from(index).context("gateway index")?;
@@ -765,6 +831,7 @@ fn start_gateway(
         ],
         &format!("msggateway-{index}"),
         Some(index),
+        cgroup_procs,
         observations.clone(),
     )?;
     Ok(GatewayPod { net, process })
@@ -782,10 +849,16 @@ fn name_table(config: &LabConfig, gateways: &[GatewayPod]) -> NameTable {
     names
 }
 
+/// Where a pod runs: its network namespace and, with several nodes, its node's cgroup.
+struct PodHome<'a> {
+    net: &'a PodNet,
+    cgroup_procs: Option<&'a std::path::Path>,
+}
+
 fn spawn_proxy(
     config: &LabConfig,
     binary: &std::path::Path,
-    net: &PodNet,
+    home: PodHome<'_>,
     names: &NameTable,
     generation: usize,
     replicas: usize,
@@ -806,10 +879,11 @@ fn spawn_proxy(
     ];
     Ok(PodProcess::spawn(
         binary,
-        &net.netns,
+        &home.net.netns,
         &args,
         &format!("msggw-proxy-gen{generation}"),
         None,
+        home.cgroup_procs,
         observations.clone(),
     )?)
 }
@@ -817,7 +891,7 @@ fn spawn_proxy(
 fn spawn_push(
     config: &LabConfig,
     binary: &std::path::Path,
-    net: &PodNet,
+    home: PodHome<'_>,
     names: &NameTable,
     generation: usize,
     replicas: usize,
@@ -836,10 +910,11 @@ fn spawn_push(
     ];
     Ok(PodProcess::spawn(
         binary,
-        &net.netns,
+        &home.net.netns,
         &args,
         &format!("openim-push-gen{generation}"),
         None,
+        home.cgroup_procs,
         observations.clone(),
     )?)
 }

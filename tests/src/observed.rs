@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
+use crate::Lab;
 use crate::lab::truth::GroundTruth;
+use crate::redis_server::RedisServer;
 
 /// The `observer` binary: `$OBSERVER_BIN`, else the one cargo built beside this executable.
 pub fn find_observer_binary() -> anyhow::Result<PathBuf> {
@@ -24,6 +26,8 @@ pub struct ObserverProcess {
     child: Child,
     lines: Receiver<String>,
     stdout: Vec<String>,
+    /// Waited for: nothing left to kill on drop.
+    exited: bool,
 }
 
 /// Everything the observer printed.
@@ -62,6 +66,7 @@ impl ObserverProcess {
             child,
             lines,
             stdout: Vec::new(),
+            exited: false,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -115,6 +120,7 @@ impl ObserverProcess {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
         let status = self.child.wait().context("wait for the observer")?;
+        self.exited = true;
         let mut stderr = String::new();
         if let Some(mut pipe) = self.child.stderr.take() {
             pipe.read_to_string(&mut stderr)
@@ -138,9 +144,90 @@ impl ObserverProcess {
         Ok(ObserverOutput {
             alerts,
             alert_lines,
-            stdout: self.stdout,
+            stdout: std::mem::take(&mut self.stdout),
             stderr,
         })
+    }
+}
+
+/// An observer dropped without `stop` (a failed start beside it, a test that panicked) must
+/// not keep its programs attached under the next test.
+impl Drop for ObserverProcess {
+    fn drop(&mut self) {
+        if !self.exited {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// One observer per simulated node, the way a DaemonSet runs them: each scoped to its node's
+/// cgroup (`--cgroup-scope`, so it sees only that node's pods), named after the node and
+/// sharing state through a `redis-server` started for them.
+pub struct NodeObservers {
+    /// (node name, its observer), in node order.
+    observers: Vec<(String, ObserverProcess)>,
+    /// Last: outlives the observers that talk to it.
+    redis: RedisServer,
+}
+
+/// What one node's observer printed.
+#[derive(Debug)]
+pub struct NodeOutput {
+    pub node: String,
+    pub output: ObserverOutput,
+}
+
+impl NodeObservers {
+    /// Starts one observer per node of `lab` (which must have more than one node), each with
+    /// `args` besides its scope, name and the Redis URL.
+    pub fn start(binary: &Path, lab: &Lab, args: &[&str]) -> anyhow::Result<Self> {
+        let redis = RedisServer::start().context("start the lab's redis-server")?;
+        let url = redis.url();
+        let mut observers = Vec::new();
+        for node in 0..lab.nodes() {
+            let name = Lab::node_name(node);
+            let scope = lab
+                .node_cgroup(node)
+                .context("node observers need a lab with more than one node")?
+                .to_str()
+                .context("cgroup path is not UTF-8")?
+                .to_owned();
+            let mut node_args = args.to_vec();
+            node_args.extend([
+                "--cgroup-scope",
+                scope.as_str(),
+                "--node-name",
+                name.as_str(),
+                "--redis-url",
+                url.as_str(),
+            ]);
+            let observer = ObserverProcess::start(binary, &node_args)
+                .with_context(|| format!("observer of {name}"))?;
+            observers.push((name, observer));
+        }
+        Ok(Self { observers, redis })
+    }
+
+    /// The Redis the observers share, for tests that inspect or disturb it.
+    pub fn redis(&mut self) -> &mut RedisServer {
+        &mut self.redis
+    }
+
+    /// Stops every observer (all of them, even after one failed) and returns what each
+    /// printed, in node order.
+    pub fn stop(self) -> anyhow::Result<Vec<NodeOutput>> {
+        let stopped: Vec<anyhow::Result<NodeOutput>> = self
+            .observers
+            .into_iter()
+            .map(|(node, observer)| {
+                let output = observer
+                    .stop()
+                    .with_context(|| format!("observer of {node}"))?;
+                Ok(NodeOutput { node, output })
+            })
+            .collect();
+        stopped.into_iter().collect()
     }
 }
 
@@ -212,75 +299,5 @@ fn ratio(part: usize, whole: usize) -> f64 {
         1.0
     } else {
         part as f64 / whole as f64
-    }
-}
-
-/// The lab's simulated nodes as the kernel can tell them apart: a private cgroup v2 mount with
-/// one directory per node, each node's pod processes moved into its directory, so that
-/// `observer run --cgroup-scope DIR` sees only that node. Unmounted and removed when dropped.
-pub struct NodeScopes {
-    mount: PathBuf,
-    nodes: Vec<PathBuf>,
-}
-
-impl NodeScopes {
-    /// Mounts cgroup2 at a fresh temporary directory and creates `node-1` … `node-N` in it.
-    pub fn create(nodes: usize) -> anyhow::Result<Self> {
-        let mount = std::env::temp_dir().join(format!("openim-lab-cgroup-{}", std::process::id()));
-        std::fs::create_dir_all(&mount).with_context(|| format!("create {}", mount.display()))?;
-        let status = Command::new("mount")
-            .args(["-t", "cgroup2", "none"])
-            .arg(&mount)
-            .status()
-            .context("run mount")?;
-        if !status.success() {
-            let _ = std::fs::remove_dir(&mount);
-            bail!("mount -t cgroup2 at {} failed: {status}", mount.display());
-        }
-        let mut scopes = Self {
-            mount,
-            nodes: Vec::new(),
-        };
-        for node in 0..nodes {
-            let dir = scopes.mount.join(crate::Lab::node_name(node));
-            // A directory left by an earlier run that was killed is reused.
-            if !dir.is_dir() {
-                std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
-            }
-            scopes.nodes.push(dir);
-        }
-        Ok(scopes)
-    }
-
-    /// The cgroup directory of node `node` (0-based), for `--cgroup-scope`.
-    pub fn dir(&self, node: usize) -> &Path {
-        &self.nodes[node]
-    }
-
-    /// Moves every pod process of every node into its node's directory.
-    pub fn place(&self, lab: &crate::Lab) -> anyhow::Result<()> {
-        for (node, dir) in self.nodes.iter().enumerate() {
-            for pid in lab.node_pids(node) {
-                std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-                    .with_context(|| format!("move pid {pid} into {}", dir.display()))?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for NodeScopes {
-    fn drop(&mut self) {
-        // A cgroup with processes cannot be removed: hand any survivor back to the root.
-        for dir in &self.nodes {
-            if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-                for pid in procs.lines() {
-                    let _ = std::fs::write(self.mount.join("cgroup.procs"), pid);
-                }
-            }
-            let _ = std::fs::remove_dir(dir);
-        }
-        let _ = Command::new("umount").arg(&self.mount).status();
-        let _ = std::fs::remove_dir(&self.mount);
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
-use tests::observed::{NodeScopes, ObserverOutput, ObserverProcess, Score, find_observer_binary};
+use tests::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary};
 use tests::privileges::{Needs, can_run};
 use tests::redis_server::RedisServer;
 use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
@@ -24,6 +24,8 @@ const NODES: usize = 3;
 const CONTENT_CANARY: &str = "lab message";
 /// Redis loss and return are noticed within a few seconds (reconnects back off).
 const DEGRADED_PATIENCE: Duration = Duration::from_secs(30);
+/// Ring evidence merged every second, rings settled after 3 s: a cluster-wide verdict's time.
+const VERDICT_SETTLE: Duration = Duration::from_secs(6);
 
 fn lab(mode: ProxyMode) -> LabConfig {
     LabConfig {
@@ -67,7 +69,8 @@ impl ClusterRun {
 struct Cluster {
     binary: PathBuf,
     redis: RedisServer,
-    scopes: NodeScopes,
+    /// Each node's cgroup directory, which its observer is scoped to.
+    scopes: Vec<PathBuf>,
     observers: Vec<ObserverProcess>,
     /// Outputs of observers stopped before the end (restarted nodes).
     stopped: Vec<ObserverOutput>,
@@ -75,7 +78,7 @@ struct Cluster {
 
 impl Cluster {
     fn start_observer(&self, node: usize) -> ObserverProcess {
-        let scope = self.scopes.dir(node).to_string_lossy().into_owned();
+        let scope = self.scopes[node].to_string_lossy().into_owned();
         let name = Lab::node_name(node);
         let url = self.redis.url();
         ObserverProcess::start(
@@ -100,26 +103,28 @@ impl Cluster {
 /// Starts Redis and one observer per node, runs the lab's scenario with `between` called after
 /// the users connected, and stops everything.
 fn observe_cluster(config: LabConfig, between: impl FnOnce(&mut Cluster)) -> ClusterRun {
-    let mut cluster = Cluster {
-        binary: find_observer_binary().expect("observer binary"),
-        redis: RedisServer::start().expect("redis-server starts"),
-        scopes: NodeScopes::create(NODES).expect("cgroup2 mount with one directory per node"),
-        observers: Vec::new(),
-        stopped: Vec::new(),
-    };
-    cluster.observers = (0..NODES)
-        .map(|node| cluster.start_observer(node))
-        .collect();
+    let binary = find_observer_binary().expect("observer binary");
+    let redis = RedisServer::start().expect("redis-server starts");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let (truth, tokens) = runtime.block_on(async {
+    let (truth, tokens, mut cluster) = runtime.block_on(async {
+        // The lab makes each node's cgroup; its pods are idle until users connect.
         let mut lab = Lab::start(config).await.expect("lab starts");
-        cluster
-            .scopes
-            .place(&lab)
-            .expect("pods placed on their nodes");
+        let scopes = (0..NODES)
+            .map(|node| lab.node_cgroup(node).expect("a cgroup per node").to_owned())
+            .collect();
+        let mut cluster = Cluster {
+            binary,
+            redis,
+            scopes,
+            observers: Vec::new(),
+            stopped: Vec::new(),
+        };
+        cluster.observers = (0..NODES)
+            .map(|node| cluster.start_observer(node))
+            .collect();
         let truth = lab
             .run_scenario_with(|_| {
                 tokio::task::block_in_place(|| between(&mut cluster));
@@ -127,7 +132,10 @@ fn observe_cluster(config: LabConfig, between: impl FnOnce(&mut Cluster)) -> Clu
             })
             .await
             .expect("scenario runs");
-        (truth, lab.client_tokens())
+        // Cluster-wide verdicts wait for the shared ring evidence to be merged (every second)
+        // and the rings to settle (3 s), as on a cluster that keeps running.
+        tokio::time::sleep(VERDICT_SETTLE).await;
+        (truth, lab.client_tokens(), cluster)
     });
     for (node, observer) in cluster.observers.iter_mut().enumerate() {
         assert!(observer.is_running(), "node-{}'s observer exited", node + 1);

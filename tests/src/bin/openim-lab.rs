@@ -94,6 +94,10 @@ struct DemoArgs {
     /// Group messages pushed to everyone after the scale-out.
     #[arg(long, default_value_t = 5)]
     messages: usize,
+    /// Simulated nodes: proxy on the first, push on the second, gateways spread over all; one
+    /// observer per node, each seeing only its node's pods, sharing state through a lab Redis.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=tests::lab::MAX_NODES as i64))]
+    nodes: u16,
     /// The observer binary [default: `observer` beside this one, or $OBSERVER_BIN].
     #[arg(long)]
     observer: Option<PathBuf>,
@@ -245,6 +249,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         late_users: args.users - early_users,
         messages_per_user: args.messages,
         messages_before_scale: usize::from(scaling),
+        nodes: usize::from(args.nodes),
         ..config(&args.cluster, early_users)
     };
     let text = tests::demo::run(tests::demo::DemoConfig {

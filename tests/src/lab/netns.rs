@@ -69,10 +69,12 @@ fn owner_pid(name: &str) -> Option<u32> {
 
 /// Removes namespaces and links left by lab runs whose process is gone (killed with SIGKILL,
 /// say). Names of live processes are left alone: they may belong to a parallel run.
+/// Whether `name` is a lab name whose lab process is gone.
+pub fn is_orphan(name: &str) -> bool {
+    owner_pid(name).is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+}
+
 pub fn sweep_leftovers() {
-    let is_orphan = |name: &str| {
-        owner_pid(name).is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
-    };
     if let Ok(list) = ip(&["netns", "list"]) {
         for name in list
             .lines()

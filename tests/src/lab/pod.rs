@@ -53,6 +53,22 @@ pub struct Observations {
 
 pub type SharedObservations = Arc<Mutex<Observations>>;
 
+/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs` ("0" names the
+/// writer). Runs between fork and exec: async-signal-safe calls only.
+fn join_cgroup(procs: &std::ffi::CStr) -> std::io::Result<()> {
+    // SAFETY: a valid C string; the fd is closed on every path.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, c"0".as_ptr().cast(), 1);
+        let error = std::io::Error::last_os_error();
+        libc::close(fd);
+        if written == 1 { Ok(()) } else { Err(error) }
+    }
+}
+
 pub struct PodProcess {
     label: String,
     child: Child,
@@ -62,15 +78,25 @@ pub struct PodProcess {
 }
 
 impl PodProcess {
-    /// Starts `binary role_args...` inside `netns`. `gateway_index` tags the gateway's reports.
+    /// Starts `binary role_args...` inside `netns`, and inside the cgroup whose `cgroup.procs`
+    /// is `cgroup_procs` if one is given. `gateway_index` tags the gateway's reports.
     pub fn spawn(
         binary: &Path,
         netns: &str,
         role_args: &[String],
         label: &str,
         gateway_index: Option<usize>,
+        cgroup_procs: Option<&Path>,
         observations: SharedObservations,
     ) -> Result<Self, PodError> {
+        let spawn_error = |source| PodError::Spawn {
+            label: label.to_owned(),
+            source,
+        };
+        let cgroup_procs = cgroup_procs
+            .map(|path| std::ffi::CString::new(path.as_os_str().as_encoded_bytes()))
+            .transpose()
+            .map_err(|_| spawn_error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", netns])
@@ -80,27 +106,28 @@ impl PodProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe; it only sets this child's parent-death signal, so
-        // a lab killed with SIGKILL (no Drop) takes its pods with it. `ip netns exec` execs the
-        // pod binary in place, and the setting survives exec.
+        // SAFETY: prctl, open, write and close are async-signal-safe, on memory prepared before
+        // the fork. The parent-death signal makes a lab killed with SIGKILL (no Drop) take its
+        // pods with it; joining the cgroup before exec puts every syscall of the pod (and of
+        // its children) inside it. `ip netns exec` execs the pod binary in place, and both
+        // survive exec.
         unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
+                if let Some(procs) = &cgroup_procs {
+                    join_cgroup(procs)?;
+                }
+                Ok(())
             });
         }
-        let mut child = command.spawn().map_err(|source| PodError::Spawn {
-            label: label.to_owned(),
-            source,
-        })?;
+        let mut child = command.spawn().map_err(spawn_error)?;
         let stdin = child.stdin.take();
-        let stdout = child.stdout.take().ok_or_else(|| PodError::Spawn {
-            label: label.to_owned(),
-            source: std::io::Error::other("no stdout pipe"),
-        })?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| spawn_error(std::io::Error::other("no stdout pipe")))?;
         let (reply_tx, replies) = mpsc::unbounded_channel();
         let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
