@@ -172,8 +172,18 @@ fn assert_exact(run: &ClusterRun) {
     );
     assert!(
         score.false_negatives.is_empty(),
-        "missed but not alerted: {:?}",
-        score.false_negatives
+        "missed but not alerted: {:?}\nwhat the observers said about recovery: {:#?}\ntheir truth: {:#?}",
+        score.false_negatives,
+        run.outputs
+            .iter()
+            .flat_map(|output| output.stderr.lines())
+            .filter(|line| line.contains("recover"))
+            .collect::<Vec<_>>(),
+        run.truth
+            .users
+            .iter()
+            .filter(|user| score.false_negatives.contains(&user.user_id))
+            .collect::<Vec<_>>()
     );
     assert!(
         score.false_positives.is_empty(),
