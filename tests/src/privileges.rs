@@ -1,6 +1,7 @@
 //! The lab and end-to-end tests need root (network namespaces; the observer loads eBPF
-//! programs). On a normal user's plain `cargo test` they skip and say why; under `cargo xtask
-//! test`, which sets `OBSERVER_REQUIRE_EBPF`, they fail instead, so CI never skips them silently.
+//! programs), the cluster tests a `redis-server`. On a normal user's plain `cargo test` they skip
+//! and say why; under `cargo xtask test`, which sets `OBSERVER_REQUIRE_EBPF` and installs
+//! redis-server, they fail instead, so CI never skips them silently.
 
 use std::io::Write;
 
@@ -11,13 +12,24 @@ pub enum Needs {
     Root,
     /// Root and an observer built with its eBPF programs, which it loads.
     RootAndPrograms,
+    /// A `redis-server` binary (cluster mode's store; no root needed).
+    RedisServer,
 }
 
 /// Whether the calling test can run here. When it cannot, it says so on stderr (written past
 /// the test harness's capture, so a passing run shows it) and the test should return early;
 /// with `OBSERVER_REQUIRE_EBPF` set it panics with the reason instead.
 pub fn can_run(needs: Needs) -> bool {
-    let reason = if let Err(error) = crate::lab::netns::require_root() {
+    let reason = if needs == Needs::RedisServer {
+        let installed = std::process::Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_ok_and(|output| output.status.success());
+        if installed {
+            return true;
+        }
+        "no redis-server (Debian: apt-get install redis-server)".to_owned()
+    } else if let Err(error) = crate::lab::netns::require_root() {
         error.to_string()
     } else if needs == Needs::RootAndPrograms && !observer::capture::kernel::PROGRAMS_EMBEDDED {
         "the observer was built without its eBPF programs (build with `cargo xtask build`)".into()

@@ -16,6 +16,7 @@ use observer::{
     model::{ConnectionKey, Event, EventKind, NANOS_PER_SEC, PortClass, TcpState},
 };
 use openim_test_kit::synthetic::{Scenario, Traffic, generate};
+use tests::privileges::{Needs, can_run};
 use tests::redis_server::RedisServer;
 
 const TOKEN_CANARY: &str = "TOKENCANARY";
@@ -178,6 +179,9 @@ fn kinds(alerts: &[Alert]) -> Vec<&'static str> {
 
 #[tokio::test]
 async fn a_placement_on_one_node_and_a_push_on_another_make_one_mismatch() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let redis = RedisServer::start().unwrap();
     let traffic = traffic();
     let expected = oracle(&traffic);
@@ -245,6 +249,9 @@ async fn a_placement_on_one_node_and_a_push_on_another_make_one_mismatch() {
 
 #[tokio::test]
 async fn two_pushers_on_two_nodes_still_print_one_mismatch_per_window() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let redis = RedisServer::start().unwrap();
     let traffic = traffic();
     let expected = oracle(&traffic);
@@ -291,6 +298,9 @@ async fn two_pushers_on_two_nodes_still_print_one_mismatch_per_window() {
 
 #[tokio::test]
 async fn losing_redis_is_said_and_local_detection_continues() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let mut redis = RedisServer::start().unwrap();
     let traffic = traffic();
     let expected = oracle(&traffic);
@@ -344,6 +354,9 @@ async fn losing_redis_is_said_and_local_detection_continues() {
 
 #[tokio::test]
 async fn a_restarted_observer_adopts_the_placements_still_established() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let redis = RedisServer::start().unwrap();
     let traffic = traffic();
     let mut before = Node::start(&redis.url(), "node-a").await;

@@ -15,6 +15,7 @@ use observer::{
     metrics::Metrics,
     model::{GatewayAnswer, MessageIds},
 };
+use tests::privileges::{Needs, can_run};
 use tests::redis_server::{AclUser, RedisServer, free_port};
 
 /// Probe and writer act within seconds; this bounds every wait.
@@ -71,6 +72,9 @@ async fn written(state: &SharedState, facts: u64) {
 
 #[tokio::test]
 async fn what_one_node_writes_another_reads() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let redis = RedisServer::start().unwrap();
     let proxy_node = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
     let push_node = SharedState::start(&config(&redis.url(), "node-b", 1024)).unwrap();
@@ -186,6 +190,9 @@ fn outcome_gateway() -> IpAddr {
 
 #[tokio::test]
 async fn every_key_expires() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let redis = RedisServer::start().unwrap();
     let state = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
     let placed = placement("2001", "node-a", 41000, "10.244.0.11");
@@ -248,6 +255,9 @@ async fn every_key_expires() {
 
 #[tokio::test]
 async fn redis_restarted_empty_gets_this_nodes_state_back() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let mut redis = RedisServer::start().unwrap();
     let state = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
     let health = state.health();
@@ -332,6 +342,9 @@ async fn an_acl_user_limited_to_the_prefix_is_enough() {
         password: "canary-redis-password".to_owned(),
         prefix: DEFAULT_PREFIX.to_owned(),
     };
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let redis = RedisServer::start_with(Some(acl.clone())).unwrap();
     let cluster = config(&redis.url(), "node-a", 64);
     assert!(!cluster.url.to_string().contains(&acl.password));
@@ -367,6 +380,9 @@ async fn an_acl_user_limited_to_the_prefix_is_enough() {
 
 #[tokio::test]
 async fn health_shows_on_metrics() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let redis = RedisServer::start().unwrap();
     let state = SharedState::start(&config(&redis.url(), "node-a", 64)).unwrap();
     let health = state.health();
@@ -395,6 +411,9 @@ async fn health_shows_on_metrics() {
 #[tokio::test]
 #[ignore = "a measurement, not a check: prints figures"]
 async fn measure_memory_per_placed_user() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
     let redis = RedisServer::start().unwrap();
     let used = || -> u64 {
         let mut connection = redis.client().unwrap();

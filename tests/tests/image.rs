@@ -42,6 +42,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use serde_json::{Value, json};
 use tests::lab::netns::{self, Network, PodNet};
+use tests::privileges::{Needs, can_run};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -76,16 +77,33 @@ fn workspace() -> PathBuf {
 }
 
 fn archive() -> PathBuf {
-    let path = std::env::var_os(ARCHIVE_ENV).map_or_else(
+    std::env::var_os(ARCHIVE_ENV).map_or_else(
         || workspace().join("target/image/openim-observer.oci.tar"),
         PathBuf::from,
-    );
-    assert!(
-        path.is_file(),
+    )
+}
+
+/// Whether these tests can run here: as root, with the archive `cargo xtask image` wrote. On a
+/// plain `cargo test` they skip and say why; under `cargo xtask test` (which builds the image
+/// and sets `OBSERVER_REQUIRE_EBPF`) a missing archive fails them.
+fn ready() -> bool {
+    if !can_run(Needs::RootAndPrograms) {
+        return false;
+    }
+    let path = archive();
+    if path.is_file() {
+        return true;
+    }
+    let reason = format!(
         "no image at {}: build it with `cargo xtask image` (or run `cargo xtask image --test`)",
         path.display()
     );
-    path
+    if std::env::var_os("OBSERVER_REQUIRE_EBPF").is_some() {
+        panic!("{reason}");
+    }
+    // Past the harness's capture, so a passing run shows it.
+    let _ = writeln!(std::io::stderr(), "skipped image tests: {reason}");
+    false
 }
 
 fn run(command: &mut Command) -> String {
@@ -1014,6 +1032,9 @@ fn assert_refused(running: &mut Running, cause: &str) {
 
 #[test]
 fn the_image_holds_the_observer_and_the_libraries_it_loads_only() {
+    if !ready() {
+        return;
+    }
     let scratch = ScratchDir::new("image-contents");
     let image = unpack(&archive(), &scratch.0);
     assert_eq!(image.entrypoint, ["/usr/local/bin/observer"]);
@@ -1063,6 +1084,9 @@ fn the_image_holds_the_observer_and_the_libraries_it_loads_only() {
 
 #[test]
 fn the_least_privilege_pod_starts_captures_and_serves_its_probes() {
+    if !ready() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let pod = Pod::new("base");
     let daemonset = daemonset(Variant::Base);
@@ -1080,6 +1104,9 @@ fn the_least_privilege_pod_starts_captures_and_serves_its_probes() {
 
 #[test]
 fn with_one_capability_fewer_the_pod_exits_2_naming_it() {
+    if !ready() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let pod = Pod::new("no-perfmon");
     let mut daemonset = daemonset(Variant::Base);
@@ -1099,6 +1126,9 @@ fn with_one_capability_fewer_the_pod_exits_2_naming_it() {
 
 #[test]
 fn under_a_seccomp_profile_that_ties_bpf_to_sys_admin_the_pod_exits_2() {
+    if !ready() {
+        return;
+    }
     // What deploy/README.md sends to the privileged overlay: CRI-O's (and old containerd's)
     // default profile refuses bpf() to a container without CAP_SYS_ADMIN.
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
@@ -1110,6 +1140,9 @@ fn under_a_seccomp_profile_that_ties_bpf_to_sys_admin_the_pod_exits_2() {
 
 #[test]
 fn the_privileged_overlay_starts_captures_and_serves_its_probes() {
+    if !ready() {
+        return;
+    }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let pod = Pod::new("privileged");
     let daemonset = daemonset(Variant::Privileged);

@@ -17,6 +17,7 @@ pub mod keys;
 pub mod link;
 pub mod recovery;
 pub mod store;
+mod writer;
 
 use std::{fmt, path::PathBuf};
 

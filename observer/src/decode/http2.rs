@@ -6,22 +6,20 @@
 //! capture gap, a start past position 0) or protocol error ends decoding of that direction for
 //! good; what was decoded before stays valid.
 
-use crate::model::{Direction, wire::CLIENT_PREFACE};
+use crate::model::{
+    Direction,
+    wire::{CLIENT_PREFACE, FLAG_END_STREAM, FLAG_PADDED, FRAME_DATA, FRAME_HEADER_LEN},
+};
 
 use super::Limits;
 use super::hpack::{HeaderField, HpackDecoder, HpackError};
 
-const FRAME_HEADER_LEN: usize = 9;
-
-const FRAME_DATA: u8 = 0x0;
 const FRAME_HEADERS: u8 = 0x1;
 const FRAME_RST_STREAM: u8 = 0x3;
 const FRAME_PUSH_PROMISE: u8 = 0x5;
 const FRAME_CONTINUATION: u8 = 0x9;
 
-const FLAG_END_STREAM: u8 = 0x1;
 const FLAG_END_HEADERS: u8 = 0x4;
-const FLAG_PADDED: u8 = 0x8;
 const FLAG_PRIORITY: u8 = 0x20;
 
 /// Why a connection or one of its directions can't be (further) decoded.

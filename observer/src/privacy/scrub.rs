@@ -25,15 +25,14 @@
 
 use crate::model::{
     Direction,
-    wire::{CLIENT_PREFACE, starts_like_http1_request},
+    wire::{
+        CLIENT_PREFACE, FLAG_END_STREAM, FLAG_PADDED, FRAME_DATA, FRAME_HEADER_LEN,
+        starts_like_http1_request,
+    },
 };
 
 use super::redact_secrets;
 
-const FRAME_HEADER_LEN: usize = 9;
-const FRAME_DATA: u8 = 0x0;
-const FLAG_END_STREAM: u8 = 0x1;
-const FLAG_PADDED: u8 = 0x8;
 const GRPC_MESSAGE_HEADER_LEN: usize = 5;
 /// Streams followed at once; DATA of streams beyond it is zeroed. Push opens one per call.
 const MAX_STREAMS: usize = 64;
