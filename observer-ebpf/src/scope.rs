@@ -16,11 +16,12 @@ pub fn current_task_in_scope() -> bool {
     if scopes == 0 {
         return true;
     }
-    // Bounded by the map's size, so the verifier sees a constant trip count.
+    // Every slot, a constant trip count: an empty slot answers -EAGAIN, never "inside".
+    // Verifier: stopping at the configured count (`if index >= scopes { break }`) let LLVM
+    // turn the exit into `index == min(scopes, 16)`; Linux 6.1's verifier cannot bound that
+    // against an unknown count and walked the loop until "The sequence of 8193 jumps is too
+    // complex". In scope, the walk ends at the task's own slot, usually the first.
     for index in 0..MAX_CGROUP_SCOPES {
-        if index >= scopes {
-            break;
-        }
         if CGROUP_SCOPE.current_task_under_cgroup(index) == Ok(true) {
             return true;
         }

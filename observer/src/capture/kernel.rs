@@ -356,7 +356,9 @@ fn attach(
 }
 
 /// The verifier log can run to thousands of lines: a feature this kernel lacks is named as
-/// such, otherwise the log's last lines say what went wrong.
+/// such, otherwise the log's last lines say what went wrong. The statistics the verifier
+/// appends ("processed N insns", "verification time", stack depth) are left out: they would
+/// push the refusal itself out of the summary.
 fn verifier_summary(err: &ProgramError) -> String {
     let text = match err {
         ProgramError::LoadError { verifier_log, .. } => verifier_log.to_string(),
@@ -367,10 +369,17 @@ fn verifier_summary(err: &ProgramError) -> String {
     }
     let lines: Vec<&str> = text
         .lines()
-        .filter(|line| !line.trim().is_empty())
+        .filter(|line| !line.trim().is_empty() && !is_verifier_statistics(line))
         .collect();
     let tail = &lines[lines.len().saturating_sub(3)..];
     tail.join(" | ")
+}
+
+fn is_verifier_statistics(line: &str) -> bool {
+    let line = line.trim_start();
+    line.starts_with("processed ")
+        || line.starts_with("verification time")
+        || line.starts_with("stack depth")
 }
 
 fn classify_load_error(err: &aya::EbpfError) -> CaptureError {
