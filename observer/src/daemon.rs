@@ -292,6 +292,7 @@ impl EventSink {
     fn flush(&mut self) -> Result<(), DaemonError> {
         if let Some(link) = &mut self.cluster {
             link.forward(&mut self.engine, &mut self.alerts);
+            link.release_won(&mut self.alerts);
         }
         let now_ns = unix_now_ns();
         for mut alert in self.alerts.drain(..) {

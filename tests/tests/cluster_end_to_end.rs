@@ -312,8 +312,6 @@ fn redis_killed_and_restarted_mid_run_degrades_recovers_and_alerts_stay_exact() 
 }
 
 #[test]
-#[ignore = "issue 11, open: through the real daemon the cluster prints no ring_divergence \
-            (cluster_engine.rs sees one at the engine); run with --ignored"]
 fn three_nodes_raise_one_ring_divergence() {
     if !can_run(Needs::RootAndPrograms) {
         return;

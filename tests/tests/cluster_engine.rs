@@ -67,7 +67,14 @@ impl Node {
             self.now_ns = self.now_ns.max(event.ts_ns);
             self.engine.on_event(event, &mut alerts);
         }
+        self.print(alerts);
+    }
+
+    /// What the daemon does with alerts before printing them: claims through the link, and
+    /// the claims won come back without being claimed again.
+    fn print(&mut self, mut alerts: Vec<Alert>) {
         self.link.forward(&mut self.engine, &mut alerts);
+        self.link.release_won(&mut alerts);
         self.printed.append(&mut alerts);
     }
 
@@ -79,8 +86,7 @@ impl Node {
             let mut alerts = Vec::new();
             self.engine.tick(self.now_ns, &mut alerts);
             self.link.tick(self.now_ns, &mut alerts);
-            self.link.forward(&mut self.engine, &mut alerts);
-            self.printed.append(&mut alerts);
+            self.print(alerts);
             self.settle().await;
         }
     }
@@ -92,7 +98,7 @@ impl Node {
                 .expect("the shared state answers");
             let mut alerts = Vec::new();
             self.link.apply(done, &mut self.engine, &mut alerts);
-            self.printed.append(&mut alerts);
+            self.print(alerts);
         }
     }
 

@@ -78,6 +78,9 @@ pub struct ClusterLink {
     lookups: Vec<PlacementLookup>,
     /// Mismatch claims this node won, until their window ends.
     won: HashMap<String, Instant>,
+    /// Alerts whose claim this node won, to print without claiming them again (a second
+    /// `SET NX` would lose to this node's own first one); see `release_won`.
+    released: Vec<Alert>,
     last_ring_merge: Option<Instant>,
     started: Instant,
     ever_up: bool,
@@ -111,6 +114,7 @@ impl ClusterLink {
             facts: Vec::new(),
             lookups: Vec::new(),
             won: HashMap::new(),
+            released: Vec::new(),
             last_ring_merge: None,
             started: Instant::now(),
             ever_up: false,
@@ -221,6 +225,12 @@ impl ClusterLink {
         *alerts = kept;
     }
 
+    /// Appends the alerts whose claims this node won since the last call: they are printed
+    /// as they are, after `forward` (which would claim them again).
+    pub fn release_won(&mut self, alerts: &mut Vec<Alert>) {
+        alerts.append(&mut self.released);
+    }
+
     /// The claim an alert needs, if any, and whether it is a first alert (a summary is not
     /// claimed again).
     fn claim_key(&self, alert: &Alert) -> Option<(String, Duration, bool)> {
@@ -312,7 +322,7 @@ impl ClusterLink {
                         if is_mismatch && won.is_some() && self.won.len() < MAX_WON_CLAIMS {
                             self.won.insert(key, Instant::now() + self.fold_window);
                         }
-                        alerts.push(*alert);
+                        self.released.push(*alert);
                     }
                 }
             }
