@@ -1,6 +1,7 @@
 //! Capture: what the kernel programs saw, as `model::Event`s, whether the events come live from
 //! the kernel (`kernel`) or from a recording (`recording`).
 
+pub mod adopt;
 pub mod kernel;
 mod kernel_features;
 pub mod recording;

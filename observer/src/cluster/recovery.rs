@@ -21,14 +21,34 @@ const ESTABLISHED: &str = "01";
 /// Every established connection in every network namespace of this node, canonical (IPv4 as
 /// IPv4, not IPv4-mapped).
 pub fn established_connections() -> HashSet<ConnectionKey> {
-    established_under(Path::new("/proc"))
+    table_sockets_under(Path::new("/proc"))
+        .into_iter()
+        .filter(|socket| socket.established)
+        .map(|socket| socket.key.canonical())
+        .collect()
 }
 
-fn established_under(proc_root: &Path) -> HashSet<ConnectionKey> {
+/// One row of a `/proc/net/tcp` or `tcp6` table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableSocket {
+    /// As the table spells it: an IPv4 connection of a dual-stack socket is IPv4-mapped.
+    pub key: ConnectionKey,
+    pub established: bool,
+    /// The socket's inode (`socket:[inode]` in `/proc/<pid>/fd`); 0 once no descriptor holds
+    /// it (TIME_WAIT).
+    pub inode: u64,
+}
+
+/// Every TCP socket in every network namespace of this node (each namespace read once).
+pub fn table_sockets() -> Vec<TableSocket> {
+    table_sockets_under(Path::new("/proc"))
+}
+
+fn table_sockets_under(proc_root: &Path) -> Vec<TableSocket> {
     let mut namespaces = HashSet::new();
-    let mut connections = HashSet::new();
+    let mut sockets = Vec::new();
     let Ok(entries) = fs::read_dir(proc_root) else {
-        return connections;
+        return sockets;
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -41,7 +61,7 @@ fn established_under(proc_root: &Path) -> HashSet<ConnectionKey> {
         }
         let process = entry.path();
         // Without CAP_SYS_PTRACE another user's namespace link cannot be read: its tables are
-        // read anyway (the set removes the repeats), which only costs time.
+        // read anyway (the callers remove the repeats), which only costs time.
         if let Ok(namespace) = fs::metadata(process.join("ns/net"))
             && !namespaces.insert((namespace.dev(), namespace.ino()))
         {
@@ -49,21 +69,31 @@ fn established_under(proc_root: &Path) -> HashSet<ConnectionKey> {
         }
         for table in ["net/tcp", "net/tcp6"] {
             if let Ok(text) = fs::read_to_string(process.join(table)) {
-                connections.extend(parse_table(&text));
+                sockets.extend(parse_table(&text));
             }
         }
     }
-    connections
+    sockets
 }
 
-/// The established connections of one `/proc/net/tcp` or `tcp6` table.
-fn parse_table(text: &str) -> impl Iterator<Item = ConnectionKey> + '_ {
+/// The sockets of one `/proc/net/tcp` or `tcp6` table.
+fn parse_table(text: &str) -> impl Iterator<Item = TableSocket> + '_ {
     text.lines().skip(1).filter_map(|line| {
         let mut fields = line.split_whitespace();
         let _slot = fields.next()?;
         let local = parse_address(fields.next()?)?;
         let remote = parse_address(fields.next()?)?;
-        (fields.next()? == ESTABLISHED).then(|| ConnectionKey { local, remote }.canonical())
+        let established = fields.next()? == ESTABLISHED;
+        // tx_queue:rx_queue, tr:tm->when, retrnsmt, uid, timeout, then the inode.
+        let inode = fields
+            .nth(5)
+            .and_then(|inode| inode.parse().ok())
+            .unwrap_or(0);
+        Some(TableSocket {
+            key: ConnectionKey { local, remote },
+            established,
+            inode,
+        })
     })
 }
 
@@ -105,7 +135,8 @@ mod tests {
         if cfg!(target_endian = "little") {
             let found: Vec<String> = parse_table(tcp)
                 .chain(parse_table(tcp6))
-                .map(|key| key.to_string())
+                .filter(|socket| socket.established)
+                .map(|socket| socket.key.canonical().to_string())
                 .collect();
             assert_eq!(
                 found,
@@ -127,5 +158,14 @@ mod tests {
             remote: client.peer_addr().unwrap(),
         };
         assert!(established_connections().contains(&key));
+    }
+
+    #[test]
+    fn rows_carry_the_socket_inode() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+                   0: 0500F40A:A028 0700F40A:0050 01 00000000:00000000 00:00000000 00000000     0        0 123456 1 0\n";
+        let sockets: Vec<TableSocket> = parse_table(tcp).collect();
+        assert_eq!(sockets.len(), 1);
+        assert_eq!(sockets[0].inode, 123_456);
     }
 }
