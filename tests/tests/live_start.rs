@@ -96,14 +96,16 @@ fn started_on_a_live_node_it_adopts_existing_connections_and_says_what_it_cannot
 
     let started: Value = serde_json::from_str(&output.stdout[0]).unwrap();
     assert_eq!(started["kind"], "observer_started");
-    // Each early user's WebSocket (proxy → gateway) and push's three connections.
-    assert_eq!(
-        started["adopted_connections"]["websocket"], EARLY_USERS,
-        "{started}"
-    );
-    assert_eq!(started["adopted_connections"]["grpc"], 3, "{started}");
+    // Each early user's WebSocket (proxy → gateway) and push's three connections (at least:
+    // the observer watches the ports machine-wide, and anything else may be connected too).
+    let adopted = |class: &str| started["adopted_connections"][class].as_u64().unwrap();
+    assert!(adopted("websocket") >= EARLY_USERS as u64, "{started}");
+    assert!(adopted("grpc") >= 3, "{started}");
+    let total = adopted("websocket") + adopted("grpc");
     assert!(
-        output.stderr.contains("adopted 23 existing connection(s)"),
+        output
+            .stderr
+            .contains(&format!("adopted {total} existing connection(s)")),
         "{}",
         output.stderr
     );
