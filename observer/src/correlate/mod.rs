@@ -68,6 +68,10 @@ pub struct EngineCounters {
 
 pub struct Engine {
     decoders: ConnectionDecoders,
+    /// Connections adopted at start, by their two ends: placements recovered in cluster mode
+    /// are matched by these when reconciliation finds the connection gone. Only what was
+    /// established at start, so bounded by the kernel's connection table.
+    adopted_keys: HashMap<ConnectionId, ConnectionKey>,
     detectors: Detectors,
     observations: Vec<Observation>,
     events: u64,
@@ -83,6 +87,7 @@ impl Engine {
         }
         Self {
             decoders: ConnectionDecoders::new(config.decode, config.max_connections),
+            adopted_keys: HashMap::new(),
             detectors,
             observations: Vec::new(),
             events: 0,
@@ -105,7 +110,17 @@ impl Engine {
                     ..
                 }
         ) {
+            self.adopted_keys.remove(&event.connection);
             self.detectors.closed_by_key(ConnectionKey::of(event));
+        }
+        if let EventKind::TcpState {
+            new: TcpState::Established,
+            ..
+        } = event.kind
+            && observer_records::is_adopted_connection(event.connection)
+        {
+            self.adopted_keys
+                .insert(event.connection, ConnectionKey::of(event));
         }
         self.decoders.on_event(event, &mut self.observations);
         for observation in self.observations.drain(..) {
@@ -143,6 +158,13 @@ impl Engine {
             self.detectors.observe(observation, alerts);
         }
         self.detectors.reconcile(alive, now_ns, alerts);
+        self.adopted_keys.retain(|connection, key| {
+            let open = alive.contains(connection);
+            if !open {
+                self.detectors.closed_by_key(*key);
+            }
+            open
+        });
         self.name_node(&mut alerts[first_new..]);
     }
 
@@ -320,6 +342,40 @@ mod tests {
         assert_eq!(engine.counters().users_tracked, 0);
         assert_eq!(engine.counters().connections.tracked, 0);
         assert!(alerts.is_empty(), "{alerts:?}");
+    }
+
+    #[test]
+    fn a_placement_recovered_in_cluster_mode_ends_when_its_adopted_socket_is_gone() {
+        let mut engine = Engine::new(EngineConfig {
+            node: Some("node-a".into()),
+            ..EngineConfig::default()
+        });
+        let websocket = adopted(adopted_connection_id(91), PortClass::WebSocket);
+        engine.adopt(vec![(
+            "u1".into(),
+            RemotePlacement {
+                node: "node-a".into(),
+                connection: ConnectionKey::of(&websocket),
+                gateway: crate::model::Gateway {
+                    ip: websocket.daddr,
+                    port: 80,
+                    name: None,
+                },
+                platform: Some(2),
+                since_ns: NANOS_PER_SEC,
+                proxy: crate::model::Process {
+                    pid: 10,
+                    comm: "test".into(),
+                    cgroup_id: 1,
+                },
+            },
+        )]);
+        let mut alerts = Vec::new();
+        engine.on_event(&websocket, &mut alerts);
+        assert_eq!(engine.counters().users_tracked, 1);
+        engine.reconcile(&HashSet::new(), 20 * NANOS_PER_SEC, &mut alerts);
+        assert_eq!(engine.counters().users_tracked, 0);
+        assert_eq!(engine.counters().connections.tracked, 0);
     }
 
     #[test]
