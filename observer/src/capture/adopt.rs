@@ -22,10 +22,8 @@ use std::{
 
 use observer_records::{AF_INET, AF_INET6, Connection, SocketKey, SocketState};
 
-use crate::{
-    cluster::recovery::{TableSocket, table_sockets},
-    model::PortClass,
-};
+use super::socket_tables::{TableSocket, table_sockets};
+use crate::model::PortClass;
 
 /// A connection found established at start, with every descriptor that holds it.
 #[derive(Clone, Debug)]

@@ -5,4 +5,5 @@ pub mod adopt;
 pub mod kernel;
 mod kernel_features;
 pub mod recording;
+pub mod socket_tables;
 pub mod tracepoint_format;

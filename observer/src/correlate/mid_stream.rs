@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use crate::{
     alert::{Alert, AlertBody, DegradedReason, DegradedState, rfc3339},
     model::ConnectionId,
+    openim::diagnosis,
 };
 
 #[derive(Default)]
@@ -66,16 +67,6 @@ impl MidStream {
             self.unseen.len(),
             self.recipients_unjudged,
         );
-        let diagnosis = match state {
-            DegradedState::Degraded => {
-                "The observer started on a live node. Users who connect (or reconnect) from now \
-                 on are judged; the others are until their WebSocket closes. Cluster mode \
-                 (--redis) recovers placements other observers saw."
-            }
-            DegradedState::Recovered => {
-                "Every WebSocket adopted at start has closed: every placement is seen again."
-            }
-        };
         Alert::new(
             ts_ns,
             AlertBody::CaptureDegraded {
@@ -83,7 +74,7 @@ impl MidStream {
                 state,
                 since: rfc3339(since_ns),
                 affects,
-                diagnosis: diagnosis.to_owned(),
+                diagnosis: diagnosis::joined_mid_stream(state == DegradedState::Recovered),
             },
         )
     }
