@@ -9,6 +9,7 @@ use observer_records::{
     COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_CGROUP_SCOPES,
     MAX_WATCHED_PORTS,
 };
+pub use observer_records::{Connection, SocketKey, SocketState};
 
 use crate::copy::CopyCursor;
 
@@ -77,42 +78,6 @@ pub struct PendingConnect {
     pub fd: u32,
     pub port_class: u8,
     pub _reserved: [u8; 3],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Connection {
-    pub cgroup_id: u64,
-    pub tgid: u32,
-    pub sport: u16,
-    pub dport: u16,
-    pub family: u16,
-    pub port_class: u8,
-    pub _reserved: [u8; 5],
-    pub saddr: [u8; 16],
-    pub daddr: [u8; 16],
-    pub comm: [u8; 16],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct SocketKey {
-    pub tgid: u32,
-    pub fd: u32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct SocketState {
-    pub sock: u64,
-    /// Stream positions: bytes moved so far in each direction, captured or not.
-    pub sent: u64,
-    pub received: u64,
-    pub port_class: u8,
-    /// WebSocket policy: the first send / first receive has been captured.
-    pub ws_sent_done: u8,
-    pub ws_received_done: u8,
-    pub _reserved: [u8; 5],
 }
 
 /// How the user buffers of an in-flight call are laid out (`IoCall::layout`).

@@ -124,6 +124,10 @@ async fn next_done(cluster: &mut Option<ClusterLink>) -> Done {
     }
 }
 
+/// How often the engine's connections are checked against the kernel's (`Engine::reconcile`):
+/// state whose close was lost (a full ring drops records) ends within this long of its socket.
+pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+
 /// A miss in the cgroup index rescans the hierarchy at most this often.
 const CGROUP_RESCAN_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -365,6 +369,14 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         let file = recording::create(path, args.overwrite)?;
         sink.record = Some((path.clone(), BufWriter::new(file)));
     }
+    // After attaching: a connection made meanwhile is seen connecting, and one that closes
+    // meanwhile is found gone by the next reconciliation.
+    let adopted = capture.adopt_established(&options);
+    let adopted_websockets = adopted
+        .iter()
+        .filter(|event| event.port_class == crate::model::PortClass::WebSocket)
+        .count();
+    let adopted_grpc = adopted.len() - adopted_websockets;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
     let mut started = serde_json::json!({
@@ -376,6 +388,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "grpc_budget": options.grpc_budget,
         "ring_bytes": options.ring_bytes,
         "version": env!("CARGO_PKG_VERSION"),
+        "adopted_connections": {"grpc": adopted_grpc, "websocket": adopted_websockets},
     });
     if let Some(link) = &mut sink.cluster {
         started["node"] = link.node().into();
@@ -386,10 +399,16 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         started["cgroup_scope"] = serde_json::json!(options.cgroup_scope);
     }
     sink.print_json(&started)?;
+    for event in &adopted {
+        sink.consume(event)?;
+    }
     tracing::info!(
         grpc_ports = ?options.grpc_ports,
         ws_ports = ?options.websocket_ports,
-        "observer attached"
+        adopted_grpc,
+        adopted_websockets,
+        "observer attached; adopted {} existing connection(s)",
+        adopted.len()
     );
 
     let deadline = async {
@@ -400,6 +419,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     };
     tokio::pin!(deadline);
     let mut clock = tokio::time::interval(Duration::from_secs(1));
+    let mut reconcile_timer = tokio::time::interval(RECONCILE_INTERVAL);
+    reconcile_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut drain_timer = tokio::time::interval(DRAIN_INTERVAL);
     drain_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut batch = Vec::new();
@@ -430,6 +451,16 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 {
                     metrics.update(&capture.counters()?, &sink.engine.counters());
                 }
+            }
+            _ = reconcile_timer.tick() => {
+                // The records already made first, so a close that did arrive is seen as one.
+                malformed_records += capture.drain(&mut batch);
+                for event in batch.drain(..) {
+                    sink.consume(&event)?;
+                }
+                let alive = capture.reconcile();
+                sink.engine.reconcile(&alive, unix_now_ns(), &mut sink.alerts);
+                sink.flush()?;
             }
             done = next_done(&mut sink.cluster) => {
                 sink.apply(done);

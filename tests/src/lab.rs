@@ -108,6 +108,9 @@ pub struct LabConfig {
     /// Simulated Kubernetes nodes the pods are spread over (see [`Lab::node_of`]): the proxy on
     /// the first, push on the second, gateways round-robin over all. 1 is one node.
     pub nodes: usize,
+    /// Push keeps one long-lived gRPC connection per gateway and reuses it for every call
+    /// (later OpenIM versions), instead of 3.5.1's new connection per call.
+    pub push_reuses_connections: bool,
 }
 
 impl Default for LabConfig {
@@ -126,6 +129,7 @@ impl Default for LabConfig {
             lab_binary: None,
             progress: false,
             nodes: 1,
+            push_reuses_connections: false,
         }
     }
 }
@@ -392,7 +396,7 @@ impl Lab {
             .map(|cgroups| cgroups.procs_file(self.node_of(role)))
     }
 
-    fn user_id(index: usize) -> String {
+    pub fn user_id(index: usize) -> String {
         (USER_ID_BASE + (index as u64 * USER_ID_STRIDE) % USER_ID_SPAN).to_string()
     }
 
@@ -897,7 +901,7 @@ fn spawn_push(
     replicas: usize,
     observations: &SharedObservations,
 ) -> anyhow::Result<PodProcess> {
-    let args = vec![
+    let mut args = vec![
         "push".to_owned(),
         "--instance".to_owned(),
         config.instance.clone(),
@@ -908,6 +912,9 @@ fn spawn_push(
         "--names".to_owned(),
         names.to_arg(),
     ];
+    if config.push_reuses_connections {
+        args.push("--reuse-connections".to_owned());
+    }
     Ok(PodProcess::spawn(
         binary,
         &home.net.netns,

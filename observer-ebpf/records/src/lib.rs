@@ -183,6 +183,63 @@ pub struct CaptureConfig {
     pub cgroup_scopes: u32,
 }
 
+/// A watched connection (`CONNECTIONS` map value, keyed by the kernel's socket address or, for
+/// a connection adopted at start, by an `adopted_connection_id`): its owner and 4-tuple.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Connection {
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u16,
+    pub port_class: u8,
+    pub _reserved: [u8; 5],
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub comm: [u8; 16],
+}
+
+/// A process's descriptor (`SOCKETS` map key).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketKey {
+    pub tgid: u32,
+    pub fd: u32,
+}
+
+/// Capture state of one watched descriptor (`SOCKETS` map value).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SocketState {
+    /// The `CONNECTIONS` key of its connection.
+    pub sock: u64,
+    /// Stream positions: bytes moved so far in each direction, captured or not.
+    pub sent: u64,
+    pub received: u64,
+    pub port_class: u8,
+    /// WebSocket policy: the first send / first receive has been captured.
+    pub ws_sent_done: u8,
+    pub ws_received_done: u8,
+    pub _reserved: [u8; 5],
+}
+
+/// Connections userspace adopts at start (established before the programs were attached) are
+/// keyed by this id instead of a kernel socket address: bit 62 set and bit 63 clear, which no
+/// kernel pointer has (they live in the top half of the address space), and the socket's
+/// inode (unique while the socket lives) below.
+pub const fn adopted_connection_id(inode: u64) -> u64 {
+    ADOPTED_CONNECTION_BIT | (inode & (ADOPTED_CONNECTION_BIT - 1))
+}
+
+/// See `adopted_connection_id`.
+pub const ADOPTED_CONNECTION_BIT: u64 = 1 << 62;
+
+/// Whether a `CONNECTIONS` key was made by `adopted_connection_id`.
+pub const fn is_adopted_connection(id: u64) -> bool {
+    id & (3 << 62) == ADOPTED_CONNECTION_BIT
+}
+
 numbered_enum! {
     /// Indexes into the per-CPU `COUNTERS` array; userspace sums the CPUs.
     pub enum Counter: u32 {
@@ -256,10 +313,13 @@ pub mod tracepoint {
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all three are `repr(C)`, contain only integers and byte arrays, and have no
+    // SAFETY: all of them are `repr(C)`, contain only integers and byte arrays, and have no
     // padding (asserted below), so every bit pattern is a valid value.
     unsafe impl aya::Pod for super::RecordHeader {}
     unsafe impl aya::Pod for super::CaptureConfig {}
+    unsafe impl aya::Pod for super::Connection {}
+    unsafe impl aya::Pod for super::SocketKey {}
+    unsafe impl aya::Pod for super::SocketState {}
 }
 
 // No implicit padding: each size is the sum of its fields.
@@ -269,6 +329,9 @@ const _: () = assert!(
     core::mem::size_of::<DataRecord>() == core::mem::size_of::<RecordHeader>() + CHUNK_SIZE
 );
 const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 3 * 4);
+const _: () = assert!(core::mem::size_of::<Connection>() == 8 + 4 + 3 * 2 + 1 + 5 + 3 * 16);
+const _: () = assert!(core::mem::size_of::<SocketKey>() == 8);
+const _: () = assert!(core::mem::size_of::<SocketState>() == 3 * 8 + 3 + 5);
 
 #[cfg(test)]
 mod tests {

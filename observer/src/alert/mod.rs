@@ -105,6 +105,9 @@ pub enum DegradedReason {
     /// Cluster mode: Redis does not answer, so joins across nodes and cluster-wide
     /// deduplication are off; each node detects with what it sees itself.
     SharedStateUnreachable,
+    /// Started on a live node: WebSockets upgraded before the observer watched have users it
+    /// does not know, so pushes to users without a seen placement cannot be judged.
+    JoinedMidStream,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

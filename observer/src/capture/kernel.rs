@@ -1,6 +1,7 @@
 //! Loads the kernel programs, attaches them, and turns ring-buffer records into `Event`s.
 
 use std::{
+    collections::HashSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::AsFd,
     path::{Path, PathBuf},
@@ -13,12 +14,14 @@ use aya::{
 };
 use bytes::Bytes;
 use observer_records::{
-    AF_INET6, COUNTER_COUNT, CaptureConfig, Counter, FLAG_TRUNCATED, RecordHeader, RecordKind,
+    AF_INET6, COUNTER_COUNT, CaptureConfig, Connection, Counter, FLAG_TRUNCATED, RecordHeader,
+    RecordKind, SocketKey, SocketState, adopted_connection_id,
 };
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
 use super::{
+    adopt::{self, FoundConnection},
     cgroup_scope::{self, ScopeError},
     tracepoint_format::{self, LayoutError},
 };
@@ -40,6 +43,9 @@ const TRACEFS: &str = "/sys/kernel/tracing";
 /// aya-log levels (aya_log_common::Level) for the programs' `AYA_LOG_LEVEL`.
 const KERNEL_LOG_WARN: u8 = 2;
 const KERNEL_LOG_DEBUG: u8 = 4;
+
+/// `bpf_map_update_elem` flag (linux/bpf.h): insert only if the key is absent.
+const BPF_NOEXIST: u64 = 1;
 
 /// How often the reader drains the ring without being woken: the programs wake it only once
 /// `CaptureConfig::wakeup_bytes` wait, so this bounds how late a quiet connection's records are.
@@ -169,6 +175,12 @@ impl serde::Serialize for KernelCounters {
 pub struct KernelCapture {
     ring: AsyncFd<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
+    /// The programs' connection and descriptor tables: adoption fills them, `reconcile` reads
+    /// and prunes them.
+    connections: HashMap<MapData, u64, Connection>,
+    sockets: HashMap<MapData, SocketKey, SocketState>,
+    /// `CONNECTIONS` keys of the connections adopted at start and still alive.
+    adopted: HashSet<u64>,
     clock: MonotonicToWall,
     log_task: tokio::task::JoinHandle<()>,
     // Last: the programs must outlive the maps and logger taken from them.
@@ -245,6 +257,8 @@ impl KernelCapture {
             .map_err(|err| CaptureError::Setup(format!("CONFIG: {err}")))?;
         let counters: PerCpuArray<_, u64> = take_map(&mut ebpf, "COUNTERS")?;
         let ring: RingBuf<MapData> = take_map(&mut ebpf, "EVENTS")?;
+        let connections: HashMap<_, u64, Connection> = take_map(&mut ebpf, "CONNECTIONS")?;
+        let sockets: HashMap<_, SocketKey, SocketState> = take_map(&mut ebpf, "SOCKETS")?;
 
         for (program_name, category, tracepoint) in ATTACHMENTS {
             attach(&mut ebpf, program_name, category, tracepoint)?;
@@ -254,6 +268,9 @@ impl KernelCapture {
             ring: unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
                 .map_err(|err| CaptureError::Read(err.into()))?,
             counters,
+            connections,
+            sockets,
+            adopted: HashSet::new(),
             clock: MonotonicToWall::now(),
             log_task,
             _ebpf: ebpf,
@@ -272,6 +289,84 @@ impl KernelCapture {
     /// Converts the records already in the ring without waiting: the last ones before a stop.
     pub fn drain(&mut self, events: &mut Vec<Event>) -> usize {
         drain_ring(self.ring.get_mut(), &self.clock, events)
+    }
+
+    /// Watches the connections to watched ports that were established before the programs
+    /// were attached (call once, right after `start`). Returns one event per adopted
+    /// connection (`TcpState` from `Unknown` to `Established`, under its adopted id) for the
+    /// engine, which then decodes it as joined mid-stream.
+    pub fn adopt_established(&mut self, options: &CaptureOptions) -> Vec<Event> {
+        let found = adopt::find_established(&options.grpc_ports, &options.websocket_ports);
+        let now_ns = self.clock.wall_ns(monotonic_now_ns());
+        let mut events = Vec::new();
+        for connection in found {
+            match self.adopt(&connection) {
+                Ok(id) => events.push(adopted_event(&connection, id, now_ns)),
+                Err(reason) => tracing::warn!(
+                    local = %connection.local,
+                    remote = %connection.remote,
+                    "could not adopt an existing connection: {reason}"
+                ),
+            }
+        }
+        events
+    }
+
+    fn adopt(&mut self, connection: &FoundConnection) -> Result<u64, MapError> {
+        let id = adopted_connection_id(connection.inode);
+        self.connections
+            .insert(id, connection.kernel_connection(), 0)?;
+        let state = connection.socket_state(id);
+        for key in connection.socket_keys() {
+            // BPF_NOEXIST: a descriptor the programs saw meanwhile (closed and reused for a
+            // new connection since the scan) keeps its own entry.
+            if let Err(err) = self.sockets.insert(key, state, BPF_NOEXIST) {
+                tracing::debug!(
+                    tgid = key.tgid,
+                    fd = key.fd,
+                    "descriptor not adopted: {err}"
+                );
+            }
+        }
+        self.adopted.insert(id);
+        Ok(id)
+    }
+
+    /// Brings the programs' tables in line with the kernel's sockets, and returns the
+    /// `CONNECTIONS` keys still alive: a tracked connection not among them is gone, whether or
+    /// not its close reached userspace (a full ring drops records, never map updates).
+    ///
+    /// An adopted connection whose socket has left every socket table is removed (the
+    /// programs only remove those they saw connecting), and so is every descriptor entry
+    /// whose connection is gone (a process that exits closes its descriptors without `close`).
+    pub fn reconcile(&mut self) -> HashSet<u64> {
+        if !self.adopted.is_empty() {
+            let live = adopt::live_socket_inodes();
+            let gone: Vec<u64> = self
+                .adopted
+                .iter()
+                .copied()
+                .filter(|&id| {
+                    !live.contains(&(id & (observer_records::ADOPTED_CONNECTION_BIT - 1)))
+                })
+                .collect();
+            for id in gone {
+                let _ = self.connections.remove(&id);
+                self.adopted.remove(&id);
+            }
+        }
+        let alive: HashSet<u64> = self.connections.keys().flatten().collect();
+        let orphaned: Vec<SocketKey> = self
+            .sockets
+            .iter()
+            .flatten()
+            .filter(|(_, state)| !alive.contains(&state.sock))
+            .map(|(key, _)| key)
+            .collect();
+        for key in orphaned {
+            let _ = self.sockets.remove(&key);
+        }
+        alive
     }
 
     pub fn counters(&self) -> Result<KernelCounters, CaptureError> {
@@ -498,6 +593,31 @@ impl MonotonicToWall {
 
     fn wall_ns(&self, monotonic_ns: u64) -> u64 {
         u64::try_from(i128::from(monotonic_ns) + self.offset_ns).unwrap_or(0)
+    }
+}
+
+fn monotonic_now_ns() -> u64 {
+    u64::try_from(clock_ns(libc::CLOCK_MONOTONIC)).unwrap_or(0)
+}
+
+/// What the engine learns of an adopted connection: it exists, established, from now on.
+fn adopted_event(connection: &FoundConnection, id: u64, ts_ns: u64) -> Event {
+    let owner = connection.descriptors.first().map_or(0, |(tgid, _)| *tgid);
+    Event {
+        ts_ns,
+        connection: id,
+        pid: owner,
+        comm: connection.comm.clone(),
+        cgroup_id: connection.cgroup_id,
+        saddr: connection.local.ip(),
+        sport: connection.local.port(),
+        daddr: connection.remote.ip(),
+        dport: connection.remote.port(),
+        port_class: connection.port_class,
+        kind: EventKind::TcpState {
+            old: TcpState::Unknown,
+            new: TcpState::Established,
+        },
     }
 }
 

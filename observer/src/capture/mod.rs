@@ -1,8 +1,10 @@
 //! Capture: what the kernel programs saw, as `model::Event`s, whether the events come live from
 //! the kernel (`kernel`) or from a recording (`recording`).
 
+pub mod adopt;
 pub mod cgroup_scope;
 pub mod kernel;
 mod kernel_features;
 pub mod recording;
+pub mod socket_tables;
 pub mod tracepoint_format;

@@ -220,10 +220,19 @@ impl PrivateLines {
                 payload,
             } if event.port_class == PortClass::Grpc => {
                 let mut bytes = payload.to_vec();
-                match self.scrubber(event.connection) {
-                    Some(scrubber) => scrubber.scrub(*direction, *offset, &mut bytes),
-                    // No room to follow this connection: nothing of it can be vouched for.
-                    None => bytes.fill(0),
+                if observer_records::is_adopted_connection(event.connection) {
+                    // Adopted at start: its bytes do not begin at the HTTP/2 preface, so the
+                    // scrubber cannot follow it. Requests are zeroed whole; answers carry no
+                    // message bodies.
+                    if *direction == Direction::Send {
+                        bytes.fill(0);
+                    }
+                } else {
+                    match self.scrubber(event.connection) {
+                        Some(scrubber) => scrubber.scrub(*direction, *offset, &mut bytes),
+                        // No room to follow this connection: nothing of it can be vouched for.
+                        None => bytes.fill(0),
+                    }
                 }
                 let scrubbed = Event {
                     kind: EventKind::Data {
@@ -310,6 +319,27 @@ pub fn from_json_line(text: &str, line_number: usize) -> Result<Event, Recording
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_adopted_connections_requests_are_zeroed_whole() {
+        let mut lines = PrivateLines::new(4);
+        let request = b"\0\0\x05\0\x01\0\0\0\x03private message body";
+        let mut event = sample(EventKind::Data {
+            direction: Direction::Send,
+            offset: 0,
+            call_len: request.len() as u64,
+            truncated: false,
+            payload: Bytes::from_static(request),
+        });
+        event.port_class = PortClass::Grpc;
+        event.connection = observer_records::adopted_connection_id(99);
+        let line = lines.line(&event);
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let payload = BASE64
+            .decode(value["payload_b64"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(payload, vec![0; request.len()]);
+    }
 
     fn sample(kind: EventKind) -> Event {
         Event {

@@ -1,121 +1,24 @@
 //! After a restart: which TCP connections are still established on this node, to tell the
-//! placements stored before the restart that still hold from those that ended meanwhile.
-//!
-//! Pods live in their own network namespaces, and `/proc/<pid>/net/tcp` shows the namespace of
-//! `<pid>`: one process per namespace is read (deduplicated by the inode of
-//! `/proc/<pid>/ns/net`), both `tcp` and `tcp6`. A process gone meanwhile is skipped.
+//! placements stored before the restart that still hold from those that ended meanwhile, read
+//! from every network namespace's socket table (`capture::socket_tables`).
 
-use std::{
-    collections::HashSet,
-    fs,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    os::unix::fs::MetadataExt,
-    path::Path,
-};
+use std::collections::HashSet;
 
-use crate::model::ConnectionKey;
-
-/// `st` of an established socket in `/proc/net/tcp`.
-const ESTABLISHED: &str = "01";
+use crate::{capture::socket_tables::table_sockets, model::ConnectionKey};
 
 /// Every established connection in every network namespace of this node, canonical (IPv4 as
 /// IPv4, not IPv4-mapped).
 pub fn established_connections() -> HashSet<ConnectionKey> {
-    established_under(Path::new("/proc"))
-}
-
-fn established_under(proc_root: &Path) -> HashSet<ConnectionKey> {
-    let mut namespaces = HashSet::new();
-    let mut connections = HashSet::new();
-    let Ok(entries) = fs::read_dir(proc_root) else {
-        return connections;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if !name
-            .to_string_lossy()
-            .bytes()
-            .all(|byte| byte.is_ascii_digit())
-        {
-            continue;
-        }
-        let process = entry.path();
-        // Without CAP_SYS_PTRACE another user's namespace link cannot be read: its tables are
-        // read anyway (the set removes the repeats), which only costs time.
-        if let Ok(namespace) = fs::metadata(process.join("ns/net"))
-            && !namespaces.insert((namespace.dev(), namespace.ino()))
-        {
-            continue;
-        }
-        for table in ["net/tcp", "net/tcp6"] {
-            if let Ok(text) = fs::read_to_string(process.join(table)) {
-                connections.extend(parse_table(&text));
-            }
-        }
-    }
-    connections
-}
-
-/// The established connections of one `/proc/net/tcp` or `tcp6` table.
-fn parse_table(text: &str) -> impl Iterator<Item = ConnectionKey> + '_ {
-    text.lines().skip(1).filter_map(|line| {
-        let mut fields = line.split_whitespace();
-        let _slot = fields.next()?;
-        let local = parse_address(fields.next()?)?;
-        let remote = parse_address(fields.next()?)?;
-        (fields.next()? == ESTABLISHED).then(|| ConnectionKey { local, remote }.canonical())
-    })
-}
-
-/// `0100007F:0050` (IPv4) or 32 hex digits (IPv6): the address as the kernel's 32-bit words in
-/// host byte order, the port in plain hex.
-fn parse_address(text: &str) -> Option<SocketAddr> {
-    let (address, port) = text.split_once(':')?;
-    let port = u16::from_str_radix(port, 16).ok()?;
-    let word = |index: usize| -> Option<[u8; 4]> {
-        let hex = address.get(index * 8..index * 8 + 8)?;
-        Some(u32::from_str_radix(hex, 16).ok()?.to_ne_bytes())
-    };
-    let ip = match address.len() {
-        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
-        32 => {
-            let mut bytes = [0u8; 16];
-            for index in 0..4 {
-                bytes[index * 4..index * 4 + 4].copy_from_slice(&word(index)?);
-            }
-            IpAddr::V6(Ipv6Addr::from(bytes))
-        }
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, port))
+    table_sockets()
+        .into_iter()
+        .filter(|socket| socket.established)
+        .map(|socket| socket.key.canonical())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tables_parse_in_host_byte_order() {
-        // Written as a little-endian kernel prints them.
-        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue\n\
-                   0: 0500F40A:A028 0700F40A:0050 01 00000000:00000000 00:00000000 00000000\n\
-                   1: 0500F40A:A029 0700F40A:0050 06 00000000:00000000 00:00000000 00000000\n";
-        let tcp6 = "  sl  local_address                         remote_address\n\
-                    0: 0000000000000000FFFF00000900F40A:A030 0000000000000000FFFF00000700F40A:0050 01 0\n";
-        if cfg!(target_endian = "little") {
-            let found: Vec<String> = parse_table(tcp)
-                .chain(parse_table(tcp6))
-                .map(|key| key.to_string())
-                .collect();
-            assert_eq!(
-                found,
-                [
-                    "10.244.0.5:41000>10.244.0.7:80",
-                    "10.244.0.9:41008>10.244.0.7:80"
-                ]
-            );
-        }
-    }
 
     #[test]
     fn this_process_sees_its_own_connection() {

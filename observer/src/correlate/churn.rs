@@ -46,6 +46,11 @@ impl Churn {
         }
     }
 
+    /// The gRPC connections it counts as open.
+    pub fn connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
+        self.pushers_by_connection.keys().copied()
+    }
+
     pub fn connections_evicted(&self) -> u64 {
         self.connections_evicted
     }

@@ -17,6 +17,7 @@ use crate::{
         TcpState, wire::starts_like_http1_request,
     },
 };
+use observer_records::is_adopted_connection;
 
 use super::Observation;
 
@@ -29,6 +30,12 @@ pub struct ConnectionCounters {
     pub calls_compressed: u64,
     pub calls_malformed: u64,
     pub answers_unreadable: u64,
+    /// Connections adopted at start (established before the observer watched), and of them
+    /// the WebSockets, whose users are unknown.
+    pub adopted: u64,
+    pub adopted_websockets_without_user: u64,
+    /// Connections found gone by reconciling with the kernel, their close never seen.
+    pub closes_reconciled: u64,
     pub decode: DecodeCounters,
 }
 
@@ -109,8 +116,61 @@ impl ConnectionDecoders {
             | EventKind::TcpState {
                 new: TcpState::Close,
                 ..
-            } => self.close(event, observations),
+            } => self.close(event.connection, event.ts_ns, observations),
+            EventKind::TcpState {
+                new: TcpState::Established,
+                ..
+            } if is_adopted_connection(event.connection) => self.adopt(event, observations),
             EventKind::TcpState { .. } => {}
+        }
+    }
+
+    /// A connection established before the observer started (`capture::adopt`).
+    fn adopt(&mut self, event: &Event, observations: &mut Vec<Observation>) {
+        self.counters.adopted += 1;
+        match event.port_class {
+            PortClass::WebSocket => {
+                self.counters.adopted_websockets_without_user += 1;
+                // Only its close still matters, as for an upgraded one.
+                if self.upgraded.len() < self.max_connections.saturating_mul(UPGRADED_PER_SLOT) {
+                    self.upgraded.insert(event.connection);
+                    observations.push(Observation::WebSocketJoinedMidStream {
+                        connection: event.connection,
+                    });
+                } else {
+                    self.counters.evicted += 1;
+                }
+            }
+            PortClass::Grpc => {
+                open(
+                    &mut self.connections,
+                    &mut self.counters,
+                    self.limits,
+                    self.max_connections,
+                    event,
+                );
+            }
+        }
+    }
+
+    /// Ends every tracked connection not in `alive` (the kernel's watched connections), as if
+    /// its close had been seen: closes lost with dropped records end here.
+    pub fn reconcile(
+        &mut self,
+        alive: &HashSet<ConnectionId>,
+        ts_ns: u64,
+        observations: &mut Vec<Observation>,
+    ) {
+        let gone: Vec<ConnectionId> = self
+            .connections
+            .keys()
+            .chain(self.upgraded.iter())
+            .filter(|connection| !alive.contains(connection))
+            .copied()
+            .collect();
+        for connection in gone {
+            self.counters.closes_reconciled += 1;
+            self.close(connection, ts_ns, observations);
         }
     }
 
@@ -195,15 +255,20 @@ impl ConnectionDecoders {
         }
     }
 
-    fn close(&mut self, event: &Event, observations: &mut Vec<Observation>) {
-        if self.upgraded.remove(&event.connection) {
+    fn close(
+        &mut self,
+        connection_id: ConnectionId,
+        ts_ns: u64,
+        observations: &mut Vec<Observation>,
+    ) {
+        if self.upgraded.remove(&connection_id) {
             observations.push(Observation::ConnectionClosed {
-                connection: event.connection,
-                ts_ns: event.ts_ns,
+                connection: connection_id,
+                ts_ns,
             });
             return;
         }
-        let Some(mut connection) = self.connections.remove(&event.connection) else {
+        let Some(mut connection) = self.connections.remove(&connection_id) else {
             return;
         };
         match &mut connection.protocol {
@@ -214,8 +279,8 @@ impl ConnectionDecoders {
                 };
                 for fact in decoder.finish() {
                     observations.extend(grpc_observation(
-                        event.ts_ns,
-                        event.connection,
+                        ts_ns,
+                        connection_id,
                         &view,
                         fact,
                         &mut self.counters,
@@ -229,8 +294,8 @@ impl ConnectionDecoders {
             Protocol::Undetermined => {}
         }
         observations.push(Observation::ConnectionClosed {
-            connection: event.connection,
-            ts_ns: event.ts_ns,
+            connection: connection_id,
+            ts_ns,
         });
     }
 }
@@ -259,6 +324,10 @@ fn open<'a>(
                 },
                 protocol: match event.port_class {
                     PortClass::WebSocket => Protocol::WebSocket(WebSocketDecoder::new(limits)),
+                    // Adopted: the preface and the first bytes went by before the observer.
+                    PortClass::Grpc if is_adopted_connection(event.connection) => {
+                        Protocol::Grpc(Box::new(GrpcConnectionDecoder::joined_mid_stream(limits)))
+                    }
                     PortClass::Grpc => Protocol::Undetermined,
                 },
             }),

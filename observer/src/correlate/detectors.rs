@@ -8,7 +8,10 @@
 //!
 //! Every table has a cap; what a cap turns away is counted, never silently lost.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+};
 
 use crate::{
     alert::{Alert, FoldWindows},
@@ -17,6 +20,7 @@ use crate::{
 
 use super::{
     churn::Churn,
+    mid_stream::MidStream,
     observation::Observation,
     placements::{Placement, Placements},
     push_calls::{self, Judge, PendingCall, PushCalls},
@@ -96,6 +100,7 @@ pub struct Detectors {
     rings: RingVerdicts,
     churn: Churn,
     upgrades_on_grpc: UpgradesOnGrpc,
+    mid_stream: MidStream,
     folds: FoldWindows<FoldKey>,
     /// Cluster mode only.
     pub(super) cluster: Option<ClusterSide>,
@@ -112,6 +117,7 @@ impl Detectors {
             rings: RingVerdicts::new(limits.ring_settle_secs),
             churn: Churn::new(&limits),
             upgrades_on_grpc: UpgradesOnGrpc::default(),
+            mid_stream: MidStream::default(),
             folds: FoldWindows::new(limits.fold_window_secs, limits.max_fold_keys),
         }
     }
@@ -144,6 +150,7 @@ impl Detectors {
                 placements: &self.placements,
                 rings: &mut self.rings,
                 folds: &mut self.folds,
+                mid_stream: &mut self.mid_stream,
                 cluster: self.cluster.as_mut(),
             },
         )
@@ -185,6 +192,9 @@ impl Detectors {
                 }
                 self.placements
                     .place(connection, ts_ns, user, platform, gateway, proxy);
+            }
+            Observation::WebSocketJoinedMidStream { connection } => {
+                self.mid_stream.websocket_adopted(connection);
             }
             Observation::UpgradeAnswered {
                 connection, status, ..
@@ -261,6 +271,31 @@ impl Detectors {
         self.upgrades_on_grpc.closed(connection);
         self.end_placement(connection);
         self.churn.closed(connection);
+        self.mid_stream.closed(connection, ts_ns, alerts);
+    }
+
+    /// Ends what every connection not in `alive` still holds (placements, pending calls,
+    /// churn and upgrade records), as its close would have. Placements adopted in cluster mode
+    /// are not kernel connections: their close is matched by their two ends.
+    pub fn reconcile(
+        &mut self,
+        alive: &HashSet<ConnectionId>,
+        now_ns: u64,
+        alerts: &mut Vec<Alert>,
+    ) {
+        let mut gone: HashSet<ConnectionId> = self
+            .placements
+            .connections()
+            .chain(self.push_calls.connections())
+            .chain(self.churn.connections())
+            .chain(self.upgrades_on_grpc.connections())
+            .chain(self.mid_stream.unseen_connections())
+            .filter(|connection| !alive.contains(connection))
+            .collect();
+        gone.retain(|connection| !self.placements.is_adopted(*connection));
+        for connection in gone {
+            self.closed(connection, now_ns, alerts);
+        }
     }
 
     /// The placement on `connection` (if any) ends; cluster mode tells the other nodes.

@@ -27,6 +27,8 @@ pub enum Observation {
         gateway: Gateway,
         proxy: Process,
     },
+    /// A WebSocket adopted at start, upgraded before the observer watched: its user is unknown.
+    WebSocketJoinedMidStream { connection: ConnectionId },
     UpgradeAnswered {
         connection: ConnectionId,
         ts_ns: u64,

@@ -151,6 +151,16 @@ impl Placements {
         self.end(connection)
     }
 
+    /// The connections holding placements.
+    pub fn connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
+        self.users_by_connection.keys().copied()
+    }
+
+    /// Whether `connection` numbers a placement adopted in cluster mode (not a kernel socket).
+    pub fn is_adopted(&self, connection: ConnectionId) -> bool {
+        connection < self.next_adopted
+    }
+
     pub fn has_adopted(&self) -> bool {
         !self.adopted.is_empty()
     }

@@ -14,6 +14,7 @@ use crate::{
 
 use super::{
     FoldKey, RouteLimits,
+    mid_stream::MidStream,
     placements::{self, Placement, Placements},
     ring_verdicts::RingVerdicts,
     shared::{AwaitingJoin, ClusterSide, SharedFact},
@@ -42,6 +43,8 @@ pub struct Judge<'a> {
     pub placements: &'a Placements,
     pub rings: &'a mut RingVerdicts,
     pub folds: &'a mut FoldWindows<FoldKey>,
+    /// Recipients whose placement the observer could not see (it joined mid-stream).
+    pub mid_stream: &'a mut MidStream,
     /// Cluster mode: where recipients without a local placement are looked up.
     pub cluster: Option<&'a mut ClusterSide>,
 }
@@ -65,6 +68,11 @@ impl PushCalls {
 
     pub fn counters(&self) -> CallCounters {
         self.counters
+    }
+
+    /// The connections with calls waiting for an answer.
+    pub fn connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
+        self.pending.keys().map(|(connection, _)| *connection)
     }
 
     /// Push called stream `stream_id` of `connection`; the call waits for its answer.
@@ -153,6 +161,7 @@ fn judge_call(
     // A copy of the shared reference: the placements outlive the mutable uses of `judge`.
     let local_placements = judge.placements;
     let mut unplaced = Vec::new();
+    let mut unseen = 0;
     for user in &call.recipients {
         let answer =
             results.and_then(|results| results.iter().find(|answer| &answer.user_id == user));
@@ -172,9 +181,10 @@ fn judge_call(
                 judge_user(user, placements, answer, &call, ts_ns, judge, alerts);
             }
             None if judge.cluster.is_some() => unplaced.push(user.clone()),
-            None => {}
+            None => unseen += 1,
         }
     }
+    judge.mid_stream.unjudged(unseen, ts_ns, alerts);
     let Some(cluster) = judge.cluster.as_deref_mut() else {
         return;
     };

@@ -100,6 +100,11 @@ impl UpgradesOnGrpc {
         }
     }
 
+    /// The connections whose upgrade is remembered until they close.
+    pub fn connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
+        self.keys_by_connection.keys().copied()
+    }
+
     pub fn closed(&mut self, connection: ConnectionId) {
         self.keys_by_connection.remove(&connection);
     }

@@ -9,12 +9,19 @@ use std::collections::BTreeMap;
 use crate::model::{Direction, UserResult};
 
 use super::hpack::HeaderField;
-use super::http2::{Http2Direction, StreamEvent, Undecodable};
+use super::http2::{Http2Direction, MidStreamCounts, StreamEvent, Undecodable};
 use super::protobuf::{self, ProtobufError, PushCall, PushMethod};
 use super::{DecodeCounters, Limits};
 
 /// 1 byte compressed flag and 4 bytes big-endian length.
 const MESSAGE_HEADER_LEN: usize = 5;
+
+/// The method of a call on a connection joined mid-stream whose `:path` referred to an HPACK
+/// entry made before the join, and whose request has the shape of a batch push
+/// (`OnlineBatchPushOneMsgReq`: `msgData` and recipients; `OnlinePushMsg`'s one recipient has
+/// the same wire shape).
+pub const BATCH_PUSH_BY_SHAPE: &str =
+    "/OpenIMServer.msggateway.msgGateway/(method unseen: a batch push by its shape)";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GrpcFact {
@@ -88,6 +95,8 @@ pub struct GrpcConnectionDecoder {
     recv: Http2Direction,
     /// Set when the send side was not decodable from its start: nothing is reported then.
     connection_undecodable: bool,
+    /// Adopted after it was established (`joined_mid_stream`).
+    joined_mid_stream: bool,
     streams: BTreeMap<u32, StreamState>,
     counters: DecodeCounters,
     events: Vec<StreamEvent>,
@@ -114,10 +123,36 @@ impl GrpcConnectionDecoder {
             send: Http2Direction::new(Direction::Send, limits),
             recv: Http2Direction::new(Direction::Recv, limits),
             connection_undecodable: false,
+            joined_mid_stream: false,
             streams: BTreeMap::new(),
             counters: DecodeCounters::default(),
             events: Vec::new(),
         }
+    }
+
+    /// A connection adopted after it was established: frames are found by their boundaries,
+    /// header fields decoded where the HPACK table allows, and a call whose method is unseen is
+    /// recognised as a push by its request's shape (`BATCH_PUSH_BY_SHAPE`). What cannot be
+    /// attributed is counted (`DecodeCounters::mid_stream_*`).
+    pub fn joined_mid_stream(limits: Limits) -> Self {
+        Self {
+            send: Http2Direction::joined_mid_stream(Direction::Send, limits),
+            recv: Http2Direction::joined_mid_stream(Direction::Recv, limits),
+            joined_mid_stream: true,
+            ..Self::new(limits)
+        }
+    }
+
+    fn update_mid_stream_counters(&mut self) {
+        if !self.joined_mid_stream {
+            return;
+        }
+        let send = self.send.mid_stream_counts();
+        let recv = self.recv.mid_stream_counts();
+        let sum = |field: fn(&MidStreamCounts) -> u64| field(&send) + field(&recv);
+        self.counters.mid_stream_skipped_bytes = sum(|counts| counts.skipped_bytes);
+        self.counters.mid_stream_unknown_header_fields = sum(|counts| counts.unknown_header_fields);
+        self.counters.mid_stream_header_blocks_lost = sum(|counts| counts.header_blocks_lost);
     }
 
     /// Feeds one captured chunk that starts at stream position `offset` of `direction`.
@@ -133,6 +168,7 @@ impl GrpcConnectionDecoder {
         }
         self.handle_events(direction, &mut events, &mut facts);
         self.events = events;
+        self.update_mid_stream_counters();
         facts
     }
 
@@ -259,16 +295,21 @@ impl GrpcConnectionDecoder {
         facts: &mut Vec<GrpcFact>,
     ) {
         if !self.streams.contains_key(&stream_id) {
-            let Some(method) = header_value(fields, ":path") else {
-                self.counters.grpc_failures += 1;
-                return;
+            let authority = header_value(fields, ":authority");
+            let stream = match header_value(fields, ":path") {
+                Some(method) => StreamState::new(method, authority),
+                None if self.joined_mid_stream => StreamState::unnamed(authority),
+                None => {
+                    self.counters.grpc_failures += 1;
+                    return;
+                }
             };
             if self.streams.len() >= self.limits.max_streams {
                 self.counters.streams_over_limit += 1;
                 return;
             }
-            let stream = StreamState::new(method, header_value(fields, ":authority"));
-            if stream.push_method.is_none() {
+            // A stream whose method is unseen waits for its first message to say.
+            if stream.push_method.is_none() && !stream.method.is_empty() {
                 facts.push(stream.request_fact(stream_id, RequestBody::OtherMethod));
             }
             self.streams.insert(stream_id, stream);
@@ -282,6 +323,10 @@ impl GrpcConnectionDecoder {
     fn handle_request_data(&mut self, stream_id: u32, data: &[u8], facts: &mut Vec<GrpcFact>) {
         let cap = self.message_cap(Direction::Send, stream_id);
         let Some(stream) = self.streams.get_mut(&stream_id) else {
+            if self.joined_mid_stream {
+                // A call already under way when the connection was adopted.
+                self.counters.mid_stream_unattributed_frames += 1;
+            }
             return;
         };
         if stream.request_reported {
@@ -295,6 +340,18 @@ impl GrpcConnectionDecoder {
                         Err(error) => {
                             self.counters.protobuf_failures += 1;
                             RequestBody::Malformed(error.into())
+                        }
+                    },
+                    (0, None) if stream.method.is_empty() => match push_by_shape(&body) {
+                        Some(call) => {
+                            self.counters.calls_recognised_by_shape += 1;
+                            stream.method = BATCH_PUSH_BY_SHAPE.to_owned();
+                            stream.push_method = Some(PushMethod::Batch);
+                            RequestBody::Push(call)
+                        }
+                        None => {
+                            stream.response.done = true;
+                            RequestBody::OtherMethod
                         }
                     },
                     _ => request_body_for_flag(flag, &mut self.counters),
@@ -350,9 +407,18 @@ impl GrpcConnectionDecoder {
         let Some(method) = stream.push_method else {
             return;
         };
+        let by_shape = stream.method == BATCH_PUSH_BY_SHAPE;
         match stream.response.push(data, cap) {
             Some(ReadMessage::Complete { flag: 0, body }) => {
-                let body = match protobuf::decode_response(method, &body) {
+                let decoded = protobuf::decode_response(method, &body).or_else(|error| {
+                    // Recognised by shape: `OnlinePushMsg`'s answer has another shape.
+                    if by_shape {
+                        protobuf::decode_response(PushMethod::Single, &body)
+                    } else {
+                        Err(error)
+                    }
+                });
+                let body = match decoded {
                     Ok(results) => ResponseBody::Push {
                         results,
                         truncated: false,
@@ -420,6 +486,14 @@ impl GrpcConnectionDecoder {
     }
 }
 
+/// A request message of a call whose method was not seen, read as a push if it has the shape
+/// of one: a `msgData` with identifying fields and at least one recipient.
+fn push_by_shape(body: &[u8]) -> Option<PushCall> {
+    protobuf::decode_request(PushMethod::Batch, body)
+        .ok()
+        .filter(|call| !call.recipients.is_empty() && call.message != Default::default())
+}
+
 fn request_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> RequestBody {
     match flag {
         0 => RequestBody::OtherMethod,
@@ -477,6 +551,21 @@ impl StreamState {
             authority,
             request: MessageReader::default(),
             http_status: None,
+            response_ended: false,
+        }
+    }
+
+    /// A call on a connection joined mid-stream whose `:path` is unknown: its first request
+    /// message decides (`push_by_shape`).
+    fn unnamed(authority: Option<String>) -> Self {
+        Self {
+            method: String::new(),
+            authority,
+            push_method: None,
+            request: MessageReader::default(),
+            request_reported: false,
+            http_status: None,
+            response: MessageReader::default(),
             response_ended: false,
         }
     }

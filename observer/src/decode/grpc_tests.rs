@@ -523,3 +523,77 @@ fn trailers_only_answer_and_single_push() {
         ]
     );
 }
+
+#[test]
+fn adopted_connection_resyncs_and_recognises_pushes_by_shape() {
+    // Stream 1 was under way when the connection was adopted; stream 3's headers refer to
+    // HPACK entries made by stream 1's, which the adopted decoder never saw.
+    let message = grpc_message(0, &sample_request(CANARY, &["dave"]));
+    let mut send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
+    let joined_at = send.len() - 7;
+    let second_headers = header_block(&[
+        Field::Indexed(3),
+        Field::Indexed(6),
+        Field::Indexed(65),
+        Field::Indexed(64),
+        Field::Indexed(63),
+        Field::Indexed(62),
+    ]);
+    send.extend(frame(HEADERS, END_HEADERS, 3, &second_headers));
+    send.extend(data_frames(
+        3,
+        &grpc_message(0, &sample_request(CANARY, &["erin", "frank"])),
+        16384,
+        true,
+    ));
+    let mut recv = response_stream(1);
+    let recv_joined_at = recv.len();
+    recv.extend(frame(
+        HEADERS,
+        END_HEADERS,
+        3,
+        &header_block(&[Field::Indexed(8), Field::Indexed(64)]),
+    ));
+    recv.extend(frame(DATA, 0, 3, &grpc_message(0, &sample_response())));
+    recv.extend(frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        3,
+        &header_block(&[Field::Indexed(63), Field::Indexed(62)]),
+    ));
+
+    let mut decoder = GrpcConnectionDecoder::joined_mid_stream(Limits::default());
+    // Positions count from the adoption, in chunks as a writer might make them.
+    let mut facts = feed_in_chunks(&mut decoder, Direction::Send, &send[joined_at..], 5);
+    facts.extend(decoder.feed(Direction::Recv, 0, &recv[recv_joined_at..]));
+    facts.extend(decoder.finish());
+    assert_eq!(
+        facts,
+        vec![
+            GrpcFact::Request {
+                stream_id: 3,
+                method: super::grpc::BATCH_PUSH_BY_SHAPE.into(),
+                authority: None,
+                body: RequestBody::Push(complete_call(&["erin", "frank"])),
+            },
+            GrpcFact::Response {
+                stream_id: 3,
+                http_status: Some(200),
+                body: ResponseBody::Push {
+                    results: expected_results(),
+                    truncated: false,
+                },
+            },
+            GrpcFact::Trailers {
+                stream_id: 3,
+                grpc_status: None,
+                grpc_message: None,
+            },
+        ]
+    );
+    let counters = decoder.counters();
+    assert_eq!(counters.mid_stream_skipped_bytes, 7);
+    assert_eq!(counters.calls_recognised_by_shape, 1);
+    // :path, :authority, content-type, te; then content-type, grpc-status, grpc-message.
+    assert_eq!(counters.mid_stream_unknown_header_fields, 7);
+}

@@ -5,6 +5,11 @@
 //! The direction's HPACK table depends on every header block before, so any missing byte (a
 //! capture gap, a start past position 0) or protocol error ends decoding of that direction for
 //! good; what was decoded before stays valid.
+//!
+//! A connection the observer adopted at start (`Http2Direction::joined_mid_stream`) is the
+//! exception: its first captured byte is wherever the stream was, so the direction first finds
+//! a frame boundary (`find_frame_boundary`), then decodes frames as usual with an HPACK table
+//! that knows only the entries added since (`HpackDecoder::joined_mid_stream`).
 
 use crate::model::{
     Direction,
@@ -118,6 +123,21 @@ pub struct Http2Direction {
     hpack: HpackDecoder,
     open_header_block: Option<OpenHeaderBlock>,
     lost: bool,
+    /// Joined mid-stream and no frame boundary found yet.
+    syncing: bool,
+    joined_mid_stream: bool,
+    mid_stream: MidStreamCounts,
+}
+
+/// What joining a direction mid-stream cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MidStreamCounts {
+    /// Bytes before the first frame boundary found.
+    pub skipped_bytes: u64,
+    /// Header fields that referred to HPACK entries made before the join.
+    pub unknown_header_fields: u64,
+    /// Header blocks that could not be decoded (after which the table starts over).
+    pub header_blocks_lost: u64,
 }
 
 impl Http2Direction {
@@ -132,11 +152,36 @@ impl Http2Direction {
             hpack: HpackDecoder::new(limits.max_dynamic_table_size, limits.max_header_block_bytes),
             open_header_block: None,
             lost: false,
+            syncing: false,
+            joined_mid_stream: false,
+            mid_stream: MidStreamCounts::default(),
+        }
+    }
+
+    /// A direction of a connection adopted after it was established: no preface, the first
+    /// captured byte anywhere in a frame, an HPACK table partly unknown.
+    pub fn joined_mid_stream(direction: Direction, limits: Limits) -> Self {
+        Self {
+            preface_pending: false,
+            syncing: true,
+            joined_mid_stream: true,
+            hpack: HpackDecoder::joined_mid_stream(
+                limits.max_dynamic_table_size,
+                limits.max_header_block_bytes,
+            ),
+            ..Self::new(direction, limits)
         }
     }
 
     pub fn is_lost(&self) -> bool {
         self.lost
+    }
+
+    pub fn mid_stream_counts(&self) -> MidStreamCounts {
+        MidStreamCounts {
+            unknown_header_fields: self.hpack.unknown_fields(),
+            ..self.mid_stream
+        }
     }
 
     /// Feeds the chunk that starts at stream position `offset`.
@@ -146,7 +191,7 @@ impl Http2Direction {
         }
         let expected = match self.next_offset {
             Some(expected) => expected,
-            None if offset == 0 => 0,
+            None if offset == 0 || self.joined_mid_stream => offset,
             None => {
                 return self.lose(
                     Undecodable::JoinedMidStream {
@@ -225,6 +270,19 @@ impl Http2Direction {
     /// Handles the complete frames at the front of `buffer`; returns the bytes they took.
     fn drain_frames(&mut self, buffer: &[u8], events: &mut Vec<StreamEvent>) -> usize {
         let mut consumed = 0usize;
+        if self.syncing {
+            match find_frame_boundary(buffer) {
+                Boundary::At(position) => {
+                    self.syncing = false;
+                    consumed = position;
+                }
+                Boundary::NotBefore(position) => {
+                    self.mid_stream.skipped_bytes += position as u64;
+                    return position;
+                }
+            }
+            self.mid_stream.skipped_bytes += consumed as u64;
+        }
         if self.preface_pending {
             let available = buffer.len().min(CLIENT_PREFACE.len());
             if buffer.get(..available) != CLIENT_PREFACE.get(..available) {
@@ -370,13 +428,22 @@ impl Http2Direction {
         let Some(block) = self.open_header_block.take() else {
             return Ok(());
         };
-        let fields = self
-            .hpack
-            .decode(&block.fragments)
-            .map_err(|error| Undecodable::Hpack {
-                direction: self.direction,
-                error,
-            })?;
+        let fields = match self.hpack.decode(&block.fragments) {
+            Ok(fields) => fields,
+            Err(_) if self.joined_mid_stream => {
+                // Most likely a reference this decoder misread: what the block added to the
+                // table is unknown, so nothing in it is trusted from here on.
+                self.mid_stream.header_blocks_lost += 1;
+                self.hpack.forget_table();
+                return Ok(());
+            }
+            Err(error) => {
+                return Err(Undecodable::Hpack {
+                    direction: self.direction,
+                    error,
+                });
+            }
+        };
         if block.kind == HeaderBlockKind::Headers {
             events.push(StreamEvent::Headers {
                 stream_id: block.stream_id,
@@ -417,6 +484,44 @@ impl Http2Direction {
     }
 }
 
+/// Where frames start in bytes joined mid-stream.
+#[derive(Debug, PartialEq, Eq)]
+enum Boundary {
+    /// A frame starts here, and the bytes after it agree.
+    At(usize),
+    /// Not before this position: the bytes before it can go, the rest must wait for more.
+    NotBefore(usize),
+}
+
+/// The largest frame a peer sends without having raised SETTINGS_MAX_FRAME_SIZE (which gRPC
+/// clients and servers leave alone): a bound on what a frame header found by scanning may say.
+const DEFAULT_MAX_FRAME_SIZE: usize = 16_384;
+
+/// The first position where a plausible frame header starts and either the buffer ends right
+/// after its frame or the next frame's header is plausible too. Writers hand whole frames to
+/// the kernel, so a captured chunk usually starts on a boundary and this is position 0.
+fn find_frame_boundary(buffer: &[u8]) -> Boundary {
+    for position in 0..buffer.len() {
+        let Some(header) = buffer.get(position..).and_then(FrameHeader::parse) else {
+            return Boundary::NotBefore(position);
+        };
+        // A header block's continuation cannot start the decoding: its start was missed.
+        if !header.plausible() || header.frame_type == FRAME_CONTINUATION {
+            continue;
+        }
+        let next = position + FRAME_HEADER_LEN + header.length;
+        if next == buffer.len() {
+            return Boundary::At(position);
+        }
+        match buffer.get(next..).and_then(FrameHeader::parse) {
+            Some(following) if following.plausible() => return Boundary::At(position),
+            Some(_) => {}
+            None => return Boundary::NotBefore(position),
+        }
+    }
+    Boundary::NotBefore(buffer.len())
+}
+
 struct FrameHeader {
     length: usize,
     frame_type: u8,
@@ -425,6 +530,37 @@ struct FrameHeader {
 }
 
 impl FrameHeader {
+    /// Whether these 9 bytes could be a frame header of a gRPC connection: a known type whose
+    /// flags, length and stream id (odd: streams are the client's) fit it.
+    fn plausible(&self) -> bool {
+        const FRAME_PRIORITY: u8 = 0x2;
+        const FRAME_SETTINGS: u8 = 0x4;
+        const FRAME_PING: u8 = 0x6;
+        const FRAME_GOAWAY: u8 = 0x7;
+        const FRAME_WINDOW_UPDATE: u8 = 0x8;
+        if self.length > DEFAULT_MAX_FRAME_SIZE {
+            return false;
+        }
+        let client_stream = self.stream_id % 2 == 1;
+        let (allowed_flags, fits) = match self.frame_type {
+            FRAME_DATA => (FLAG_END_STREAM | FLAG_PADDED, client_stream),
+            FRAME_HEADERS => (
+                FLAG_END_STREAM | FLAG_END_HEADERS | FLAG_PADDED | FLAG_PRIORITY,
+                client_stream,
+            ),
+            FRAME_PRIORITY => (0, self.stream_id != 0 && self.length == 5),
+            FRAME_RST_STREAM => (0, self.stream_id != 0 && self.length == 4),
+            FRAME_SETTINGS => (0x1, self.stream_id == 0 && self.length.is_multiple_of(6)),
+            FRAME_PUSH_PROMISE => (FLAG_END_HEADERS | FLAG_PADDED, self.stream_id != 0),
+            FRAME_PING => (0x1, self.stream_id == 0 && self.length == 8),
+            FRAME_GOAWAY => (0, self.stream_id == 0 && self.length >= 8),
+            FRAME_WINDOW_UPDATE => (0, self.length == 4),
+            FRAME_CONTINUATION => (FLAG_END_HEADERS, client_stream),
+            _ => return false,
+        };
+        fits && self.flags & !allowed_flags == 0
+    }
+
     fn parse(bytes: &[u8]) -> Option<Self> {
         let header: &[u8; FRAME_HEADER_LEN] = bytes.get(..FRAME_HEADER_LEN)?.try_into().ok()?;
         let [l0, l1, l2, frame_type, flags, s0, s1, s2, s3] = *header;

@@ -77,6 +77,16 @@ pub struct DecodeCounters {
     pub hpack_failures: u64,
     pub grpc_failures: u64,
     pub protobuf_failures: u64,
+    /// Connections adopted at start (joined mid-stream): bytes before the first frame boundary.
+    pub mid_stream_skipped_bytes: u64,
+    /// … header fields that referred to HPACK entries made before the join.
+    pub mid_stream_unknown_header_fields: u64,
+    /// … header blocks that could not be decoded (the HPACK table starts over after one).
+    pub mid_stream_header_blocks_lost: u64,
+    /// … DATA frames of calls already under way at the join, not attributed to any call.
+    pub mid_stream_unattributed_frames: u64,
+    /// Calls whose method was not seen, recognised as pushes by their request's shape.
+    pub calls_recognised_by_shape: u64,
 }
 
 impl DecodeCounters {
@@ -93,5 +103,10 @@ impl DecodeCounters {
         self.hpack_failures += other.hpack_failures;
         self.grpc_failures += other.grpc_failures;
         self.protobuf_failures += other.protobuf_failures;
+        self.mid_stream_skipped_bytes += other.mid_stream_skipped_bytes;
+        self.mid_stream_unknown_header_fields += other.mid_stream_unknown_header_fields;
+        self.mid_stream_header_blocks_lost += other.mid_stream_header_blocks_lost;
+        self.mid_stream_unattributed_frames += other.mid_stream_unattributed_frames;
+        self.calls_recognised_by_shape += other.calls_recognised_by_shape;
     }
 }

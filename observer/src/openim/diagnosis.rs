@@ -127,6 +127,20 @@ pub fn shared_state_unreachable(recovered: bool) -> String {
     }
 }
 
+/// Started on a live node: WebSockets upgraded before the observer watched have unknown users
+/// (`recovered`: the last of them closed).
+pub fn joined_mid_stream(recovered: bool) -> String {
+    if recovered {
+        "Every WebSocket adopted at start has closed: every placement is seen again.".to_owned()
+    } else {
+        "The observer started on a live node: WebSockets upgraded before it watched have users it \
+         does not know, so a push to such a user cannot be judged until the user reconnects. \
+         Users who connect from now on are judged. Cluster mode (--redis-url) recovers the \
+         placements an observer on this node saw before it restarted."
+            .to_owned()
+    }
+}
+
 pub fn audit_why(spellings_differ: bool, difference: &str) -> String {
     if spellings_differ {
         format!(

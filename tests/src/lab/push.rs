@@ -2,6 +2,8 @@
 //! `…:88` members, groups recipients by member, and for each member opens a **new** gRPC
 //! connection (`:authority` = member string) and calls `SuperGroupOnlineBatchPushOneMsg`.
 //! The connections are never closed (3.5.1's leak): the channels stay in a Vec.
+//! With `--reuse-connections`, as later OpenIM versions and pooled clients do, it keeps one
+//! connection per member instead and makes every call on it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -41,6 +43,9 @@ pub struct PushArgs {
     /// The lab's name table, `host=ip,...`.
     #[arg(long)]
     pub names: String,
+    /// One long-lived connection per member, reused for every call.
+    #[arg(long)]
+    pub reuse_connections: bool,
 }
 
 struct Pusher {
@@ -48,6 +53,8 @@ struct Pusher {
     names: NameTable,
     /// Every channel ever opened, kept open like 3.5.1 push does.
     leaked: Vec<Channel>,
+    /// With `--reuse-connections`: the one channel of each member.
+    reused: Option<BTreeMap<String, Channel>>,
 }
 
 pub async fn run(args: PushArgs) -> anyhow::Result<()> {
@@ -60,6 +67,7 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         ring: Ring::new(members),
         names: NameTable::parse_arg(&args.names)?,
         leaked: Vec::new(),
+        reused: args.reuse_connections.then(BTreeMap::new),
     };
     emit(&PodEvent::Ready);
     let mut commands = BufReader::new(tokio::io::stdin()).lines();
@@ -190,8 +198,21 @@ impl Pusher {
         msg: &MsgData,
         users: Vec<String>,
     ) -> anyhow::Result<Vec<UserPushResult>> {
-        let channel = connect(member, address).await?;
-        self.leaked.push(channel.clone());
+        let channel = match self.reused.as_mut() {
+            Some(reused) => match reused.get(member) {
+                Some(channel) => channel.clone(),
+                None => {
+                    let channel = connect(member, address).await?;
+                    reused.insert(member.to_owned(), channel.clone());
+                    channel
+                }
+            },
+            None => {
+                let channel = connect(member, address).await?;
+                self.leaked.push(channel.clone());
+                channel
+            }
+        };
         let response = MsgGatewayClient::new(channel)
             .super_group_online_batch_push_one_msg(OnlineBatchPushOneMsgReq {
                 msg_data: Some(msg.clone()),

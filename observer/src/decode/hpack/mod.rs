@@ -60,6 +60,10 @@ pub struct HpackDecoder {
     /// so this is a generous cap rather than the negotiated value.
     max_size_allowed: usize,
     max_header_list_bytes: usize,
+    /// Joined mid-stream (see `joined_mid_stream`).
+    joined_mid_stream: bool,
+    /// Fields that referred to a table entry made before the decoder joined.
+    unknown_fields: u64,
 }
 
 impl HpackDecoder {
@@ -70,7 +74,40 @@ impl HpackDecoder {
             max_size: DEFAULT_TABLE_SIZE.min(max_size_allowed),
             max_size_allowed,
             max_header_list_bytes,
+            joined_mid_stream: false,
+            unknown_fields: 0,
         }
+    }
+
+    /// A decoder for a connection joined mid-stream, whose dynamic table holds entries this
+    /// decoder never saw. Entries are always added at the front and evicted from the back, so
+    /// the entries added since joining are the peer's newest, at the same indexes: a
+    /// reference to them decodes exactly, and a reference past them is to an entry made before
+    /// the join, counted in `unknown_fields` and left out of the block's fields. Evicting
+    /// later than the peer (the table size it set before is unknown, so the largest allowed is
+    /// assumed) only keeps entries the peer no longer refers to.
+    pub fn joined_mid_stream(max_size_allowed: usize, max_header_list_bytes: usize) -> Self {
+        Self {
+            max_size: max_size_allowed,
+            joined_mid_stream: true,
+            ..Self::new(max_size_allowed, max_header_list_bytes)
+        }
+    }
+
+    pub fn unknown_fields(&self) -> u64 {
+        self.unknown_fields
+    }
+
+    /// Joined mid-stream, after a block that failed: what it would have added is unknown, so
+    /// every entry is treated as made before the join from now on.
+    pub fn forget_table(&mut self) {
+        self.dynamic.clear();
+        self.dynamic_size = 0;
+    }
+
+    /// Whether `index` refers to a dynamic entry this decoder cannot know.
+    fn unknown_entry(&self, index: usize) -> bool {
+        self.joined_mid_stream && index > STATIC_TABLE.len() + self.dynamic.len()
     }
 
     /// Decodes one complete header block (HEADERS plus its CONTINUATIONs), updating the table.
@@ -81,7 +118,17 @@ impl HpackDecoder {
         while let Some(&first) = reader.input.first() {
             if first & 0x80 != 0 {
                 let index = reader.integer(7)?;
-                fields.push(self.lookup(index)?);
+                if self.unknown_entry(index) {
+                    self.unknown_fields += 1;
+                    continue;
+                }
+                let field = self.lookup(index)?;
+                if field.name.is_empty() {
+                    // An entry added nameless (see below): its name was made before the join.
+                    self.unknown_fields += 1;
+                    continue;
+                }
+                fields.push(field);
             } else if first & 0xe0 == 0x20 {
                 if !fields.is_empty() {
                     return Err(HpackError::LateTableSizeUpdate);
@@ -103,11 +150,24 @@ impl HpackDecoder {
                 let prefix = if add_to_table { 6 } else { 4 };
                 let name_index = reader.integer(prefix)?;
                 let name = if name_index == 0 {
-                    reader.string()?
+                    Some(reader.string()?)
+                } else if self.unknown_entry(name_index) {
+                    None
                 } else {
-                    self.lookup(name_index)?.name
+                    Some(self.lookup(name_index)?.name).filter(|name| !name.is_empty())
                 };
                 let value = reader.string()?;
+                let Some(name) = name else {
+                    // The entry still takes its place in the table, nameless.
+                    self.unknown_fields += 1;
+                    if add_to_table {
+                        self.insert(HeaderField {
+                            name: Vec::new(),
+                            value,
+                        });
+                    }
+                    continue;
+                };
                 let field = HeaderField { name, value };
                 if add_to_table {
                     self.insert(field.clone());
@@ -286,6 +346,27 @@ static STATIC_TABLE: [(&str, &str); 61] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn joined_mid_stream_decodes_what_it_can_and_counts_the_rest() {
+        let mut decoder = HpackDecoder::joined_mid_stream(64 << 10, 64 << 10);
+        // Indexed 62 (made before the join), a literal added under the name of entry 63
+        // (also before), then `:method: GET` from the static table.
+        let first = [0xbe, 0x7f, 0x00, 0x01, b'x', 0x82];
+        let decoded = decoder.decode(&first).unwrap();
+        assert_eq!(fields(&decoded), pairs(&[(":method", "GET")]));
+        assert_eq!(decoder.unknown_fields(), 2);
+        // A new literal `a: b` goes in front; 62 is then it, 63 the nameless one.
+        let second = [0x40, 0x01, b'a', 0x01, b'b', 0xbe, 0xbf];
+        let decoded = decoder.decode(&second).unwrap();
+        assert_eq!(fields(&decoded), pairs(&[("a", "b"), ("a", "b")]));
+        assert_eq!(decoder.unknown_fields(), 3);
+        // Strict decoding refuses the same block.
+        assert_eq!(
+            HpackDecoder::new(4096, 4096).decode(&first),
+            Err(HpackError::InvalidIndex(62))
+        );
+    }
 
     fn hex(text: &str) -> Vec<u8> {
         let digits: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();

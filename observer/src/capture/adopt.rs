@@ -1,0 +1,261 @@
+//! Starting on a live node: the connections to watched ports that were established before the
+//! programs were attached are found in the kernel's socket tables and each process's
+//! descriptors, and handed to the programs as if they had been seen connecting.
+//!
+//! The kernel programs learn a connection at `connect` (its `struct sock` address, which
+//! `/proc` does not show), so an adopted connection is keyed by
+//! `observer_records::adopted_connection_id` (from its socket inode) instead. Its descriptors
+//! get a `SOCKETS` entry with stream positions counted from the adoption: the bytes before it
+//! were never seen, which the decoders know from the id (`is_adopted_connection`).
+//!
+//! The kernel removes a connection's `CONNECTIONS` entry when it reaches TCP_CLOSE, found by
+//! its socket address: an adopted one is removed by `reconcile` instead, once its inode has
+//! left the socket tables.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    net::{IpAddr, SocketAddr},
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use observer_records::{AF_INET, AF_INET6, Connection, SocketKey, SocketState};
+
+use super::socket_tables::{TableSocket, table_sockets};
+use crate::model::PortClass;
+
+/// A connection found established at start, with every descriptor that holds it.
+#[derive(Clone, Debug)]
+pub struct FoundConnection {
+    pub inode: u64,
+    /// As the socket table spells it (the connecting process's end first).
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub port_class: PortClass,
+    /// `(tgid, fd)` of each descriptor; the first names the owner.
+    pub descriptors: Vec<(u32, u32)>,
+    pub comm: String,
+    pub cgroup_id: u64,
+}
+
+impl FoundConnection {
+    /// The `CONNECTIONS` value the programs would have made at `connect`.
+    pub fn kernel_connection(&self) -> Connection {
+        let (family, saddr) = address_bytes(self.local.ip());
+        let (_, daddr) = address_bytes(self.remote.ip());
+        let mut comm = [0u8; 16];
+        let name = self.comm.as_bytes();
+        let len = name.len().min(comm.len() - 1);
+        comm[..len].copy_from_slice(&name[..len]);
+        Connection {
+            cgroup_id: self.cgroup_id,
+            tgid: self.descriptors.first().map_or(0, |(tgid, _)| *tgid),
+            sport: self.local.port(),
+            dport: self.remote.port(),
+            family,
+            port_class: kernel_class(self.port_class),
+            _reserved: [0; 5],
+            saddr,
+            daddr,
+            comm,
+        }
+    }
+
+    /// The `SOCKETS` value of each of its descriptors. A WebSocket joined after its upgrade
+    /// has nothing left that the capture policy wants (the rest is chat), so none of it is
+    /// copied.
+    pub fn socket_state(&self, id: u64) -> SocketState {
+        let websocket = u8::from(self.port_class == PortClass::WebSocket);
+        SocketState {
+            sock: id,
+            sent: 0,
+            received: 0,
+            port_class: kernel_class(self.port_class),
+            ws_sent_done: websocket,
+            ws_received_done: websocket,
+            _reserved: [0; 5],
+        }
+    }
+
+    pub fn socket_keys(&self) -> impl Iterator<Item = SocketKey> + '_ {
+        self.descriptors
+            .iter()
+            .map(|&(tgid, fd)| SocketKey { tgid, fd })
+    }
+}
+
+fn kernel_class(class: PortClass) -> u8 {
+    match class {
+        PortClass::Grpc => observer_records::PortClass::Grpc as u8,
+        PortClass::WebSocket => observer_records::PortClass::WebSocket as u8,
+    }
+}
+
+fn address_bytes(ip: IpAddr) -> (u16, [u8; 16]) {
+    let mut bytes = [0u8; 16];
+    match ip {
+        IpAddr::V4(v4) => {
+            bytes[..4].copy_from_slice(&v4.octets());
+            (AF_INET, bytes)
+        }
+        IpAddr::V6(v6) => (AF_INET6, v6.octets()),
+    }
+}
+
+/// Every established connection of this node whose remote port is watched, with the
+/// descriptors that hold it. Sockets no process holds (being torn down) are left out.
+pub fn find_established(grpc_ports: &[u16], websocket_ports: &[u16]) -> Vec<FoundConnection> {
+    let class_of = |port: u16| {
+        if grpc_ports.contains(&port) {
+            Some(PortClass::Grpc)
+        } else if websocket_ports.contains(&port) {
+            Some(PortClass::WebSocket)
+        } else {
+            None
+        }
+    };
+    let mut by_inode: HashMap<u64, (TableSocket, PortClass)> = HashMap::new();
+    for socket in table_sockets() {
+        if !socket.established || socket.inode == 0 {
+            continue;
+        }
+        if let Some(class) = class_of(socket.key.remote.port()) {
+            by_inode.insert(socket.inode, (socket, class));
+        }
+    }
+    if by_inode.is_empty() {
+        return Vec::new();
+    }
+    let mut descriptors: HashMap<u64, Vec<(u32, u32)>> = HashMap::new();
+    for_each_socket_descriptor(Path::new("/proc"), |tgid, fd, inode| {
+        if by_inode.contains_key(&inode) {
+            descriptors.entry(inode).or_default().push((tgid, fd));
+        }
+    });
+    let mut found: Vec<FoundConnection> = descriptors
+        .into_iter()
+        .filter_map(|(inode, mut held_by)| {
+            let (socket, port_class) = by_inode.get(&inode)?;
+            held_by.sort_unstable();
+            let owner = held_by.first()?.0;
+            let process = PathBuf::from(format!("/proc/{owner}"));
+            Some(FoundConnection {
+                inode,
+                local: socket.key.local,
+                remote: socket.key.remote,
+                port_class: *port_class,
+                descriptors: held_by,
+                comm: fs::read_to_string(process.join("comm"))
+                    .map(|comm| comm.trim_end().to_owned())
+                    .unwrap_or_default(),
+                cgroup_id: cgroup_id(&process).unwrap_or(0),
+            })
+        })
+        .collect();
+    found.sort_by_key(|connection| connection.inode);
+    found
+}
+
+/// Calls `visit(tgid, fd, inode)` for every descriptor of every process that is a socket.
+fn for_each_socket_descriptor(proc_root: &Path, mut visit: impl FnMut(u32, u32, u64)) {
+    let Ok(processes) = fs::read_dir(proc_root) else {
+        return;
+    };
+    for process in processes.flatten() {
+        let Some(tgid) = process
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A process that exited meanwhile has no fd directory left: skipped.
+        let Ok(descriptors) = fs::read_dir(process.path().join("fd")) else {
+            continue;
+        };
+        for descriptor in descriptors.flatten() {
+            let Some(fd) = descriptor
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some(inode) = fs::read_link(descriptor.path())
+                .ok()
+                .as_deref()
+                .and_then(socket_inode)
+            {
+                visit(tgid, fd, inode);
+            }
+        }
+    }
+}
+
+/// `socket:[12345]` → 12345.
+fn socket_inode(link: &Path) -> Option<u64> {
+    link.to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// The cgroup v2 id of a process, as `bpf_get_current_cgroup_id` gives it: the inode of its
+/// cgroup's directory under the unified hierarchy.
+fn cgroup_id(process: &Path) -> Option<u64> {
+    let text = fs::read_to_string(process.join("cgroup")).ok()?;
+    let path = text.lines().find_map(|line| line.strip_prefix("0::"))?;
+    let directory = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+    fs::metadata(directory).ok().map(|metadata| metadata.ino())
+}
+
+/// The inodes of every TCP socket some descriptor still holds, in every network namespace:
+/// an adopted connection whose inode is not among them is gone.
+pub fn live_socket_inodes() -> HashSet<u64> {
+    table_sockets()
+        .into_iter()
+        .map(|socket| socket.inode)
+        .filter(|&inode| inode != 0)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_links_name_their_inode() {
+        assert_eq!(socket_inode(Path::new("socket:[4242]")), Some(4242));
+        assert_eq!(socket_inode(Path::new("pipe:[4242]")), None);
+        assert_eq!(socket_inode(Path::new("/dev/null")), None);
+    }
+
+    #[test]
+    fn this_process_finds_its_own_connection_and_descriptor() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let _server = listener.accept().unwrap();
+        let found = find_established(&[port], &[]);
+        let mine: Vec<&FoundConnection> = found
+            .iter()
+            .filter(|connection| connection.local == client.local_addr().unwrap())
+            .collect();
+        assert_eq!(mine.len(), 1, "{found:?}");
+        let pid = std::process::id();
+        assert!(
+            mine[0]
+                .descriptors
+                .contains(&(pid, client.as_raw_fd() as u32))
+        );
+        assert_eq!(mine[0].port_class, PortClass::Grpc);
+        assert!(live_socket_inodes().contains(&mine[0].inode));
+        let kernel = mine[0].kernel_connection();
+        assert_eq!(kernel.dport, port);
+        assert_eq!(kernel.family, AF_INET);
+        assert_eq!(&kernel.daddr[..4], &[127, 0, 0, 1]);
+    }
+}

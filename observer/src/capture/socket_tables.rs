@@ -1,0 +1,150 @@
+//! The kernel's TCP socket tables of every network namespace on this node.
+//!
+//! Pods live in their own network namespaces, and `/proc/<pid>/net/tcp` shows the namespace of
+//! `<pid>`: one process per namespace is read (deduplicated by the inode of
+//! `/proc/<pid>/ns/net`), both `tcp` and `tcp6`. A process gone meanwhile is skipped. Used to
+//! adopt connections at start (`adopt`), to reconcile adopted ones, and by cluster mode's
+//! restart recovery.
+
+use std::{
+    collections::HashSet,
+    fs,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    os::unix::fs::MetadataExt,
+    path::Path,
+};
+
+use crate::model::ConnectionKey;
+
+/// `st` of an established socket in `/proc/net/tcp`.
+const ESTABLISHED: &str = "01";
+
+/// One row of a `/proc/net/tcp` or `tcp6` table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableSocket {
+    /// As the table spells it: an IPv4 connection of a dual-stack socket is IPv4-mapped.
+    pub key: ConnectionKey,
+    pub established: bool,
+    /// The socket's inode (`socket:[inode]` in `/proc/<pid>/fd`); 0 once no descriptor holds
+    /// it (TIME_WAIT).
+    pub inode: u64,
+}
+
+/// Every TCP socket in every network namespace of this node (each namespace read once).
+pub fn table_sockets() -> Vec<TableSocket> {
+    table_sockets_under(Path::new("/proc"))
+}
+
+fn table_sockets_under(proc_root: &Path) -> Vec<TableSocket> {
+    let mut namespaces = HashSet::new();
+    let mut sockets = Vec::new();
+    let Ok(entries) = fs::read_dir(proc_root) else {
+        return sockets;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name
+            .to_string_lossy()
+            .bytes()
+            .all(|byte| byte.is_ascii_digit())
+        {
+            continue;
+        }
+        let process = entry.path();
+        // Without CAP_SYS_PTRACE another user's namespace link cannot be read: its tables are
+        // read anyway (the callers remove the repeats), which only costs time.
+        if let Ok(namespace) = fs::metadata(process.join("ns/net"))
+            && !namespaces.insert((namespace.dev(), namespace.ino()))
+        {
+            continue;
+        }
+        for table in ["net/tcp", "net/tcp6"] {
+            if let Ok(text) = fs::read_to_string(process.join(table)) {
+                sockets.extend(parse_table(&text));
+            }
+        }
+    }
+    sockets
+}
+
+/// The sockets of one `/proc/net/tcp` or `tcp6` table.
+fn parse_table(text: &str) -> impl Iterator<Item = TableSocket> + '_ {
+    text.lines().skip(1).filter_map(|line| {
+        let mut fields = line.split_whitespace();
+        let _slot = fields.next()?;
+        let local = parse_address(fields.next()?)?;
+        let remote = parse_address(fields.next()?)?;
+        let established = fields.next()? == ESTABLISHED;
+        // tx_queue:rx_queue, tr:tm->when, retrnsmt, uid, timeout, then the inode.
+        let inode = fields
+            .nth(5)
+            .and_then(|inode| inode.parse().ok())
+            .unwrap_or(0);
+        Some(TableSocket {
+            key: ConnectionKey { local, remote },
+            established,
+            inode,
+        })
+    })
+}
+
+/// `0100007F:0050` (IPv4) or 32 hex digits (IPv6): the address as the kernel's 32-bit words in
+/// host byte order, the port in plain hex.
+fn parse_address(text: &str) -> Option<SocketAddr> {
+    let (address, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |index: usize| -> Option<[u8; 4]> {
+        let hex = address.get(index * 8..index * 8 + 8)?;
+        Some(u32::from_str_radix(hex, 16).ok()?.to_ne_bytes())
+    };
+    let ip = match address.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut bytes = [0u8; 16];
+            for index in 0..4 {
+                bytes[index * 4..index * 4 + 4].copy_from_slice(&word(index)?);
+            }
+            IpAddr::V6(Ipv6Addr::from(bytes))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_parse_in_host_byte_order() {
+        // Written as a little-endian kernel prints them.
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue\n\
+                   0: 0500F40A:A028 0700F40A:0050 01 00000000:00000000 00:00000000 00000000\n\
+                   1: 0500F40A:A029 0700F40A:0050 06 00000000:00000000 00:00000000 00000000\n";
+        let tcp6 = "  sl  local_address                         remote_address\n\
+                    0: 0000000000000000FFFF00000900F40A:A030 0000000000000000FFFF00000700F40A:0050 01 0\n";
+        if cfg!(target_endian = "little") {
+            let found: Vec<String> = parse_table(tcp)
+                .chain(parse_table(tcp6))
+                .filter(|socket| socket.established)
+                .map(|socket| socket.key.canonical().to_string())
+                .collect();
+            assert_eq!(
+                found,
+                [
+                    "10.244.0.5:41000>10.244.0.7:80",
+                    "10.244.0.9:41008>10.244.0.7:80"
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn rows_carry_the_socket_inode() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+                   0: 0500F40A:A028 0700F40A:0050 01 00000000:00000000 00:00000000 00000000     0        0 123456 1 0\n";
+        let sockets: Vec<TableSocket> = parse_table(tcp).collect();
+        assert_eq!(sockets.len(), 1);
+        assert_eq!(sockets[0].inode, 123_456);
+    }
+}

@@ -1,0 +1,109 @@
+//! Placements the observer could not see: WebSockets adopted at start were upgraded before it
+//! watched, so whose they are is unknown. While any is open, a push to a user without a seen
+//! placement may be a misroute the observer cannot judge: it says so once with
+//! `capture_degraded` (`joined_mid_stream`), and again (`recovered`) when the last of them
+//! closed.
+
+use std::collections::HashSet;
+
+use crate::{
+    alert::{Alert, AlertBody, DegradedReason, DegradedState, rfc3339},
+    model::ConnectionId,
+    openim::diagnosis,
+};
+
+#[derive(Default)]
+pub struct MidStream {
+    /// Adopted WebSocket connections still open, their user unknown. Bounded by what the
+    /// decoders track (`max_connections * UPGRADED_PER_SLOT`): they are added from there.
+    unseen: HashSet<ConnectionId>,
+    /// While degraded: since when, and the recipients not judged meanwhile.
+    degraded_since_ns: Option<u64>,
+    recipients_unjudged: u64,
+}
+
+impl MidStream {
+    pub fn websocket_adopted(&mut self, connection: ConnectionId) {
+        self.unseen.insert(connection);
+    }
+
+    pub fn unseen_connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
+        self.unseen.iter().copied()
+    }
+
+    /// A push went to `recipients_without_placement` users whose placement was not seen.
+    pub fn unjudged(
+        &mut self,
+        recipients_without_placement: usize,
+        ts_ns: u64,
+        alerts: &mut Vec<Alert>,
+    ) {
+        if self.unseen.is_empty() || recipients_without_placement == 0 {
+            return;
+        }
+        self.recipients_unjudged += recipients_without_placement as u64;
+        if self.degraded_since_ns.is_some() {
+            return;
+        }
+        self.degraded_since_ns = Some(ts_ns);
+        alerts.push(self.alert(ts_ns, ts_ns, DegradedState::Degraded));
+    }
+
+    pub fn closed(&mut self, connection: ConnectionId, ts_ns: u64, alerts: &mut Vec<Alert>) {
+        if !self.unseen.remove(&connection) || !self.unseen.is_empty() {
+            return;
+        }
+        if let Some(since_ns) = self.degraded_since_ns.take() {
+            alerts.push(self.alert(since_ns, ts_ns, DegradedState::Recovered));
+            self.recipients_unjudged = 0;
+        }
+    }
+
+    fn alert(&self, since_ns: u64, ts_ns: u64, state: DegradedState) -> Alert {
+        let affects = format!(
+            "{} WebSocket connection(s) adopted at start, upgraded before the observer watched: \
+             their users' placements are unknown, so pushes to users without a seen placement \
+             cannot be judged ({} recipient(s) so far)",
+            self.unseen.len(),
+            self.recipients_unjudged,
+        );
+        Alert::new(
+            ts_ns,
+            AlertBody::CaptureDegraded {
+                reason: DegradedReason::JoinedMidStream,
+                state,
+                since: rfc3339(since_ns),
+                affects,
+                diagnosis: diagnosis::joined_mid_stream(state == DegradedState::Recovered),
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn degraded_once_while_unseen_placements_are_open_then_recovered() {
+        let mut mid_stream = MidStream::default();
+        let mut alerts = Vec::new();
+        mid_stream.unjudged(3, 1, &mut alerts);
+        assert!(alerts.is_empty(), "nothing adopted: nothing unseen");
+        mid_stream.websocket_adopted(7);
+        mid_stream.websocket_adopted(8);
+        mid_stream.unjudged(2, 2, &mut alerts);
+        mid_stream.unjudged(1, 3, &mut alerts);
+        assert_eq!(alerts.len(), 1);
+        let json: serde_json::Value = serde_json::from_str(&alerts[0].to_json_line()).unwrap();
+        assert_eq!(json["kind"], "capture_degraded");
+        assert_eq!(json["reason"], "joined_mid_stream");
+        assert_eq!(json["state"], "degraded");
+        mid_stream.closed(7, 4, &mut alerts);
+        assert_eq!(alerts.len(), 1, "one still open");
+        mid_stream.closed(8, 5, &mut alerts);
+        let json: serde_json::Value = serde_json::from_str(&alerts[1].to_json_line()).unwrap();
+        assert_eq!(json["state"], "recovered");
+        assert!(json["affects"].as_str().unwrap().contains("3 recipient"));
+    }
+}
