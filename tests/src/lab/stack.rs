@@ -24,10 +24,11 @@ pub const GO_PACKAGES: [&str; 3] = [
     "golang-google-grpc-dev",
     "golang-github-gorilla-websocket-dev",
 ];
-/// The Python stack's virtualenv, relative to the workspace (made by `cargo xtask setup`).
+/// The Python stack's virtualenv, relative to the workspace (made by `cargo xtask setup`, see
+/// xtask/src/client_stacks.rs).
 pub const PYTHON_VENV: &str = "target/tools/python-clients";
-/// The Python stack's pinned packages (`pip install`).
-pub const PYTHON_REQUIREMENTS: [&str; 2] = ["grpcio==1.85.3", "websockets==17.4"];
+/// The Python stack's pinned packages, relative to the workspace.
+pub const PYTHON_REQUIREMENTS: &str = "tests/clients/python/requirements.txt";
 
 /// The libraries behind the lab's clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize, Deserialize)]
@@ -183,9 +184,8 @@ fn python() -> Result<PathBuf, String> {
     } else {
         Err(format!(
             "no Python with grpcio and websockets at {} (cargo xtask setup makes it: python3 -m \
-             venv {PYTHON_VENV} && pip install {})",
-            python.display(),
-            PYTHON_REQUIREMENTS.join(" ")
+             venv {PYTHON_VENV} && {PYTHON_VENV}/bin/pip install -r {PYTHON_REQUIREMENTS})",
+            python.display()
         ))
     }
 }
