@@ -4,12 +4,14 @@
 pub mod cgroups;
 pub mod client;
 pub mod control;
+pub mod external;
 pub mod gateway;
 pub mod names;
 pub mod netns;
 pub mod pod;
 pub mod proxy;
 pub mod push;
+pub mod stack;
 pub mod truth;
 
 use std::collections::{HashMap, HashSet};
@@ -25,10 +27,12 @@ use serde::{Deserialize, Serialize};
 use crate::lab::cgroups::NodeCgroups;
 use crate::lab::client::{Arrivals, Client};
 use crate::lab::control::{PodEvent, PushCommand, PushOutcome};
+use crate::lab::external::ExternalUsers;
 use crate::lab::names::{NameTable, random_bytes};
 use crate::lab::netns::{Network, PodNet};
 use crate::lab::pod::{Observations, PodProcess, SharedObservations};
 use crate::lab::proxy::PROXY_PORT;
+use crate::lab::stack::{AddressFamily, ClientStack};
 use crate::lab::truth::{
     FloodReport, GatewayTruth, GroundTruth, Placement, PushTruth, Summary, UserTruth,
 };
@@ -43,6 +47,8 @@ const FIRST_GATEWAY_HOST: u8 = 10;
 const PUSH_REPLY_TIMEOUT: Duration = Duration::from_secs(20);
 const SESSION_SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_BATCH: usize = 100;
+/// How long a client program may take to report a batch of users' connections.
+const EXTERNAL_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lab user ids look like OpenIM's random 10-digit user ids, yet are the same every run, so a
 /// given configuration always splits users over gateways the same way: index × a prime (odd,
 /// not dividing the modulus, so ids never repeat) scattered over 10-digit numbers. Sequential
@@ -111,6 +117,11 @@ pub struct LabConfig {
     /// Push keeps one long-lived gRPC connection per gateway and reuses it for every call
     /// (later OpenIM versions), instead of 3.5.1's new connection per call.
     pub push_reuses_connections: bool,
+    /// The libraries of push's gRPC client and the users' WebSocket clients (see
+    /// [`stack`]); gateways and proxy are always the lab's own.
+    pub client_stack: ClientStack,
+    /// The sockets those clients connect from.
+    pub family: AddressFamily,
 }
 
 impl Default for LabConfig {
@@ -130,6 +141,8 @@ impl Default for LabConfig {
             progress: false,
             nodes: 1,
             push_reuses_connections: false,
+            client_stack: ClientStack::Rust,
+            family: AddressFamily::Ipv4,
         }
     }
 }
@@ -173,6 +186,8 @@ struct GatewayPod {
 /// A running lab. Fields drop in order: clients, pods, then the network.
 pub struct Lab {
     clients: Vec<Client>,
+    /// The program holding the users' WebSockets, for the Go and Python stacks.
+    external_users: Option<ExternalUsers>,
     push: PodProcess,
     proxy: PodProcess,
     /// Replaced proxies that keep relaying the WebSockets they accepted.
@@ -229,6 +244,10 @@ impl Lab {
         };
         let proxy_net = network.add_pod("proxy", PROXY_HOST)?;
         let push_net = network.add_pod("push", PUSH_HOST)?;
+        if config.family == AddressFamily::Ipv4 {
+            // An IPv4 run must not hand push a dual-stack socket behind its back (grpcio would).
+            netns::disable_ipv6(&push_net.netns)?;
+        }
         let observations: SharedObservations = Arc::new(Mutex::new(Observations::default()));
         let mut gateways = Vec::new();
         for index in 0..config.replicas_initial {
@@ -270,8 +289,15 @@ impl Lab {
         )?;
         proxy.wait_ready().await?;
         push.wait_ready().await?;
+        let arrivals = Arrivals::default();
+        let external_users = config
+            .client_stack
+            .program("users", config.family)?
+            .map(|program| ExternalUsers::start(&program, arrivals.clone()))
+            .transpose()?;
         let lab = Self {
             clients: Vec::new(),
+            external_users,
             push,
             proxy,
             draining_proxies: Vec::new(),
@@ -283,18 +309,20 @@ impl Lab {
             proxy_net,
             push_net,
             observations,
-            arrivals: Arrivals::default(),
+            arrivals,
             connect_errors: HashMap::new(),
             late_users: HashSet::new(),
             generation: 0,
         };
         lab.progress(format!(
-            "lab {}: {} gateway(s), proxy {} ({}), push {}",
+            "lab {}: {} gateway(s), proxy {} ({}), push {}, {} clients over {}",
             lab.prefix(),
             lab.gateways.len(),
             lab.proxy_addr(),
             lab.config.mode.as_str(),
-            lab.push_net.ip
+            lab.push_net.ip,
+            lab.config.client_stack.as_str(),
+            lab.config.family.as_str()
         ));
         Ok(lab)
     }
@@ -408,18 +436,25 @@ impl Lab {
     /// Connects users `range` through the proxy; failures are remembered, not fatal.
     pub async fn connect_users(&mut self, range: std::ops::Range<usize>, late: bool) {
         let proxy = self.proxy_addr();
+        let family = self.config.family;
         let indices: Vec<usize> = range.collect();
         for batch in indices.chunks(CONNECT_BATCH) {
-            let attempts = batch.iter().map(|&index| {
-                let user_id = Self::user_id(index);
-                let arrivals = self.arrivals.clone();
-                async move {
-                    let result =
-                        client::connect(proxy, &user_id, Self::platform_id(index), arrivals).await;
-                    (user_id, result)
-                }
-            });
-            for (user_id, result) in futures_util::future::join_all(attempts).await {
+            let results = if self.external_users.is_some() {
+                self.connect_external(batch).await
+            } else {
+                let attempts = batch.iter().map(|&index| {
+                    let user_id = Self::user_id(index);
+                    let arrivals = self.arrivals.clone();
+                    async move {
+                        let platform = Self::platform_id(index);
+                        let result =
+                            client::connect(proxy, &user_id, platform, family, arrivals).await;
+                        (user_id, result)
+                    }
+                });
+                futures_util::future::join_all(attempts).await
+            };
+            for (user_id, result) in results {
                 if late {
                     self.late_users.insert(user_id.clone());
                 }
@@ -437,6 +472,52 @@ impl Lab {
             self.clients.len(),
             self.connect_errors.len()
         ));
+    }
+
+    /// Connects users through the client program (Go or Python stack).
+    async fn connect_external(&mut self, batch: &[usize]) -> Vec<(String, anyhow::Result<Client>)> {
+        let proxy = self.proxy_addr();
+        let mut tokens = HashMap::new();
+        let mut requests = Vec::new();
+        let mut results = Vec::new();
+        for &index in batch {
+            let user_id = Self::user_id(index);
+            let url = client::token().and_then(|token| {
+                let url = client::upgrade_url(proxy, &user_id, &token, Self::platform_id(index))?;
+                tokens.insert(user_id.clone(), token);
+                Ok(url)
+            });
+            match url {
+                Ok(url) => requests.push((user_id, url)),
+                Err(error) => results.push((user_id, Err(error))),
+            }
+        }
+        let Some(users) = &mut self.external_users else {
+            return results;
+        };
+        match users
+            .connect(proxy, &requests, EXTERNAL_CONNECT_TIMEOUT)
+            .await
+        {
+            Ok(outcomes) => {
+                results.extend(outcomes.into_iter().map(|(user_id, outcome)| {
+                    let token = tokens.remove(&user_id).unwrap_or_default();
+                    let client = outcome
+                        .map(|()| Client::external(user_id.clone(), token))
+                        .map_err(anyhow::Error::msg);
+                    (user_id, client)
+                }));
+            }
+            Err(error) => {
+                let error = format!("{error:#}");
+                results.extend(
+                    requests
+                        .into_iter()
+                        .map(|(user_id, _)| (user_id, Err(anyhow::anyhow!("{error}")))),
+                );
+            }
+        }
+        results
     }
 
     /// Waits (bounded) until the gateways have reported a session for every connected client.
@@ -911,9 +992,18 @@ fn spawn_push(
         replicas.to_string(),
         "--names".to_owned(),
         names.to_arg(),
+        "--family".to_owned(),
+        config.family.as_str().to_owned(),
     ];
     if config.push_reuses_connections {
         args.push("--reuse-connections".to_owned());
+    }
+    if let Some(program) = config.client_stack.program("push", config.family)? {
+        args.push("--client-program".to_owned());
+        args.push(program.program.to_string_lossy().into_owned());
+        for arg in program.args {
+            args.push(format!("--client-arg={arg}"));
+        }
     }
     Ok(PodProcess::spawn(
         binary,

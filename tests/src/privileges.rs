@@ -1,9 +1,13 @@
 //! The lab and end-to-end tests need root (network namespaces; the observer loads eBPF
 //! programs), the cluster tests a `redis-server`. On a normal user's plain `cargo test` they skip
 //! and say why; under `cargo xtask test`, which sets `OBSERVER_REQUIRE_EBPF` and installs
-//! redis-server, they fail instead, so CI never skips them silently.
+//! redis-server, they fail instead, so CI never skips them silently. The client-matrix tests
+//! also need their stack's toolchain (Go, or the Python virtualenv), which `cargo xtask setup`
+//! and `cargo xtask test` install.
 
 use std::io::Write;
+
+use crate::lab::stack::ClientStack;
 
 /// What a privileged test needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +40,24 @@ pub fn can_run(needs: Needs) -> bool {
     } else {
         return true;
     };
+    skip(&reason)
+}
+
+/// Whether a client-matrix test of `stack` can run here: root, the observer's programs and the
+/// stack's toolchain (see [`ClientStack::unavailable`]); skips or panics like [`can_run`].
+pub fn can_run_stack(stack: ClientStack) -> bool {
+    if !can_run(Needs::RootAndPrograms) {
+        return false;
+    }
+    match stack.unavailable() {
+        Some(reason) => skip(&reason),
+        None => true,
+    }
+}
+
+/// Says why the calling test cannot run and returns false, or panics under
+/// `OBSERVER_REQUIRE_EBPF`.
+fn skip(reason: &str) -> bool {
     let current = std::thread::current();
     let test = current
         .name()

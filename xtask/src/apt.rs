@@ -8,8 +8,13 @@ use crate::{capture, step};
 
 /// Makes sure `program` runs, installing `package` with apt if it does not.
 pub fn ensure(program: &str, package: &str) -> Result<()> {
+    ensure_with(program, "--version", package)
+}
+
+/// [`ensure`] for a program that prints its version with `version_arg` (`go version`).
+pub fn ensure_with(program: &str, version_arg: &str, package: &str) -> Result<()> {
     let installed = Command::new(program)
-        .arg("--version")
+        .arg(version_arg)
         .output()
         .is_ok_and(|output| output.status.success());
     if installed {

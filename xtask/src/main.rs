@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
 mod apt;
+mod client_stacks;
 mod fuzz;
 mod image;
 mod toolchain;
@@ -30,7 +31,8 @@ struct Cli {
 enum Task {
     /// Install what the eBPF build needs: the nightly pinned in observer-ebpf/rust-toolchain.toml
     /// with rust-src, and a bpf-linker built against that nightly's own LLVM (once; later runs
-    /// find it). Every other task runs this first.
+    /// find it). Every other task runs this first. `setup` itself (and `test`) also installs the
+    /// lab's Go and Python client stacks (apt, and a virtualenv under target/tools).
     Setup,
     /// Build the eBPF object and the `observer` binary that embeds it.
     Build {
@@ -83,7 +85,7 @@ enum Task {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Task::Setup => setup().map(|_| ()),
+        Task::Setup => setup().and_then(|_| client_stacks::ensure()),
         Task::Build { release } => setup().and_then(|toolchain| build(&toolchain, release)),
         Task::Test => setup().and_then(|toolchain| test(&toolchain)),
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
@@ -260,6 +262,8 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 fn test(toolchain: &Toolchain) -> Result<()> {
     // Cluster mode's tests run against a real Redis.
     apt::ensure("redis-server", "redis-server")?;
+    // tests/tests/client_matrix.rs runs the lab's clients in Go and Python too.
+    client_stacks::ensure()?;
     build_ebpf(toolchain)?;
     // tests/tests/image.rs runs it.
     let image = image::build(toolchain)?;

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use tests::lab::gateway::GatewayArgs;
 use tests::lab::proxy::ProxyArgs;
 use tests::lab::push::PushArgs;
+use tests::lab::stack::{AddressFamily, ClientStack};
 use tests::{Lab, LabConfig, ProxyMode};
 
 #[derive(Parser, Debug)]
@@ -79,6 +80,12 @@ struct RunArgs {
     /// Also write the ground truth (JSON lines) here.
     #[arg(long)]
     truth_file: Option<PathBuf>,
+    /// The libraries of push's gRPC client and the users' WebSocket clients.
+    #[arg(long, value_enum, default_value = "rust")]
+    client_stack: ClientStack,
+    /// The sockets those clients connect from.
+    #[arg(long, value_enum, default_value = "ipv4")]
+    family: AddressFamily,
 }
 
 #[derive(clap::Args, Debug)]
@@ -222,6 +229,8 @@ async fn scenario(args: RunArgs) -> anyhow::Result<()> {
         late_users: args.late_users,
         messages_per_user: args.messages,
         realtime_timeout: Duration::from_millis(args.timeout_ms),
+        client_stack: args.client_stack,
+        family: args.family,
         ..config(&args.cluster, args.users)
     };
     let mut lab = Lab::start(config).await?;

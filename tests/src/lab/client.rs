@@ -10,12 +10,13 @@ use anyhow::Context;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use futures_util::StreamExt;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use crate::lab::names::random_bytes;
+use crate::lab::stack::AddressFamily;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -27,18 +28,33 @@ pub struct Client {
     pub user_id: String,
     /// The credential this client sent in its upgrade query.
     pub token: String,
-    reader: JoinHandle<()>,
+    /// The task reading the user's WebSocket; `None` when a client program holds the
+    /// connection (see [`crate::lab::external::ExternalUsers`]).
+    reader: Option<JoinHandle<()>>,
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
-        self.reader.abort();
+        if let Some(reader) = &self.reader {
+            reader.abort();
+        }
+    }
+}
+
+impl Client {
+    /// A user whose WebSocket a client program holds.
+    pub fn external(user_id: String, token: String) -> Self {
+        Self {
+            user_id,
+            token,
+            reader: None,
+        }
     }
 }
 
 /// A fresh secret-looking JWT-shaped token (random; never logged or written by the lab, and
 /// kept in memory only so tests can prove no observer output contains it).
-fn token() -> anyhow::Result<String> {
+pub fn token() -> anyhow::Result<String> {
     let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
     let claims = URL_SAFE_NO_PAD.encode(random_bytes::<48>()?);
     let signature = URL_SAFE_NO_PAD.encode(random_bytes::<32>()?);
@@ -52,21 +68,43 @@ fn operation_id() -> anyhow::Result<String> {
         .collect())
 }
 
+/// The upgrade URL the SDK opens, with the user's query.
+pub fn upgrade_url(
+    proxy: SocketAddr,
+    user_id: &str,
+    token: &str,
+    platform_id: i32,
+) -> anyhow::Result<String> {
+    Ok(format!(
+        "ws://{proxy}/?sendID={user_id}&token={token}&platformID={platform_id}&operationID={}&isBackground=false",
+        operation_id()?
+    ))
+}
+
+/// A TCP connection to an IPv4 `address`: from an IPv4 socket, or from an IPv6 one to the
+/// IPv4-mapped address.
+pub async fn connect_tcp(address: SocketAddr, family: AddressFamily) -> std::io::Result<TcpStream> {
+    match (family, address) {
+        (AddressFamily::DualStack, SocketAddr::V4(v4)) => {
+            let mapped = SocketAddr::from((v4.ip().to_ipv6_mapped(), v4.port()));
+            TcpSocket::new_v6()?.connect(mapped).await
+        }
+        _ => TcpStream::connect(address).await,
+    }
+}
+
 /// Opens the user's WebSocket through the proxy at `proxy`, as the SDK does.
 pub async fn connect(
     proxy: SocketAddr,
     user_id: &str,
     platform_id: i32,
+    family: AddressFamily,
     arrivals: Arrivals,
 ) -> anyhow::Result<Client> {
     let token = token()?;
-    let url = format!(
-        "ws://{proxy}/?sendID={user_id}&token={token}&platformID={platform_id}&operationID={}&isBackground=false",
-        operation_id()?
-    );
-    let request = url.into_client_request()?;
+    let request = upgrade_url(proxy, user_id, &token, platform_id)?.into_client_request()?;
     let open = async {
-        let stream = TcpStream::connect(proxy).await?;
+        let stream = connect_tcp(proxy, family).await?;
         stream.set_nodelay(true)?;
         let (websocket, _) = tokio_tungstenite::client_async(request, stream).await?;
         anyhow::Ok(websocket)
@@ -96,6 +134,6 @@ pub async fn connect(
     Ok(Client {
         user_id: user_id.to_owned(),
         token,
-        reader,
+        reader: Some(reader),
     })
 }

@@ -125,6 +125,22 @@ pub struct PodNet {
     pub ip: Ipv4Addr,
 }
 
+/// Turns IPv6 off inside `netns`, so that client libraries that prefer dual-stack sockets when
+/// IPv6 is available (gRPC C-core opens AF_INET6 sockets to IPv4-mapped addresses even for an
+/// `ipv4:` target) use IPv4 ones. Nothing to do on a kernel without IPv6.
+pub fn disable_ipv6(netns: &str) -> Result<(), NetError> {
+    const SETTING: &str = "/proc/sys/net/ipv6/conf/all/disable_ipv6";
+    ip(&[
+        "netns",
+        "exec",
+        netns,
+        "sh",
+        "-c",
+        &format!("[ ! -e {SETTING} ] || echo 1 > {SETTING}"),
+    ])
+    .map(|_| ())
+}
+
 /// The bridge and the pod namespaces of one lab run; dropping it removes them all.
 #[derive(Debug)]
 pub struct Network {

@@ -7,22 +7,26 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use hyper_util::rt::TokioIo;
 use observer::openim::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring};
+use prost::Message;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::lab::client::connect_tcp;
 use crate::lab::control::{PodEvent, PushCall, PushCommand, PushOutcome, UserPushResult, emit};
+use crate::lab::external::ExternalPush;
 use crate::lab::gateway::GRPC_PORT;
 use crate::lab::names::NameTable;
+use crate::lab::stack::{AddressFamily, ClientProgram};
 use crate::lab::truth::FloodReport;
-use crate::proto::msggateway::OnlineBatchPushOneMsgReq;
 use crate::proto::msggateway::msg_gateway_client::MsgGatewayClient;
+use crate::proto::msggateway::{OnlineBatchPushOneMsgReq, OnlineBatchPushOneMsgResp};
 use crate::proto::sdkws::MsgData;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,6 +34,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const SUPER_GROUP_SESSION: i32 = 3;
 /// OpenIM's Text content type.
 const TEXT_CONTENT: i32 = 101;
+/// The gRPC path of the call push makes for a group message.
+const SUPER_GROUP_PUSH_METHOD: &str =
+    "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct PushArgs {
@@ -46,15 +53,27 @@ pub struct PushArgs {
     /// One long-lived connection per member, reused for every call.
     #[arg(long)]
     pub reuse_connections: bool,
+    /// The sockets tonic connects from (the lab's own stack).
+    #[arg(long, value_enum, default_value = "ipv4")]
+    pub family: AddressFamily,
+    /// A client program that makes the push calls instead of tonic (the Go or Python stack,
+    /// see `lab::stack`); its arguments follow as `--client-arg`.
+    #[arg(long)]
+    pub client_program: Option<PathBuf>,
+    #[arg(long = "client-arg", allow_hyphen_values = true)]
+    pub client_args: Vec<String>,
 }
 
 struct Pusher {
     ring: Ring,
     names: NameTable,
+    family: AddressFamily,
     /// Every channel ever opened, kept open like 3.5.1 push does.
     leaked: Vec<Channel>,
     /// With `--reuse-connections`: the one channel of each member.
     reused: Option<BTreeMap<String, Channel>>,
+    /// The client program making the calls, when it is not tonic.
+    external: Option<ExternalPush>,
 }
 
 pub async fn run(args: PushArgs) -> anyhow::Result<()> {
@@ -63,11 +82,22 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         &args.namespace,
         args.replicas,
     );
+    let external = args
+        .client_program
+        .map(|program| {
+            ExternalPush::start(&ClientProgram {
+                program,
+                args: args.client_args,
+            })
+        })
+        .transpose()?;
     let mut pusher = Pusher {
         ring: Ring::new(members),
         names: NameTable::parse_arg(&args.names)?,
+        family: args.family,
         leaked: Vec::new(),
         reused: args.reuse_connections.then(BTreeMap::new),
+        external,
     };
     emit(&PodEvent::Ready);
     let mut commands = BufReader::new(tokio::io::stdin()).lines();
@@ -131,14 +161,18 @@ fn message(client_msg_id: String, seq: i64, send_id: String) -> MsgData {
 
 /// A new connection to `member`: `:authority` is the member string, while the TCP connection
 /// goes to the pod address from the lab's name table (the cluster DNS stand-in).
-async fn connect(member: &str, address: SocketAddr) -> anyhow::Result<Channel> {
+async fn connect(
+    member: &str,
+    address: SocketAddr,
+    family: AddressFamily,
+) -> anyhow::Result<Channel> {
     let endpoint = Endpoint::from_shared(format!("http://{member}"))?
         .connect_timeout(CALL_TIMEOUT)
         .timeout(CALL_TIMEOUT);
     // Without TCP_NODELAY the HTTP/2 handshake stalls on delayed ACKs (~40 ms per call); Go's
     // gRPC sets it too.
     let connector = tower::service_fn(move |_: http::Uri| async move {
-        let stream = TcpStream::connect(address).await?;
+        let stream = connect_tcp(address, family).await?;
         stream.set_nodelay(true)?;
         std::io::Result::Ok(TokioIo::new(stream))
     });
@@ -198,29 +232,43 @@ impl Pusher {
         msg: &MsgData,
         users: Vec<String>,
     ) -> anyhow::Result<Vec<UserPushResult>> {
-        let channel = match self.reused.as_mut() {
-            Some(reused) => match reused.get(member) {
-                Some(channel) => channel.clone(),
+        let request = OnlineBatchPushOneMsgReq {
+            msg_data: Some(msg.clone()),
+            push_to_user_ids: users,
+        };
+        let response = if let Some(external) = &mut self.external {
+            let response = external
+                .call(
+                    &address.to_string(),
+                    member,
+                    SUPER_GROUP_PUSH_METHOD,
+                    &request.encode_to_vec(),
+                    CALL_TIMEOUT,
+                )
+                .await?;
+            OnlineBatchPushOneMsgResp::decode(response.as_slice())?
+        } else {
+            let channel = match self.reused.as_mut() {
+                Some(reused) => match reused.get(member) {
+                    Some(channel) => channel.clone(),
+                    None => {
+                        let channel = connect(member, address, self.family).await?;
+                        reused.insert(member.to_owned(), channel.clone());
+                        channel
+                    }
+                },
                 None => {
-                    let channel = connect(member, address).await?;
-                    reused.insert(member.to_owned(), channel.clone());
+                    let channel = connect(member, address, self.family).await?;
+                    self.leaked.push(channel.clone());
                     channel
                 }
-            },
-            None => {
-                let channel = connect(member, address).await?;
-                self.leaked.push(channel.clone());
-                channel
-            }
+            };
+            MsgGatewayClient::new(channel)
+                .super_group_online_batch_push_one_msg(request)
+                .await?
+                .into_inner()
         };
-        let response = MsgGatewayClient::new(channel)
-            .super_group_online_batch_push_one_msg(OnlineBatchPushOneMsgReq {
-                msg_data: Some(msg.clone()),
-                push_to_user_ids: users,
-            })
-            .await?;
         Ok(response
-            .into_inner()
             .single_push_result
             .into_iter()
             .map(|result| UserPushResult {
@@ -259,7 +307,7 @@ impl Pusher {
             let msg = message(format!("flood-{seq}"), seq, "lab-sender".to_owned());
             let call_started = Instant::now();
             let called = async {
-                let channel = connect(member, *address).await?;
+                let channel = connect(member, *address, self.family).await?;
                 MsgGatewayClient::new(channel)
                     .super_group_online_batch_push_one_msg(OnlineBatchPushOneMsgReq {
                         msg_data: Some(msg),

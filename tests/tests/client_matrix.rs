@@ -1,0 +1,152 @@
+//! The misrouting scenario with every client stack the observer must see through: push's gRPC
+//! calls and the users' WebSockets made by the lab's own Rust stack (tonic, tokio-tungstenite),
+//! by Go (grpc-go and gorilla/websocket, what OpenIM itself uses) and by Python (grpcio, the gRPC
+//! C-core, and websockets), each from IPv4 sockets and from dual-stack ones (AF_INET6 sockets to
+//! IPv4-mapped addresses). Gateways and proxy are the lab's own. Every stack must give exact
+//! alerts: every misrouted user alerted, no other.
+//!
+//! Needs root, an observer built with its eBPF programs and the stack's toolchain (see
+//! `tests::lab::stack`); without them a plain `cargo test` skips and says why, `cargo xtask
+//! test` (which installs the toolchains) fails. Tests take `SERIAL`: one observer and one lab at
+//! a time.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tests::lab::stack::{AddressFamily, ClientStack};
+use tests::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary};
+use tests::privileges::can_run_stack;
+use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// As shipped, with five gateways most users sit on a gateway push does not pick for them.
+fn scenario(client_stack: ClientStack, family: AddressFamily) -> LabConfig {
+    LabConfig {
+        mode: ProxyMode::V351,
+        replicas_initial: 5,
+        replicas_final: 5,
+        users: 100,
+        messages_per_user: 3,
+        realtime_timeout: Duration::from_secs(2),
+        client_stack,
+        family,
+        ..LabConfig::default()
+    }
+}
+
+fn observe(config: LabConfig) -> (GroundTruth, ObserverOutput) {
+    let observer_binary = find_observer_binary().expect("observer binary");
+    let observer =
+        ObserverProcess::start(&observer_binary, &["--grpc-port", "88", "--ws-port", "80"])
+            .expect("observer attaches (root with BPF needed)");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let truth = runtime.block_on(async {
+        let mut lab = Lab::start(config).await.expect("lab starts");
+        lab.run_scenario().await.expect("scenario runs")
+    });
+    let output = observer.stop().expect("observer stops cleanly");
+    (truth, output)
+}
+
+/// What the observer said about its own sight: the `observer_stopped` counters (lost sync,
+/// decoded calls) and every alert kind, for a failure message.
+fn diagnosis(output: &ObserverOutput, score: &Score) -> String {
+    let stopped = output
+        .stderr
+        .lines()
+        .find(|line| line.contains("\"observer_stopped\""))
+        .unwrap_or("no observer_stopped line");
+    format!("alerts by kind {:?}; {stopped}", score.kinds)
+}
+
+fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressFamily) {
+    if !can_run_stack(client_stack) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let (truth, output) = observe(scenario(client_stack, family));
+    assert_eq!(
+        truth.summary.connect_failures, 0,
+        "every user connects: {:?}",
+        truth.summary
+    );
+    assert_eq!(
+        truth.summary.authority_mismatches, 0,
+        "push's :authority is the member string: {:?}",
+        truth.summary
+    );
+    let score = Score::new(&truth, &output.alerts);
+    assert!(
+        score.missed.len() >= 50,
+        "five gateways should lose most of 100 users: {:?}",
+        truth.summary
+    );
+    let why = diagnosis(&output, &score);
+    assert!(
+        score.false_negatives.is_empty(),
+        "{} of {} misrouted users not alerted (recall {:.1}%): {:?}; {why}",
+        score.false_negatives.len(),
+        score.missed.len(),
+        score.recall() * 100.0,
+        score.false_negatives
+    );
+    let first_false_alarm = score.false_positives.first().and_then(|user| {
+        output
+            .alert_lines
+            .iter()
+            .find(|line| line.contains(&format!("\"user\":\"{user}\"")))
+    });
+    assert!(
+        score.false_positives.is_empty(),
+        "{} users alerted but fine (precision {:.1}%): {:?}; the first: {first_false_alarm:?}; \
+         {why}",
+        score.false_positives.len(),
+        score.precision() * 100.0,
+        score.false_positives
+    );
+    // One identity per endpoint: a gateway reached over a dual-stack socket is the same gateway,
+    // named by its IPv4 address.
+    let mapped: Vec<&String> = output
+        .alert_lines
+        .iter()
+        .filter(|line| line.contains("::ffff:"))
+        .collect();
+    assert!(
+        mapped.is_empty(),
+        "alerts name IPv4-mapped addresses: {mapped:?}"
+    );
+}
+
+#[test]
+fn rust_stack_over_ipv4() {
+    every_misrouted_user_and_no_other(ClientStack::Rust, AddressFamily::Ipv4);
+}
+
+#[test]
+fn rust_stack_over_dual_stack_sockets() {
+    every_misrouted_user_and_no_other(ClientStack::Rust, AddressFamily::DualStack);
+}
+
+#[test]
+fn go_grpc_and_gorilla_over_ipv4() {
+    every_misrouted_user_and_no_other(ClientStack::Go, AddressFamily::Ipv4);
+}
+
+#[test]
+fn go_grpc_and_gorilla_over_dual_stack_sockets() {
+    every_misrouted_user_and_no_other(ClientStack::Go, AddressFamily::DualStack);
+}
+
+#[test]
+fn python_grpcio_and_websockets_over_ipv4() {
+    every_misrouted_user_and_no_other(ClientStack::Python, AddressFamily::Ipv4);
+}
+
+#[test]
+fn python_grpcio_and_websockets_over_dual_stack_sockets() {
+    every_misrouted_user_and_no_other(ClientStack::Python, AddressFamily::DualStack);
+}
