@@ -3,13 +3,13 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use observer_records::{
-    COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_WATCHED_PORTS,
+    CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_WATCHED_PORTS,
 };
 
-use crate::copy::CopyCursor;
+use crate::copy::CopyState;
 
 /// Records for userspace. Size set by userspace (`--ring-bytes`); a full ring is counted in
 /// `Counter::RingFullDrops`, never silent.
@@ -30,14 +30,23 @@ pub static CONFIG: Array<CaptureConfig> = Array::with_max_entries(1, 0);
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
 
-/// Per-CPU scratch space for one data record: 4 KiB does not fit the 512-byte BPF stack.
-/// One entry per CPU; a program runs to completion on its CPU, so nothing else touches it.
+/// Per-CPU scratch space for the data record being filled: 4 KiB does not fit the 512-byte
+/// BPF stack. One entry per CPU; a program (with its tail calls) runs to completion on its CPU,
+/// so nothing else touches it.
 #[map]
-pub static SCRATCH: PerCpuArray<DataRecord> = PerCpuArray::with_max_entries(1, 0);
+pub static SCRATCH: PerCpuArray<ChunkBuffer> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per-CPU position of the payload copy in progress (see `copy::copy_out`). One entry per CPU.
+/// Per-CPU state of the payload copy in progress (see `copy`). One entry per CPU.
 #[map]
-pub static CURSOR: PerCpuArray<CopyCursor> = PerCpuArray::with_max_entries(1, 0);
+pub static COPY: PerCpuArray<CopyState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Index `COPY_CONTINUE`: the program that resumes a copy where the previous one stopped, on
+/// kernels without `bpf_loop` (userspace fills it only then). One entry.
+#[map]
+pub static COPY_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// `COPY_PROGRAMS` index of `copy::copy_continue`.
+pub const COPY_CONTINUE: u32 = 0;
 
 /// Threads inside `connect` to a watched port (pid_tgid → pending connect). An entry lives for
 /// one syscall; LRU so a thread killed mid-call leaks nothing. Bound: concurrent connects.
@@ -101,11 +110,38 @@ pub struct SocketState {
     /// Stream positions: bytes moved so far in each direction, captured or not.
     pub sent: u64,
     pub received: u64,
+    /// gRPC budget of each direction (see `io::capture_allowance`).
+    pub send_budget: Budget,
+    pub receive_budget: Budget,
+    /// The connection as last seen in `CONNECTIONS` (copied at connect, refreshed at every read
+    /// or write entry): a peer's reset removes the `CONNECTIONS` entry (TCP_CLOSE) while the
+    /// process may still return from a write, read what arrived before the reset, and close its
+    /// descriptor, and each of those records must still name the connection.
+    pub conn: Connection,
     pub port_class: u8,
     /// WebSocket policy: the first send / first receive has been captured.
     pub ws_sent_done: u8,
     pub ws_received_done: u8,
     pub _reserved: [u8; 5],
+}
+
+/// A token bucket of bytes: `spent` bytes drawn from a full bucket, repaid over time since
+/// `settled_ns`. Zero is a full bucket, which is how a new connection starts.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Budget {
+    pub spent: u64,
+    pub settled_ns: u64,
+}
+
+/// The record being filled, and room behind it: the verifier only knows that the fill
+/// position and the next copy's length are each below `CHUNK_SIZE`, so it wants a second
+/// chunk's space after the payload (never written in practice: the copy stops at the end).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ChunkBuffer {
+    pub record: DataRecord,
+    pub slack: [u8; CHUNK_SIZE],
 }
 
 /// How the user buffers of an in-flight call are laid out (`IoCall::layout`).
