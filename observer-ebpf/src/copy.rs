@@ -24,10 +24,7 @@
 //! the bounded walk grows linearly with `STEPS_PER_PROGRAM`.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_probe_read_user,
-        generated::{bpf_loop, bpf_probe_read_user as probe_read_user_raw},
-    },
+    helpers::generated::{bpf_loop, bpf_probe_read_user as probe_read_user_raw},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -49,16 +46,29 @@ const BOUNDED_PROGRAMS: u32 = 33;
 
 const _: () = assert!(STEPS_PER_PROGRAM * BOUNDED_PROGRAMS >= MAX_COPY_STEPS);
 
-/// `CopyState::flags`.
+/// iovec entries read from user memory at once: one helper call per batch rather than one per
+/// entry (a helper call costs as much as a small entry's copy).
+const IOVEC_BATCH: u64 = 16;
+
+/// `Walk::flags`.
 const COPY_PLAIN: u64 = 1;
 const COPY_TRUNCATED: u64 = 2;
 const COPY_UNREADABLE: u64 = 4;
+
+/// The walk's position, and the batch of iovec entries it is going through.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CopyState {
+    walk: Walk,
+    /// Entries `batch_start..batch_start + IOVEC_BATCH` of the call's array (those that exist).
+    batch: [Iovec; IOVEC_BATCH as usize],
+}
 
 /// Where the walk is: the call's buffers, the current user buffer and bytes left in it, bytes
 /// left to capture, the next iovec entry, the stream offset and fill of the record being filled.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct CopyState {
+struct Walk {
     buffers: u64,
     iovec_count: u64,
     next_iovec: u64,
@@ -68,9 +78,11 @@ pub struct CopyState {
     offset: u64,
     fill: u64,
     flags: u64,
+    /// Index of `CopyState::batch`'s first entry in the call's array.
+    batch_start: u64,
 }
 
-impl CopyState {
+impl Walk {
     fn load(&self) -> Self {
         // SAFETY: `self` is a valid, aligned map value. Volatile: see the module's comment.
         unsafe { core::ptr::read_volatile(self) }
@@ -120,7 +132,7 @@ pub fn begin(call: &IoCall, header: RecordHeader, capture: u64, truncated: bool)
     if truncated {
         flags |= COPY_TRUNCATED;
     }
-    state.store(CopyState {
+    state.walk.store(Walk {
         buffers: call.buffers,
         iovec_count: if plain { 0 } else { call.count },
         next_iovec: 0,
@@ -130,6 +142,8 @@ pub fn begin(call: &IoCall, header: RecordHeader, capture: u64, truncated: bool)
         offset: header.offset,
         fill: 0,
         flags,
+        // Past any entry: the first step reads a batch.
+        batch_start: u64::MAX - IOVEC_BATCH,
     });
     capture > 0
 }
@@ -191,7 +205,7 @@ pub fn copy_continue(ctx: TracePointContext) -> u32 {
 /// into the record, and send the record once full or once the call's bytes end. Returns
 /// whether there is more to do.
 fn step(state: &mut CopyState, buffer: &mut ChunkBuffer) -> bool {
-    let mut walk = state.load();
+    let mut walk = state.walk.load();
     if walk.remaining == 0 {
         return false;
     }
@@ -199,16 +213,18 @@ fn step(state: &mut CopyState, buffer: &mut ChunkBuffer) -> bool {
         if walk.flags & COPY_PLAIN != 0 || walk.next_iovec >= walk.iovec_count {
             // Fewer bytes in the entries than the call moved: the array changed under the call.
             walk.flags |= COPY_UNREADABLE;
-            state.store(walk);
+            state.walk.store(walk);
             return false;
         }
-        let entry = walk.buffers + walk.next_iovec * core::mem::size_of::<Iovec>() as u64;
-        let Ok(iovec) = (unsafe { bpf_probe_read_user(entry as *const Iovec) }) else {
+        if walk.next_iovec.wrapping_sub(walk.batch_start) >= IOVEC_BATCH
+            && !read_batch(state, &mut walk)
+        {
             count(Counter::UserReadFailures, 1);
             walk.flags |= COPY_UNREADABLE;
-            state.store(walk);
+            state.walk.store(walk);
             return false;
-        };
+        }
+        let iovec = state.batch[((walk.next_iovec - walk.batch_start) % IOVEC_BATCH) as usize];
         walk.next_iovec += 1;
         walk.base = iovec.base;
         walk.left = iovec.len;
@@ -240,7 +256,7 @@ fn step(state: &mut CopyState, buffer: &mut ChunkBuffer) -> bool {
         if read != 0 {
             count(Counter::UserReadFailures, 1);
             walk.flags |= COPY_UNREADABLE;
-            state.store(walk);
+            state.walk.store(walk);
             return false;
         }
         walk.fill = fill + u64::from(len);
@@ -252,12 +268,36 @@ fn step(state: &mut CopyState, buffer: &mut ChunkBuffer) -> bool {
         let truncated = walk.remaining == 0 && walk.flags & COPY_TRUNCATED != 0;
         send(buffer, &mut walk, truncated);
     }
-    state.store(walk);
+    state.walk.store(walk);
     walk.remaining > 0
 }
 
+/// Reads the batch of iovec entries that starts at `walk.next_iovec`; false if unreadable.
+fn read_batch(state: &mut CopyState, walk: &mut Walk) -> bool {
+    let entries = walk
+        .iovec_count
+        .saturating_sub(walk.next_iovec)
+        .min(IOVEC_BATCH);
+    let size = core::mem::size_of::<Iovec>() as u32;
+    // Masked for the verifier, as the copy's length below: 1 to IOVEC_BATCH entries.
+    let bytes = (entries as u32 * size) & (2 * IOVEC_BATCH as u32 * size - 1);
+    if bytes == 0 || bytes > IOVEC_BATCH as u32 * size {
+        return false;
+    }
+    let first = walk.buffers + walk.next_iovec * u64::from(size);
+    let read = unsafe {
+        probe_read_user_raw(
+            state.batch.as_mut_ptr().cast(),
+            bytes,
+            first as *const core::ffi::c_void,
+        )
+    };
+    walk.batch_start = walk.next_iovec;
+    read == 0
+}
+
 /// Sends the record filled so far and starts the next one after it.
-fn send(buffer: &mut ChunkBuffer, walk: &mut CopyState, truncated: bool) {
+fn send(buffer: &mut ChunkBuffer, walk: &mut Walk, truncated: bool) {
     buffer.record.header.len = (walk.fill as u32) & (2 * CHUNK_SIZE as u32 - 1);
     buffer.record.header.offset = walk.offset;
     buffer.record.header.flags = if truncated { FLAG_TRUNCATED } else { 0 };
@@ -272,7 +312,7 @@ fn finish() {
     let Some((state, buffer)) = walk_maps() else {
         return;
     };
-    let mut walk = state.load();
+    let mut walk = state.walk.load();
     if walk.remaining == 0 {
         return;
     }
@@ -287,5 +327,5 @@ fn finish() {
     count(cause, 1);
     count(Counter::BytesNotCaptured, walk.remaining);
     walk.remaining = 0;
-    state.store(walk);
+    state.walk.store(walk);
 }

@@ -667,3 +667,30 @@ fn ip_from_kernel(family: u16, address: &[u8; 16]) -> IpAddr {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_mapped_address_is_one_ipv4_identity() {
+        let mut mapped = [0u8; 16];
+        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+        mapped[12..].copy_from_slice(&[127, 0, 10, 2]);
+        assert_eq!(
+            ip_from_kernel(AF_INET6, &mapped),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 10, 2))
+        );
+        let mut v4 = [0u8; 16];
+        v4[..4].copy_from_slice(&[127, 0, 10, 2]);
+        assert_eq!(
+            ip_from_kernel(observer_records::AF_INET, &v4),
+            ip_from_kernel(AF_INET6, &mapped)
+        );
+        let loopback = Ipv6Addr::LOCALHOST.octets();
+        assert_eq!(
+            ip_from_kernel(AF_INET6, &loopback),
+            IpAddr::V6(Ipv6Addr::LOCALHOST)
+        );
+    }
+}
