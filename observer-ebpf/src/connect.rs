@@ -13,8 +13,8 @@ use observer_records::{AF_INET, AF_INET6, RecordKind, TcpState};
 
 use crate::{
     maps::{
-        CONNECTIONS, Connection, PENDING_CONNECTS, PendingConnect, SOCKETS, SocketKey, SocketState,
-        WATCHED_PORTS, insert_or_count,
+        Budget, CONNECTIONS, Connection, PENDING_CONNECTS, PendingConnect, SOCKETS, SocketKey,
+        SocketState, WATCHED_PORTS, insert_or_count,
     },
     ring::{header_for, output_header, stamp_current},
     scope::current_task_in_scope,
@@ -91,10 +91,18 @@ fn try_sys_exit_connect(ctx: &TracePointContext) -> Result<(), i64> {
         tgid: (pid_tgid >> 32) as u32,
         fd: pending.fd,
     };
+    // Inserted at SYN_SENT; gone already if the connection failed inside the call, or was
+    // reset between its success and this exit (then it is not watched: nothing names it).
+    let Some(conn) = (unsafe { CONNECTIONS.get(pending.sock) }).copied() else {
+        return Ok(());
+    };
     let state = SocketState {
         sock: pending.sock,
         sent: 0,
         received: 0,
+        send_budget: Budget::default(),
+        receive_budget: Budget::default(),
+        conn,
         port_class: pending.port_class,
         ws_sent_done: 0,
         ws_received_done: 0,
@@ -175,16 +183,28 @@ fn read_tuple(ctx: &TracePointContext, conn: &mut Connection) -> Result<(), i64>
     conn.family = unsafe { ctx.read_at(SOCK_FAMILY) }.map_err(i64::from)?;
     conn.sport = unsafe { ctx.read_at(SOCK_SPORT) }.map_err(i64::from)?;
     conn.dport = unsafe { ctx.read_at(SOCK_DPORT) }.map_err(i64::from)?;
-    if conn.family == AF_INET6 {
+    let daddr_v6: [u8; 16] = unsafe { ctx.read_at(SOCK_DADDR_V6) }.map_err(i64::from)?;
+    if conn.family == AF_INET6 && !is_ipv4_mapped(&daddr_v6) {
         conn.saddr = unsafe { ctx.read_at(SOCK_SADDR_V6) }.map_err(i64::from)?;
-        conn.daddr = unsafe { ctx.read_at(SOCK_DADDR_V6) }.map_err(i64::from)?;
+        conn.daddr = daddr_v6;
     } else {
+        // IPv4, or a dual-stack socket reaching an IPv4 peer (`::ffff:a.b.c.d`): one identity
+        // per endpoint, whichever socket family reached it, so it is recorded as IPv4. The
+        // tracepoint's IPv4 fields hold the same addresses then.
+        conn.family = AF_INET;
+        conn.saddr = [0; 16];
+        conn.daddr = [0; 16];
         let saddr: [u8; 4] = unsafe { ctx.read_at(SOCK_SADDR) }.map_err(i64::from)?;
         let daddr: [u8; 4] = unsafe { ctx.read_at(SOCK_DADDR) }.map_err(i64::from)?;
         conn.saddr[..4].copy_from_slice(&saddr);
         conn.daddr[..4].copy_from_slice(&daddr);
     }
     Ok(())
+}
+
+/// `::ffff:0:0/96`, IPv4 addresses as a dual-stack socket spells them.
+fn is_ipv4_mapped(address: &[u8; 16]) -> bool {
+    address[..10] == [0; 10] && address[10] == 0xff && address[11] == 0xff
 }
 
 fn try_sys_enter_close(ctx: &TracePointContext) -> Result<(), i64> {
@@ -198,10 +218,9 @@ fn try_sys_enter_close(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     };
     let _ = SOCKETS.remove(key);
-    if let Some(conn) = unsafe { CONNECTIONS.get(state.sock) } {
-        let mut header = header_for(RecordKind::Close, state.sock, conn);
-        stamp_current(&mut header, pid_tgid);
-        output_header(&header);
-    }
+    // The descriptor's copy: a reset may have removed the socket from `CONNECTIONS` already.
+    let mut header = header_for(RecordKind::Close, state.sock, &state.conn);
+    stamp_current(&mut header, pid_tgid);
+    output_header(&header);
     Ok(())
 }

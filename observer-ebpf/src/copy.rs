@@ -1,32 +1,90 @@
-//! The copy loop: the bytes of one syscall from user memory to the ring, in bounded steps.
+//! The copy walk: the bytes of one syscall from user memory to the ring, in bounded steps.
+//!
+//! A call passes one plain buffer or an array of up to `IOV_MAX` iovec entries. The walk fills
+//! `CHUNK_SIZE` records from consecutive entries (gRPC C-core's 9-byte frame headers share a
+//! record with the payloads after them) and sends each record when it is full or when the call's
+//! bytes end. A step loads the next entry and copies what fits of it, or sends a full record and
+//! continues in the same entry, so `MAX_COPY_STEPS` steps follow any call to its end. The walk's
+//! state lives in per-CPU map memory (`COPY`, `SCRATCH`), which lets it be driven two ways:
+//!
+//! - `bpf_loop` (Linux 5.17+): one helper call runs the steps (`walk_with_loop`). The verifier
+//!   checks one step, not `MAX_COPY_STEPS` of them.
+//! - older kernels: a program runs `STEPS_PER_PROGRAM` steps, then tail-calls `copy_continue`,
+//!   which runs as many more and tail-calls itself (`walk_bounded`). The kernel allows 32 chained
+//!   tail calls (33 from 5.17), so 33 programs of 40 steps cover `MAX_COPY_STEPS` (1057).
+//!
+//! Userspace loads the `bpf_loop` exit program and falls back to the bounded one when the
+//! verifier refuses it (`observer/src/capture/kernel.rs`, `CopyWalk`).
+//!
+//! Verifier: with the walk's state in registers, every iteration forked the paths of the
+//! previous one (min of two unknowns, error exits, …) and the verifier gave up at "processed
+//! 1000001 insns (limit 1000000)". The state therefore lives in map memory, read and written with
+//! volatile accesses so LLVM cannot keep it in registers: the verifier does not track map
+//! contents, so the paths of one step converge at the loop head and are pruned, and the cost of
+//! the bounded walk grows linearly with `STEPS_PER_PROGRAM`.
 
-use aya_ebpf::helpers::{
-    bpf_probe_read_user, generated::bpf_probe_read_user as probe_read_user_raw,
+use aya_ebpf::{
+    helpers::generated::{bpf_loop, bpf_probe_read_user as probe_read_user_raw},
+    macros::tracepoint,
+    programs::TracePointContext,
 };
 use observer_records::{
-    CHUNK_SIZE, Counter, FLAG_TRUNCATED, MAX_CHUNKS_PER_CALL, MAX_IOVECS, RecordHeader,
+    CHUNK_SIZE, Counter, FLAG_TRUNCATED, MAX_CHUNKS_PER_CALL, MAX_COPY_STEPS, RecordHeader,
 };
 
 use crate::{
-    maps::{BUFFER_PLAIN, CURSOR, IoCall, SCRATCH, count},
+    maps::{BUFFER_PLAIN, COPY, COPY_CONTINUE, COPY_PROGRAMS, ChunkBuffer, IoCall, SCRATCH, count},
     ring::output_data,
 };
 
-/// Where `copy_out` is: the current user buffer, bytes left in it, bytes left to capture,
-/// the next iovec entry and the stream offset of the next chunk.
+/// Steps one program of the bounded walk runs before it tail-calls the next: the bound of the
+/// copy loop that Linux 6.1's verifier accepted before this walk (40 steps).
+const STEPS_PER_PROGRAM: u32 = 40;
+
+/// Programs of the bounded walk: the exit program and the 32 tail calls every kernel allows.
+const BOUNDED_PROGRAMS: u32 = 33;
+
+const _: () = assert!(STEPS_PER_PROGRAM * BOUNDED_PROGRAMS >= MAX_COPY_STEPS);
+
+/// iovec entries read from user memory at once: one helper call per batch rather than one per
+/// entry (a helper call costs as much as a small entry's copy).
+const IOVEC_BATCH: u64 = 16;
+
+/// `Walk::flags`.
+const COPY_PLAIN: u64 = 1;
+const COPY_TRUNCATED: u64 = 2;
+const COPY_UNREADABLE: u64 = 4;
+
+/// The walk's position, and the batch of iovec entries it is going through.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct CopyCursor {
+pub struct CopyState {
+    walk: Walk,
+    /// Entries `batch_start..batch_start + IOVEC_BATCH` of the call's array (those that exist).
+    batch: [Iovec; IOVEC_BATCH as usize],
+}
+
+/// Where the walk is: the call's buffers, the current user buffer and bytes left in it, bytes
+/// left to capture, the next iovec entry, the stream offset and fill of the record being filled.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Walk {
+    buffers: u64,
+    iovec_count: u64,
+    next_iovec: u64,
     base: u64,
     left: u64,
     remaining: u64,
-    next_iovec: u64,
     offset: u64,
+    fill: u64,
+    flags: u64,
+    /// Index of `CopyState::batch`'s first entry in the call's array.
+    batch_start: u64,
 }
 
-impl CopyCursor {
+impl Walk {
     fn load(&self) -> Self {
-        // SAFETY: `self` is a valid, aligned map value. Volatile: see `copy_out`.
+        // SAFETY: `self` is a valid, aligned map value. Volatile: see the module's comment.
         unsafe { core::ptr::read_volatile(self) }
     }
 
@@ -43,91 +101,231 @@ struct Iovec {
     len: u64,
 }
 
-/// Copies the first `capture` bytes of the call's buffers to the ring, `CHUNK_SIZE` at a time.
-///
-/// One bounded loop walks both the iovec array and the chunks inside each entry: a step either
-/// loads the next iovec or emits one chunk.
-///
-/// Verifier: with the walk's state (`CopyCursor`) in registers, every iteration forked the
-/// paths of the previous one (min of two unknowns, error exits, …) and the verifier gave up at
-/// "processed 1000001 insns (limit 1000000)". The state therefore lives in per-CPU map memory,
-/// read and written with volatile accesses so LLVM cannot keep it in registers: the verifier
-/// does not track map contents, so the paths of one iteration converge at the loop head and
-/// are pruned, and the cost grows linearly with the bound.
-pub fn copy_out(call: &IoCall, header: RecordHeader, capture: u64, truncated: bool) {
-    let (Some(scratch), Some(cursor)) = (SCRATCH.get_ptr_mut(0), CURSOR.get_ptr_mut(0)) else {
-        return;
+/// This CPU's walk state and record buffer.
+fn walk_maps() -> Option<(&'static mut CopyState, &'static mut ChunkBuffer)> {
+    let (state, buffer) = (COPY.get_ptr_mut(0)?, SCRATCH.get_ptr_mut(0)?);
+    // SAFETY: this CPU's entries; a program and its tail calls run to completion on their CPU,
+    // and no other program of ours uses them.
+    Some(unsafe { (&mut *state, &mut *buffer) })
+}
+
+/// Prepares the walk over the first `capture` bytes of `call`, whose records start from
+/// `header`; returns whether there is anything to copy.
+pub fn begin(call: &IoCall, header: RecordHeader, capture: u64, truncated: bool) -> bool {
+    let Some((state, buffer)) = walk_maps() else {
+        return false;
     };
-    // SAFETY: this CPU's entries; a program runs to completion on its CPU, and no other
-    // program of ours uses them.
-    let (scratch, cursor) = unsafe { (&mut *scratch, &mut *cursor) };
-    scratch.header = header;
+    let limit = MAX_CHUNKS_PER_CALL as u64 * CHUNK_SIZE as u64;
+    let (capture, truncated) = if capture > limit {
+        count(Counter::CallsCutAtChunkLimit, 1);
+        count(Counter::BytesNotCaptured, capture - limit);
+        (limit, true)
+    } else {
+        (capture, truncated)
+    };
+    buffer.record.header = header;
     let plain = call.layout == BUFFER_PLAIN;
-    cursor.store(CopyCursor {
+    let mut flags = 0;
+    if plain {
+        flags |= COPY_PLAIN;
+    }
+    if truncated {
+        flags |= COPY_TRUNCATED;
+    }
+    state.walk.store(Walk {
+        buffers: call.buffers,
+        iovec_count: if plain { 0 } else { call.count },
+        next_iovec: 0,
         base: if plain { call.buffers } else { 0 },
         left: if plain { call.count } else { 0 },
         remaining: capture,
-        next_iovec: 0,
         offset: header.offset,
+        fill: 0,
+        flags,
+        // Past any entry: the first step reads a batch.
+        batch_start: u64::MAX - IOVEC_BATCH,
     });
-    let iovec_count = call.count.min(MAX_IOVECS as u64);
+    capture > 0
+}
 
-    for _ in 0..(MAX_CHUNKS_PER_CALL + MAX_IOVECS) {
-        let mut step = cursor.load();
-        if step.remaining == 0 {
-            break;
+/// The walk in one `bpf_loop` call (Linux 5.17+).
+pub fn walk_with_loop() {
+    // SAFETY: `loop_step` has the callback signature `bpf_loop` expects, and uses no context.
+    unsafe {
+        bpf_loop(
+            MAX_COPY_STEPS,
+            loop_step as *mut core::ffi::c_void,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    finish();
+}
+
+/// `bpf_loop`'s callback: 0 continues, 1 stops. Private, hence static linkage in BTF, which
+/// the verifier requires of a callback ("callback function not static").
+extern "C" fn loop_step(_index: u64, _context: *mut core::ffi::c_void) -> i64 {
+    let Some((state, buffer)) = walk_maps() else {
+        return 1;
+    };
+    if step(state, buffer) { 0 } else { 1 }
+}
+
+/// `STEPS_PER_PROGRAM` steps, then on in `copy_continue` (kernels without `bpf_loop`).
+///
+/// Returns an integer, always 0: with BTF, the verifier refuses a tail call in a function that
+/// does not ("tail_call is only allowed in functions that return 'int'", Linux 6.x).
+pub fn walk_bounded(ctx: &TracePointContext) -> i64 {
+    let Some((state, buffer)) = walk_maps() else {
+        return 0;
+    };
+    for _ in 0..STEPS_PER_PROGRAM {
+        if !step(state, buffer) {
+            finish();
+            return 0;
         }
-        if step.left == 0 {
-            if plain || step.next_iovec >= iovec_count {
-                break;
-            }
-            let entry = call.buffers + step.next_iovec * core::mem::size_of::<Iovec>() as u64;
-            let Ok(iovec) = (unsafe { bpf_probe_read_user(entry as *const Iovec) }) else {
-                count(Counter::UserReadFailures, 1);
-                break;
-            };
-            step.next_iovec += 1;
-            step.base = iovec.base;
-            step.left = iovec.len;
-            cursor.store(step);
-            continue;
+    }
+    // SAFETY: `ctx` is this program's context; on success the call does not return.
+    unsafe { COPY_PROGRAMS.tail_call(ctx, COPY_CONTINUE) };
+    // The tail call failed: the kernel's limit of chained calls (never reached within
+    // `MAX_COPY_STEPS`), or the slot is empty.
+    finish();
+    0
+}
+
+/// The continuation of the bounded walk: the same tracepoint context, the walk's state in
+/// `COPY`.
+#[tracepoint]
+pub fn copy_continue(ctx: TracePointContext) -> u32 {
+    let _ = walk_bounded(&ctx);
+    0
+}
+
+/// One step: load the next iovec entry when the current one is used up, copy what fits of it
+/// into the record, and send the record once full or once the call's bytes end. Returns
+/// whether there is more to do.
+fn step(state: &mut CopyState, buffer: &mut ChunkBuffer) -> bool {
+    let mut walk = state.walk.load();
+    if walk.remaining == 0 {
+        return false;
+    }
+    if walk.left == 0 {
+        if walk.flags & COPY_PLAIN != 0 || walk.next_iovec >= walk.iovec_count {
+            // Fewer bytes in the entries than the call moved: the array changed under the call.
+            walk.flags |= COPY_UNREADABLE;
+            state.walk.store(walk);
+            return false;
         }
-        let wanted = step.left.min(step.remaining).min(CHUNK_SIZE as u64);
+        if walk.next_iovec.wrapping_sub(walk.batch_start) >= IOVEC_BATCH
+            && !read_batch(state, &mut walk)
+        {
+            count(Counter::UserReadFailures, 1);
+            walk.flags |= COPY_UNREADABLE;
+            state.walk.store(walk);
+            return false;
+        }
+        let iovec = state.batch[((walk.next_iovec - walk.batch_start) % IOVEC_BATCH) as usize];
+        walk.next_iovec += 1;
+        walk.base = iovec.base;
+        walk.left = iovec.len;
+    }
+    // Below `CHUNK_SIZE`: a full record is sent before the step ends. The mask says so to the
+    // verifier, which then bounds the destination below (`ChunkBuffer::slack`).
+    let fill = walk.fill & (CHUNK_SIZE as u64 - 1);
+    let wanted = walk.left.min(walk.remaining).min(CHUNK_SIZE as u64 - fill);
+    if wanted > 0 {
         // Bound the size again on the very register the helper receives (a no-op after the
         // `min`): otherwise LLVM may pass a copy whose range the verifier no longer knows
         // ("R2 unbounded memory access").
         let len = (wanted as u32) & (2 * CHUNK_SIZE as u32 - 1);
         if len == 0 || len > CHUNK_SIZE as u32 {
-            break;
+            return false;
         }
+        let destination = buffer
+            .record
+            .payload
+            .as_mut_ptr()
+            .wrapping_add(fill as usize);
         let read = unsafe {
             probe_read_user_raw(
-                scratch.payload.as_mut_ptr().cast(),
+                destination.cast(),
                 len,
-                step.base as *const core::ffi::c_void,
+                walk.base as *const core::ffi::c_void,
             )
         };
         if read != 0 {
             count(Counter::UserReadFailures, 1);
-            break;
+            walk.flags |= COPY_UNREADABLE;
+            state.walk.store(walk);
+            return false;
         }
-        step.remaining -= u64::from(len);
-        step.left -= u64::from(len);
-        step.base += u64::from(len);
-        scratch.header.len = len;
-        scratch.header.offset = step.offset;
-        scratch.header.flags = if truncated && step.remaining == 0 {
-            FLAG_TRUNCATED
-        } else {
-            0
-        };
-        step.offset += u64::from(len);
-        cursor.store(step);
-        output_data(scratch);
+        walk.fill = fill + u64::from(len);
+        walk.left -= u64::from(len);
+        walk.remaining -= u64::from(len);
+        walk.base += u64::from(len);
     }
-    let left_over = cursor.load().remaining;
-    if left_over > 0 {
-        // Past the chunk or iovec bound, or unreadable: the gap shows in the next offset.
-        count(Counter::BytesNotCaptured, left_over);
+    if walk.fill >= CHUNK_SIZE as u64 || (walk.remaining == 0 && walk.fill > 0) {
+        let truncated = walk.remaining == 0 && walk.flags & COPY_TRUNCATED != 0;
+        send(buffer, &mut walk, truncated);
     }
+    state.walk.store(walk);
+    walk.remaining > 0
+}
+
+/// Reads the batch of iovec entries that starts at `walk.next_iovec`; false if unreadable.
+fn read_batch(state: &mut CopyState, walk: &mut Walk) -> bool {
+    let entries = walk
+        .iovec_count
+        .saturating_sub(walk.next_iovec)
+        .min(IOVEC_BATCH);
+    let size = core::mem::size_of::<Iovec>() as u32;
+    // Masked for the verifier, as the copy's length below: 1 to IOVEC_BATCH entries.
+    let bytes = (entries as u32 * size) & (2 * IOVEC_BATCH as u32 * size - 1);
+    if bytes == 0 || bytes > IOVEC_BATCH as u32 * size {
+        return false;
+    }
+    let first = walk.buffers + walk.next_iovec * u64::from(size);
+    let read = unsafe {
+        probe_read_user_raw(
+            state.batch.as_mut_ptr().cast(),
+            bytes,
+            first as *const core::ffi::c_void,
+        )
+    };
+    walk.batch_start = walk.next_iovec;
+    read == 0
+}
+
+/// Sends the record filled so far and starts the next one after it.
+fn send(buffer: &mut ChunkBuffer, walk: &mut Walk, truncated: bool) {
+    buffer.record.header.len = (walk.fill as u32) & (2 * CHUNK_SIZE as u32 - 1);
+    buffer.record.header.offset = walk.offset;
+    buffer.record.header.flags = if truncated { FLAG_TRUNCATED } else { 0 };
+    output_data(&buffer.record);
+    walk.offset += walk.fill;
+    walk.fill = 0;
+}
+
+/// Ends the walk: a walk cut short sends what it filled (marked truncated) and counts the rest
+/// by cause; the gap shows in the next record's offset.
+fn finish() {
+    let Some((state, buffer)) = walk_maps() else {
+        return;
+    };
+    let mut walk = state.walk.load();
+    if walk.remaining == 0 {
+        return;
+    }
+    if walk.fill > 0 {
+        send(buffer, &mut walk, true);
+    }
+    let cause = if walk.flags & COPY_UNREADABLE != 0 {
+        Counter::CallsCutUnreadable
+    } else {
+        Counter::CallsCutAtStepLimit
+    };
+    count(cause, 1);
+    count(Counter::BytesNotCaptured, walk.remaining);
+    walk.remaining = 0;
+    state.walk.store(walk);
 }

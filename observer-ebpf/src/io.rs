@@ -2,19 +2,20 @@
 //! descriptor, and its exit decides how much of what moved the port class's policy lets us copy.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
     macros::tracepoint,
     programs::TracePointContext,
 };
 use observer_records::{
-    CHUNK_SIZE, Counter, DEFAULT_GRPC_BUDGET, Direction, PortClass, RecordKind,
+    CHUNK_SIZE, Counter, DEFAULT_GRPC_BUDGET, DEFAULT_GRPC_BUDGET_REFILL, Direction, PortClass,
+    RecordKind,
 };
 
 use crate::{
-    copy::copy_out,
+    copy,
     maps::{
-        BUFFER_IOVEC, BUFFER_PLAIN, CONFIG, CONNECTIONS, IN_FLIGHT, IoCall, SOCKETS, SocketKey,
-        SocketState, count, insert_or_count,
+        BUFFER_IOVEC, BUFFER_PLAIN, Budget, CONFIG, CONNECTIONS, IN_FLIGHT, IoCall, SOCKETS,
+        SocketKey, SocketState, count, insert_or_count,
     },
     ring::{header_for, stamp_current},
     scope::current_task_in_scope,
@@ -72,10 +73,22 @@ pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// The exit of every read and write syscall above: copies what was actually transferred.
+/// The exit of every read and write syscall above: copies what was actually transferred,
+/// with `bpf_loop` (Linux 5.17+).
 #[tracepoint]
 pub fn sys_exit_io(ctx: TracePointContext) -> u32 {
-    let _ = try_sys_exit_io(&ctx);
+    if try_sys_exit_io(&ctx) == Ok(true) {
+        copy::walk_with_loop();
+    }
+    0
+}
+
+/// `sys_exit_io` for kernels without `bpf_loop`: the copy goes on in tail calls.
+#[tracepoint]
+pub fn sys_exit_io_bounded(ctx: TracePointContext) -> u32 {
+    if try_sys_exit_io(&ctx) == Ok(true) {
+        let _ = copy::walk_bounded(&ctx);
+    }
     0
 }
 
@@ -90,8 +103,17 @@ fn try_enter_io(ctx: &TracePointContext, direction: Direction, arguments: u8) ->
         fd: fd as u32,
     };
     // The one lookup an unwatched descriptor costs.
-    if unsafe { SOCKETS.get(key) }.is_none() || !current_task_in_scope() {
+    let Some(state) = SOCKETS.get_ptr_mut(key) else {
         return Ok(());
+    };
+    if !current_task_in_scope() {
+        return Ok(());
+    };
+    // Refresh the descriptor's copy of the connection while the socket is alive: the exit,
+    // and the close, may come after a reset removed it (`SocketState::conn`).
+    if let Some(conn) = unsafe { CONNECTIONS.get((*state).sock) } {
+        // SAFETY: live map value; see `try_sys_exit_io` on concurrent calls.
+        unsafe { (*state).conn = *conn };
     }
     let first: u64 = unsafe { ctx.read_at(SYSCALL_ARG1) }.map_err(i64::from)?;
     let (buffers, count, layout) = if arguments == ARGUMENTS_MSGHDR {
@@ -120,15 +142,17 @@ fn try_enter_io(ctx: &TracePointContext, direction: Direction, arguments: u8) ->
     insert_or_count(&IN_FLIGHT, &pid_tgid, &call)
 }
 
-fn try_sys_exit_io(ctx: &TracePointContext) -> Result<(), i64> {
+/// Decides what of a finished call is copied and prepares the copy walk; returns whether there
+/// is anything to walk.
+fn try_sys_exit_io(ctx: &TracePointContext) -> Result<bool, i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let Some(call) = (unsafe { IN_FLIGHT.get(pid_tgid) }).copied() else {
-        return Ok(());
+        return Ok(false);
     };
     let _ = IN_FLIGHT.remove(pid_tgid);
     let transferred: i64 = unsafe { ctx.read_at(SYSCALL_RET) }.map_err(i64::from)?;
     if transferred <= 0 {
-        return Ok(());
+        return Ok(false);
     }
     let transferred = transferred as u64;
     let key = SocketKey {
@@ -137,14 +161,14 @@ fn try_sys_exit_io(ctx: &TracePointContext) -> Result<(), i64> {
     };
     // Closed by another thread while this call ran: nothing left to attribute it to.
     let Some(state) = SOCKETS.get_ptr_mut(key) else {
-        return Ok(());
+        return Ok(false);
     };
     // SAFETY: live map value; calls on one descriptor are in practice made by one thread at a
     // time, and a lost update here only shifts an offset, never memory safety.
     let state = unsafe { &mut *state };
-    let Some(conn) = (unsafe { CONNECTIONS.get(state.sock) }).copied() else {
-        return Ok(());
-    };
+    // Not `CONNECTIONS`: a peer's reset may have removed the socket since the call began, and
+    // the bytes it moved must be recorded all the same.
+    let conn = state.conn;
 
     let stream_offset = if call.direction == Direction::Send {
         state.sent
@@ -156,12 +180,12 @@ fn try_sys_exit_io(ctx: &TracePointContext) -> Result<(), i64> {
     } else {
         state.received += transferred;
     }
-    let capture = capture_allowance(state, call.direction, stream_offset, transferred);
+    let capture = capture_allowance(state, call.direction, transferred);
     if capture < transferred {
         count(Counter::BytesNotCaptured, transferred - capture);
     }
     if capture == 0 {
-        return Ok(());
+        return Ok(false);
     }
 
     let mut header = header_for(RecordKind::Data, state.sock, &conn);
@@ -169,17 +193,11 @@ fn try_sys_exit_io(ctx: &TracePointContext) -> Result<(), i64> {
     header.direction = call.direction as u8;
     header.call_len = transferred;
     header.offset = stream_offset;
-    copy_out(&call, header, capture, capture < transferred);
-    Ok(())
+    Ok(copy::begin(&call, header, capture, capture < transferred))
 }
 
-/// How many of the `transferred` bytes at `stream_offset` the port class's policy lets us copy.
-fn capture_allowance(
-    state: &mut SocketState,
-    direction: Direction,
-    stream_offset: u64,
-    transferred: u64,
-) -> u64 {
+/// How many of the `transferred` bytes the port class's policy lets us copy.
+fn capture_allowance(state: &mut SocketState, direction: Direction, transferred: u64) -> u64 {
     if state.port_class == PortClass::WebSocket as u8 {
         // The upgrade request and its answer name the user; everything after them is chat.
         let done = if direction == Direction::Send {
@@ -193,9 +211,51 @@ fn capture_allowance(
         *done = 1;
         return transferred.min(CHUNK_SIZE as u64);
     }
-    let budget = match CONFIG.get(0) {
-        Some(config) => u64::from(config.grpc_budget),
-        None => u64::from(DEFAULT_GRPC_BUDGET),
+    let (burst, refill) = match CONFIG.get(0) {
+        Some(config) => (config.grpc_budget, config.grpc_budget_refill),
+        None => (DEFAULT_GRPC_BUDGET, DEFAULT_GRPC_BUDGET_REFILL),
     };
-    budget.saturating_sub(stream_offset).min(transferred)
+    let budget = if direction == Direction::Send {
+        &mut state.send_budget
+    } else {
+        &mut state.receive_budget
+    };
+    let capture = draw(
+        budget,
+        u64::from(burst),
+        u64::from(refill),
+        unsafe { bpf_ktime_get_ns() },
+        transferred,
+    );
+    if capture < transferred {
+        count(Counter::BytesOverBudget, transferred - capture);
+    }
+    capture
+}
+
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+/// Draws up to `wanted` bytes from a token bucket of `burst` bytes that regains `refill` bytes
+/// per second (`refill` at most `MAX_GRPC_BUDGET_REFILL`, 2^30, so products stay below 2^64).
+/// The bucket only ever cuts the tail of a call: once it refills, capture resumes at the start
+/// of a later call, which is where the gap in offsets shows.
+fn draw(budget: &mut Budget, burst: u64, refill: u64, now_ns: u64, wanted: u64) -> u64 {
+    let elapsed = now_ns.saturating_sub(budget.settled_ns);
+    let regained = if elapsed < 1 << 33 {
+        // Below 2^33 ns × 2^30 bytes/s.
+        elapsed * refill / NANOS_PER_SECOND
+    } else {
+        // Eight seconds or more: whole seconds, capped at 2^32, are precise enough.
+        (elapsed / NANOS_PER_SECOND).min(1 << 32) * refill
+    };
+    // Time is settled once it has paid for a byte (or once the bucket is full, so a full
+    // bucket does not bank time): a busy socket's calls a few nanoseconds apart each regain
+    // less than a byte, and would otherwise regain nothing at all.
+    if regained > 0 || budget.spent == 0 {
+        budget.spent = budget.spent.saturating_sub(regained);
+        budget.settled_ns = now_ns;
+    }
+    let capture = burst.saturating_sub(budget.spent).min(wanted);
+    budget.spent += capture;
+    capture
 }

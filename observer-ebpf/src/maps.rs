@@ -3,15 +3,15 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, CgroupArray, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, CgroupArray, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use observer_records::{
-    COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_CGROUP_SCOPES,
+    CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_CGROUP_SCOPES,
     MAX_WATCHED_PORTS,
 };
 pub use observer_records::{Connection, SocketKey, SocketState};
 
-use crate::copy::CopyCursor;
+use crate::copy::CopyState;
 
 /// Records for userspace. Size set by userspace (`--ring-bytes`); a full ring is counted in
 /// `Counter::RingFullDrops`, never silent.
@@ -38,14 +38,23 @@ pub static CGROUP_SCOPE: CgroupArray = CgroupArray::with_max_entries(MAX_CGROUP_
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
 
-/// Per-CPU scratch space for one data record: 4 KiB does not fit the 512-byte BPF stack.
-/// One entry per CPU; a program runs to completion on its CPU, so nothing else touches it.
+/// Per-CPU scratch space for the data record being filled: 4 KiB does not fit the 512-byte
+/// BPF stack. One entry per CPU; a program (with its tail calls) runs to completion on its CPU,
+/// so nothing else touches it.
 #[map]
-pub static SCRATCH: PerCpuArray<DataRecord> = PerCpuArray::with_max_entries(1, 0);
+pub static SCRATCH: PerCpuArray<ChunkBuffer> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per-CPU position of the payload copy in progress (see `copy::copy_out`). One entry per CPU.
+/// Per-CPU state of the payload copy in progress (see `copy`). One entry per CPU.
 #[map]
-pub static CURSOR: PerCpuArray<CopyCursor> = PerCpuArray::with_max_entries(1, 0);
+pub static COPY: PerCpuArray<CopyState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Index `COPY_CONTINUE`: the program that resumes a copy where the previous one stopped, on
+/// kernels without `bpf_loop` (userspace fills it only then). One entry.
+#[map]
+pub static COPY_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// `COPY_PROGRAMS` index of `copy::copy_continue`.
+pub const COPY_CONTINUE: u32 = 0;
 
 /// Threads inside `connect` to a watched port (pid_tgid → pending connect). An entry lives for
 /// one syscall; LRU so a thread killed mid-call leaks nothing. Bound: concurrent connects.
@@ -78,6 +87,16 @@ pub struct PendingConnect {
     pub fd: u32,
     pub port_class: u8,
     pub _reserved: [u8; 3],
+}
+
+/// The record being filled, and room behind it: the verifier only knows that the fill
+/// position and the next copy's length are each below `CHUNK_SIZE`, so it wants a second
+/// chunk's space after the payload (never written in practice: the copy stops at the end).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ChunkBuffer {
+    pub record: DataRecord,
+    pub slack: [u8; CHUNK_SIZE],
 }
 
 /// How the user buffers of an in-flight call are laid out (`IoCall::layout`).

@@ -16,7 +16,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::{
     alert::{Alert, SCHEMA_VERSION},
     capture::{
-        kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
+        kernel::{
+            CaptureError, CaptureOptions, CopyWalk, DRAIN_INTERVAL, KernelCapture, KernelCounters,
+        },
         recording::{self, PrivateLines, RecordingError},
     },
     cluster::{
@@ -63,9 +65,19 @@ pub struct RunArgs {
     /// Default: 80.
     #[arg(long = "ws-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub websocket_ports: Vec<u16>,
-    /// Bytes captured per direction of each gRPC connection; the rest is counted, not copied.
+    /// Bytes captured per direction of each gRPC connection in a burst; the budget refills
+    /// at --grpc-budget-refill, and what it cuts is counted (`bytes_over_budget`), not copied.
     #[arg(long, value_name = "BYTES", default_value_t = observer_records::DEFAULT_GRPC_BUDGET)]
     pub grpc_budget: u32,
+    /// Bytes per second each direction's --grpc-budget regains, so long-lived connections stay
+    /// watched while bulk transfers are copied at this rate at most; 0: never (the budget then
+    /// counts from a connection's first byte).
+    #[arg(long, value_name = "BYTES_PER_SEC", default_value_t = observer_records::DEFAULT_GRPC_BUDGET_REFILL, value_parser = clap::value_parser!(u32).range(0..=i64::from(observer_records::MAX_GRPC_BUDGET_REFILL)))]
+    pub grpc_budget_refill: u32,
+    /// How the kernel follows a call's iovec entries: `bpf_loop` where the kernel has it
+    /// (5.17+), else tail calls. For tests of either on any kernel.
+    #[arg(long, value_enum, default_value_t = CopyWalk::Auto, hide = true)]
+    pub copy_walk: CopyWalk,
     /// Size of the kernel→userspace ring buffer (power of two, at least a page). Records that
     /// do not fit are counted as dropped.
     #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
@@ -201,8 +213,10 @@ impl RunArgs {
             grpc_ports: or_default(&self.grpc_ports, 88),
             websocket_ports: or_default(&self.websocket_ports, 80),
             grpc_budget: self.grpc_budget,
+            grpc_budget_refill: self.grpc_budget_refill,
             ring_bytes: self.ring_bytes,
             cgroup_scope: self.cgroup_scope.clone(),
+            copy_walk: self.copy_walk,
         }
     }
 }
@@ -386,7 +400,9 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "grpc_ports": options.grpc_ports,
         "ws_ports": options.websocket_ports,
         "grpc_budget": options.grpc_budget,
+        "grpc_budget_refill": options.grpc_budget_refill,
         "ring_bytes": options.ring_bytes,
+        "copy_walk": capture.copy_walk(),
         "version": env!("CARGO_PKG_VERSION"),
         "adopted_connections": {"grpc": adopted_grpc, "websocket": adopted_websockets},
     });

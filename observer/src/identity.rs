@@ -231,7 +231,7 @@ impl PodIndex {
     }
 
     pub fn pod_by_ip(&self, ip: IpAddr) -> Option<PodRef> {
-        let uid = self.by_ip.get(&ip)?;
+        let uid = self.by_ip.get(&ip.to_canonical())?;
         self.pod_by_uid(uid)
     }
 
@@ -260,7 +260,9 @@ fn ips_of(pod: &Pod) -> Vec<IpAddr> {
     let listed = status.pod_ips.iter().flatten().map(|pod_ip| &pod_ip.ip);
     let mut ips: Vec<IpAddr> = listed
         .chain(status.pod_ip.as_ref())
-        .filter_map(|ip| ip.parse().ok())
+        .filter_map(|ip| ip.parse::<IpAddr>().ok())
+        // A pod's IPv4 address is one identity, however an API server spells it.
+        .map(|ip| ip.to_canonical())
         .collect();
     ips.sort_unstable();
     ips.dedup();
@@ -481,6 +483,11 @@ mod tests {
             named("push-new")
         );
         assert!(index.pod_by_ip("10.0.0.2".parse().unwrap()).is_none());
+        assert_eq!(
+            index.pod_by_ip("::ffff:10.0.0.1".parse().unwrap()),
+            named("gateway-0"),
+            "an IPv4-mapped spelling is the same endpoint"
+        );
         assert!(index.pod_by_uid("a-2").is_none());
         assert_eq!(
             index.pod_by_uid("b-1").map(|pod| pod.name),

@@ -205,6 +205,20 @@ fn iovecs(parts: &mut [&mut [u8]]) -> Vec<libc::iovec> {
         .collect()
 }
 
+/// The `observer_stopped` line the observer wrote on stderr.
+fn stopped_line(stderr: &str) -> Value {
+    stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|value| value["kind"] == "observer_stopped")
+        .unwrap_or_else(|| panic!("no observer_stopped line in: {stderr}"))
+}
+
+/// A line on stderr past the harness's capture: figures a passing run shows.
+fn report(text: &str) {
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
 fn msghdr(iov: &mut [libc::iovec]) -> libc::msghdr {
     // SAFETY: an all-zero msghdr is valid (no name, no control data).
     let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -359,12 +373,13 @@ fn every_send_and_receive_syscall_is_captured_byte_exact_and_in_order() {
         b"wrt|send()msg-three|writev()"
     );
     assert_eq!(captured_stream(&ours, "recv"), b"one-two-three-four");
-    // The three-part sendmsg arrives as one call of 10 bytes in three records.
+    // The three-part sendmsg arrives as one call of 10 bytes, its entries sharing one record.
     let sendmsg_records: Vec<_> = ours
         .iter()
         .filter(|line| line["direction"] == "send" && line["call_len"] == 10)
         .collect();
-    assert_eq!(sendmsg_records.len(), 3, "{sendmsg_records:?}");
+    assert_eq!(sendmsg_records.len(), 1, "{sendmsg_records:?}");
+    assert_eq!(sendmsg_records[0]["len"], 10);
 }
 
 #[test]
@@ -499,11 +514,7 @@ fn a_full_ring_counts_its_drops() {
     server.join().unwrap();
     let _ = observer.wait_for(|line| line["kind"] == "close" && line["dport"] == port);
     let (_, stderr) = observer.stop();
-    let stopped: Value = stderr
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|value| value["kind"] == "observer_stopped")
-        .unwrap_or_else(|| panic!("no observer_stopped line in: {stderr}"));
+    let stopped = stopped_line(&stderr);
     let drops = stopped["kernel"]["ring_full_drops"].as_u64().unwrap();
     assert!(drops >= 20, "{stopped}");
 }
@@ -647,6 +658,409 @@ fn a_recording_is_created_private_once_attached() {
     assert!(
         text.lines().any(|line| line.contains("\"kind\":\"close\"")),
         "{text}"
+    );
+}
+
+/// Bytes `0..len` of a pattern that shows any reordering or loss.
+fn pattern(seed: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|index| ((index * 31 + seed * 7) % 251) as u8)
+        .collect()
+}
+
+/// Iovec entries over `buffer`, cut at the given lengths in turn.
+fn split_iovecs(buffer: &mut [u8], lengths: impl Iterator<Item = usize>) -> Vec<libc::iovec> {
+    let mut entries = Vec::new();
+    let mut rest = buffer;
+    for length in lengths {
+        if rest.is_empty() {
+            break;
+        }
+        let (head, tail) = rest.split_at_mut(length.min(rest.len()));
+        entries.push(libc::iovec {
+            iov_base: head.as_mut_ptr().cast(),
+            iov_len: head.len(),
+        });
+        rest = tail;
+    }
+    entries
+}
+
+/// gRPC C-core's shape: a 9-byte HTTP/2 frame header, then the frame's payload, 130 times.
+fn grpc_core_lengths() -> impl Iterator<Item = usize> {
+    (0..130).flat_map(|frame| [9, 1 + frame % 13])
+}
+
+#[test]
+fn calls_with_up_to_iov_max_entries_are_captured_whole_by_either_walk() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    for (walk, port) in [("auto", 18891), ("tail-calls", 18892)] {
+        check_iovec_shapes(walk, port);
+    }
+}
+
+fn check_iovec_shapes(walk: &str, port: u16) {
+    let unwatched_port = port + 100;
+    let listener = listen(port);
+    let unwatched = listen(unwatched_port);
+    // A budget that never runs dry: the cost measurement below copies megabytes.
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port.to_string(),
+        "--copy-walk",
+        walk,
+        "--grpc-budget",
+        &u32::MAX.to_string(),
+    ]);
+    let chosen = observer
+        .wait_for(|line| line["kind"] == "observer_started")
+        .expect("observer_started")["copy_walk"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    if walk == "tail-calls" {
+        assert_eq!(chosen, "tail_calls");
+    }
+
+    // Every shape: 260 C-core entries, IOV_MAX tiny entries, IOV_MAX entries around a large
+    // one (chunk boundaries inside an entry), and a receive into 700 entries.
+    let mut core_call = pattern(1, grpc_core_lengths().sum());
+    let mut tiny_entries = pattern(2, (0..1024).map(|entry| 1 + entry % 13).sum());
+    let mut large_among_small = pattern(3, 1023 + 20_000);
+    let sent: Vec<u8> = [&core_call[..], &tiny_entries, &large_among_small].concat();
+    let answer = pattern(4, 700 * 11);
+    let expected_sent = sent.clone();
+    let answer_to_send = answer.clone();
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut request = vec![0u8; expected_sent.len()];
+        socket.read_exact(&mut request).unwrap();
+        socket.write_all(&answer_to_send).unwrap();
+        request
+    });
+    let client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let fd = client.as_raw_fd();
+    let mut received = vec![0u8; answer.len()];
+    // SAFETY (all calls below): plain syscalls on our socket with buffers we own.
+    unsafe {
+        let mut iov = split_iovecs(&mut core_call, grpc_core_lengths());
+        assert_eq!(iov.len(), 260);
+        let header = msghdr(&mut iov);
+        check(libc::sendmsg(fd, &header, 0), "sendmsg 260");
+        let iov = split_iovecs(&mut tiny_entries, (0..1024).map(|entry| 1 + entry % 13));
+        assert_eq!(iov.len(), 1024);
+        check(libc::writev(fd, iov.as_ptr(), 1024), "writev 1024");
+        let lengths = (0..1024).map(|entry| if entry == 500 { 20_000 } else { 1 });
+        let mut iov = split_iovecs(&mut large_among_small, lengths);
+        assert_eq!(iov.len(), 1024);
+        let header = msghdr(&mut iov);
+        check(libc::sendmsg(fd, &header, 0), "sendmsg 1024");
+        let mut iov = split_iovecs(&mut received, std::iter::repeat(11));
+        assert_eq!(iov.len(), 700);
+        let mut header = msghdr(&mut iov);
+        check(
+            libc::recvmsg(fd, &mut header, libc::MSG_WAITALL),
+            "recvmsg 700",
+        );
+    }
+    assert_eq!(server.join().unwrap(), sent);
+    assert_eq!(received, answer);
+    let measured = measure_core_sendmsg(port, &unwatched);
+    drop(client);
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+            .is_some()
+    );
+    let (lines, stderr) = observer.stop();
+    let ours: Vec<&Value> = events_on_port(&lines, port)
+        .into_iter()
+        .filter(|line| line["connection"] == lines_connection(&lines, port))
+        .collect();
+    assert_eq!(captured_stream(&ours, "send"), sent, "{walk}");
+    assert_eq!(captured_stream(&ours, "recv"), answer, "{walk}");
+    let kernel = &stopped_line(&stderr)["kernel"];
+    for counter in [
+        "calls_cut_at_step_limit",
+        "calls_cut_unreadable",
+        "calls_cut_at_chunk_limit",
+    ] {
+        assert_eq!(kernel[counter], 0, "{walk}: {kernel}");
+    }
+    report(&format!(
+        "{chosen}: a 260-entry sendmsg of {} bytes costs {measured}",
+        grpc_core_lengths().sum::<usize>()
+    ));
+}
+
+/// The connection of the first `tcp_connect` to `port`.
+fn lines_connection(lines: &[Value], port: u16) -> Value {
+    lines
+        .iter()
+        .find(|line| line["kind"] == "tcp_connect" && line["dport"] == port)
+        .expect("tcp_connect")["connection"]
+        .clone()
+}
+
+/// Nanoseconds per 260-entry sendmsg on a watched and on an unwatched connection, in
+/// interleaved rounds (a figure, not a check).
+fn measure_core_sendmsg(watched_port: u16, unwatched: &TcpListener) -> String {
+    const CALLS_PER_ROUND: u32 = 500;
+    const ROUNDS: u32 = 4;
+    let unwatched_port = unwatched.local_addr().unwrap().port();
+    let sink = |listener: TcpListener| {
+        thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut sink = Vec::new();
+            let _ = socket.read_to_end(&mut sink);
+        })
+    };
+    let watched_listener = listen(watched_port);
+    let sinks = [sink(watched_listener), sink(unwatched.try_clone().unwrap())];
+    let watched = TcpStream::connect(("127.0.0.1", watched_port)).unwrap();
+    let plain = TcpStream::connect(("127.0.0.1", unwatched_port)).unwrap();
+    let mut call = pattern(5, grpc_core_lengths().sum());
+    let mut iov = split_iovecs(&mut call, grpc_core_lengths());
+    let header = msghdr(&mut iov);
+    let mut totals = [Duration::ZERO; 2];
+    for _ in 0..ROUNDS {
+        for (index, socket) in [&watched, &plain].into_iter().enumerate() {
+            let start = Instant::now();
+            for _ in 0..CALLS_PER_ROUND {
+                // SAFETY: sendmsg on our socket with buffers we own.
+                check(
+                    unsafe { libc::sendmsg(socket.as_raw_fd(), &header, 0) },
+                    "sendmsg",
+                );
+            }
+            totals[index] += start.elapsed();
+        }
+    }
+    drop((watched, plain));
+    for sink in sinks {
+        sink.join().unwrap();
+    }
+    let calls = f64::from(CALLS_PER_ROUND * ROUNDS);
+    let per_call = |total: Duration| total.as_nanos() as f64 / calls;
+    format!(
+        "{:.0} ns watched, {:.0} ns unwatched (+{:.0} ns)",
+        per_call(totals[0]),
+        per_call(totals[1]),
+        per_call(totals[0]) - per_call(totals[1])
+    )
+}
+
+#[test]
+fn bytes_written_and_read_around_a_peer_reset_are_recorded_every_time() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    const RUNS: usize = 50;
+    let port = 18893;
+    let listener = listen(port);
+    let mut observer = Observer::start(&["--grpc-port", &port.to_string()]);
+    let answer = b"HTTP/1.1 400 Bad Request\r\n\r\n";
+    // What grpc-go does with a WebSocket upgrade on its port: it reads the 24 bytes of a
+    // client preface, finds none, and resets the connection (SO_LINGER 0). This one answers
+    // first, so the client also reads after the reset.
+    let server = thread::spawn(move || {
+        for _ in 0..RUNS {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut preface = [0u8; 24];
+            socket.read_exact(&mut preface).unwrap();
+            socket.write_all(answer).unwrap();
+            let linger = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            // SAFETY: setsockopt on our socket with a value we own.
+            let set = unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&linger as *const libc::linger).cast(),
+                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(set, 0, "SO_LINGER");
+        }
+    });
+    let mut runs = Vec::new();
+    for run in 0..RUNS {
+        let request = format!(
+            "GET /?sendID={}&platformID=5 HTTP/1.1\r\nHost: gw-0:88\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            3_000_000_000u64 + run as u64
+        );
+        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let local_port = client.local_addr().unwrap().port();
+        client.write_all(request.as_bytes()).unwrap();
+        // Wait for the reset, then read what arrived before it.
+        let mut poll = libc::pollfd {
+            fd: client.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while poll.revents & libc::POLLHUP == 0 && Instant::now() < deadline {
+            // SAFETY: poll on one descriptor we own.
+            unsafe { libc::poll(&mut poll, 1, 100) };
+        }
+        let mut buffer = [0u8; 64];
+        let read = client
+            .read(&mut buffer)
+            .expect("the answer, read after the reset");
+        assert_eq!(&buffer[..read], answer);
+        runs.push((local_port, request));
+    }
+    server.join().unwrap();
+    let last_port = runs.last().unwrap().0;
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["sport"] == last_port)
+            .is_some()
+    );
+    let (lines, _) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    for (run, (local_port, request)) in runs.iter().enumerate() {
+        let connection: Vec<&Value> = ours
+            .iter()
+            .copied()
+            .filter(|line| line["sport"] == *local_port)
+            .collect();
+        assert_eq!(
+            String::from_utf8_lossy(&captured_stream(&connection, "send")),
+            *request,
+            "run {run}: the write before the reset"
+        );
+        assert_eq!(
+            captured_stream(&connection, "recv"),
+            answer,
+            "run {run}: the read after the reset"
+        );
+        assert!(
+            connection.iter().any(|line| line["kind"] == "close"),
+            "run {run}: the close after the reset"
+        );
+    }
+}
+
+#[test]
+fn a_dual_stack_socket_reaching_an_ipv4_peer_is_recorded_as_ipv4() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18894;
+    let listener = listen(port);
+    let mut observer = Observer::start(&["--grpc-port", &port.to_string()]);
+    let mapped: std::net::Ipv6Addr = "::ffff:127.0.0.1".parse().unwrap();
+    let mut client = TcpStream::connect((mapped, port)).unwrap();
+    assert!(client.local_addr().unwrap().is_ipv6(), "an AF_INET6 socket");
+    let local_port = client.local_addr().unwrap().port();
+    let (mut server_side, _) = listener.accept().unwrap();
+    client.write_all(b"over a mapped address").unwrap();
+    let mut buffer = [0u8; 21];
+    server_side.read_exact(&mut buffer).unwrap();
+    drop(client);
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+            .is_some()
+    );
+    let (lines, _) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    assert!(ours.iter().any(|line| line["kind"] == "tcp_connect"));
+    for line in &ours {
+        assert_eq!(line["daddr"], "127.0.0.1", "{line}");
+        assert_eq!(line["saddr"], "127.0.0.1", "{line}");
+    }
+    let established = ours
+        .iter()
+        .find(|line| line["kind"] == "tcp_state" && line["new_state"] == "ESTABLISHED")
+        .expect("ESTABLISHED");
+    assert_eq!(established["sport"], local_port);
+    assert_eq!(captured_stream(&ours, "send"), b"over a mapped address");
+}
+
+#[test]
+fn the_grpc_budget_refills_so_a_long_lived_connection_stays_watched() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18895;
+    let burst = 8 * 1024;
+    let listener = listen(port);
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port.to_string(),
+        "--grpc-budget",
+        &burst.to_string(),
+        "--grpc-budget-refill",
+        "65536",
+    ]);
+    let bulk = pattern(6, 64 * 1024);
+    let message = |index: usize| pattern(100 + index, 512);
+    const MESSAGES: usize = 100;
+    let total = bulk.len() + MESSAGES * 512;
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut received = vec![0u8; total];
+        socket.read_exact(&mut received).unwrap();
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    // A bulk write drains the bucket; then messages at 25 KiB/s, well under the refill rate,
+    // each captured whole once the bucket has refilled, long past the burst.
+    client.write_all(&bulk).unwrap();
+    thread::sleep(Duration::from_millis(300));
+    for index in 0..MESSAGES {
+        client.write_all(&message(index)).unwrap();
+        thread::sleep(Duration::from_millis(20));
+    }
+    server.join().unwrap();
+    drop(client);
+    assert!(
+        observer
+            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+            .is_some()
+    );
+    let (lines, stderr) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    let mut captured = std::collections::BTreeMap::new();
+    for line in ours
+        .iter()
+        .filter(|line| line["kind"] == "data" && line["direction"] == "send")
+    {
+        let payload = BASE64
+            .decode(line["payload_b64"].as_str().unwrap())
+            .unwrap();
+        captured.insert(line["offset"].as_u64().unwrap() as usize, payload);
+    }
+    let mut burst_captured = Vec::new();
+    while let Some(chunk) = captured.get(&burst_captured.len()) {
+        burst_captured.extend_from_slice(chunk);
+    }
+    assert_eq!(burst_captured, bulk[..burst], "the burst");
+    for index in 0..MESSAGES {
+        let offset = bulk.len() + index * 512;
+        assert_eq!(
+            captured.get(&offset),
+            Some(&message(index)),
+            "message {index} at {offset}"
+        );
+    }
+    // The bulk write's tail (a little less if it took several calls and the bucket regained a
+    // few bytes between them).
+    let kernel = &stopped_line(&stderr)["kernel"];
+    let over_budget = kernel["bytes_over_budget"].as_u64().unwrap() as usize;
+    assert!(
+        (bulk.len() - burst - 1024..=bulk.len() - burst).contains(&over_budget),
+        "{kernel}"
     );
 }
 

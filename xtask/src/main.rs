@@ -226,6 +226,11 @@ fn nightly_cargo(toolchain: &Toolchain, subcommand: &str) -> Command {
         .env_remove("RUSTC")
         .env_remove("RUSTDOC")
         .env_remove("CARGO")
+        // BTF: the verifier needs its function info to accept `bpf_loop`'s callback.
+        .env(
+            "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
+            "-C debuginfo=2 -C link-arg=--btf",
+        )
         .arg(format!("+{}", toolchain.nightly))
         .args([subcommand, "-Z", "build-std=core"])
         .args(["--target", "bpfel-unknown-none", "--release"])

@@ -40,13 +40,27 @@ macro_rules! numbered_enum {
 pub const CHUNK_SIZE: usize = 4096;
 
 /// A transfer longer than this many chunks in one syscall is cut there (the remainder is
-/// counted as skipped and the last record is marked truncated). A constant bound is what lets
-/// the verifier accept the copy loop on 5.8 kernels, which lack `bpf_loop`.
+/// counted in `Counter::CallsCutAtChunkLimit` and the last record is marked truncated).
 pub const MAX_CHUNKS_PER_CALL: u32 = 32;
 
-/// iovec entries followed per `readv`/`writev`/`sendmsg`/`recvmsg`; later entries are skipped
-/// (and counted). Go, Rust std and gRPC C-core use at most a handful.
-pub const MAX_IOVECS: u32 = 8;
+/// iovec entries followed per `readv`/`writev`/`sendmsg`/`recvmsg`: the kernel's own limit
+/// (`UIO_MAXIOV`), which refuses calls with more. gRPC C-core writes each HTTP/2 frame header and
+/// payload as entries of their own, up to about 260 per `sendmsg`.
+pub const IOV_MAX: u32 = 1024;
+
+/// Steps of the copy walk that follow any call to its end: a step loads an iovec entry and
+/// copies what fits of it into the chunk being filled, or sends a full chunk and continues in
+/// the same entry. Small entries share chunks, so a call needs at most one step per entry plus
+/// one per chunk, plus the last send.
+pub const MAX_COPY_STEPS: u32 = IOV_MAX + MAX_CHUNKS_PER_CALL + 1;
+
+/// `CaptureConfig::grpc_budget_refill` default: bytes per second each direction's budget
+/// regains. A long-lived HTTP/2 connection carrying a few hundred pushes a second (about
+/// 1.5 KiB each) stays inside it; a bulk transfer is copied at this rate at most.
+pub const DEFAULT_GRPC_BUDGET_REFILL: u32 = 1 << 20;
+
+/// Highest `--grpc-budget-refill`: keeps the kernel's refill arithmetic within 64 bits.
+pub const MAX_GRPC_BUDGET_REFILL: u32 = 1 << 30;
 
 /// Ports watched at once per class (`WATCHED_PORTS` holds their union).
 pub const MAX_WATCHED_PORTS: u32 = 64;
@@ -55,7 +69,8 @@ pub const MAX_WATCHED_PORTS: u32 = 64;
 /// array). Each costs one helper call per watched connect and per I/O on a watched socket.
 pub const MAX_CGROUP_SCOPES: u32 = 16;
 
-/// `CaptureConfig::grpc_budget` default: bytes captured per direction of a gRPC connection.
+/// `CaptureConfig::grpc_budget` default: bytes captured per direction of a gRPC connection in a
+/// burst (the budget refills over time, `DEFAULT_GRPC_BUDGET_REFILL`).
 pub const DEFAULT_GRPC_BUDGET: u32 = 256 * 1024;
 
 numbered_enum! {
@@ -172,8 +187,12 @@ pub struct DataRecord {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CaptureConfig {
-    /// Bytes captured per direction of a connection to a gRPC port.
+    /// Bytes captured per direction of a connection to a gRPC port in a burst: each direction
+    /// holds a bucket of this many bytes, full at connect, drawn by every byte captured.
     pub grpc_budget: u32,
+    /// Bytes per second each bucket regains, up to `grpc_budget` (0: never, the budget then
+    /// counts from the connection's first byte).
+    pub grpc_budget_refill: u32,
     /// Records are submitted without waking the reader until this many bytes wait in the ring;
     /// the reader also drains on a short timer. A wakeup per record cost a busy pusher several
     /// context switches per call.
@@ -217,11 +236,28 @@ pub struct SocketState {
     /// Stream positions: bytes moved so far in each direction, captured or not.
     pub sent: u64,
     pub received: u64,
+    /// gRPC budget of each direction (see the programs' `io::capture_allowance`).
+    pub send_budget: Budget,
+    pub receive_budget: Budget,
+    /// The connection as last seen in `CONNECTIONS` (copied at connect, refreshed at every read
+    /// or write entry): a peer's reset removes the `CONNECTIONS` entry (TCP_CLOSE) while the
+    /// process may still return from a write, read what arrived before the reset, and close its
+    /// descriptor, and each of those records must still name the connection.
+    pub conn: Connection,
     pub port_class: u8,
     /// WebSocket policy: the first send / first receive has been captured.
     pub ws_sent_done: u8,
     pub ws_received_done: u8,
     pub _reserved: [u8; 5],
+}
+
+/// A token bucket of bytes: `spent` bytes drawn from a full bucket, repaid over time since
+/// `settled_ns`. Zero is a full bucket, which is how a new connection starts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Budget {
+    pub spent: u64,
+    pub settled_ns: u64,
 }
 
 /// Connections userspace adopts at start (established before the programs were attached) are
@@ -245,13 +281,22 @@ numbered_enum! {
     pub enum Counter: u32 {
         /// Records lost because the ring buffer was full.
         RingFullDrops = 0,
-        /// Payload bytes a syscall moved that were not copied (budget, chunk or iovec bounds,
-        /// WebSocket policy).
+        /// Payload bytes a syscall moved that were not copied, whatever the cause (budget,
+        /// chunk limit, unreadable memory, WebSocket policy); the counters below say why.
         BytesNotCaptured = 1,
         /// Inserts into a bounded map that failed.
         MapInsertFailures = 2,
         /// Copies from user memory that failed (page not present, bad pointer).
         UserReadFailures = 3,
+        /// Calls that moved more than `MAX_CHUNKS_PER_CALL` chunks: their tail was not copied.
+        CallsCutAtChunkLimit = 4,
+        /// Calls whose iovec walk ran out of steps before their end (kernels without
+        /// `bpf_loop` whose tail calls ran out; never expected, see `MAX_COPY_STEPS`).
+        CallsCutAtStepLimit = 5,
+        /// Calls cut because their user memory (an iovec array or buffer) could not be read.
+        CallsCutUnreadable = 6,
+        /// gRPC bytes not copied because the connection's budget was spent (bulk traffic).
+        BytesOverBudget = 7,
     }
 }
 
@@ -266,6 +311,10 @@ impl Counter {
             Counter::BytesNotCaptured => "bytes_not_captured",
             Counter::MapInsertFailures => "map_insert_failures",
             Counter::UserReadFailures => "user_read_failures",
+            Counter::CallsCutAtChunkLimit => "calls_cut_at_chunk_limit",
+            Counter::CallsCutAtStepLimit => "calls_cut_at_step_limit",
+            Counter::CallsCutUnreadable => "calls_cut_unreadable",
+            Counter::BytesOverBudget => "bytes_over_budget",
         }
     }
 }
@@ -328,10 +377,13 @@ const _: () = assert!(core::mem::size_of::<RecordHeader>().is_multiple_of(8));
 const _: () = assert!(
     core::mem::size_of::<DataRecord>() == core::mem::size_of::<RecordHeader>() + CHUNK_SIZE
 );
-const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 3 * 4);
+const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 4 * 4);
 const _: () = assert!(core::mem::size_of::<Connection>() == 8 + 4 + 3 * 2 + 1 + 5 + 3 * 16);
 const _: () = assert!(core::mem::size_of::<SocketKey>() == 8);
-const _: () = assert!(core::mem::size_of::<SocketState>() == 3 * 8 + 3 + 5);
+const _: () = assert!(
+    core::mem::size_of::<SocketState>()
+        == 3 * 8 + 2 * core::mem::size_of::<Budget>() + core::mem::size_of::<Connection>() + 3 + 5
+);
 
 #[cfg(test)]
 mod tests {

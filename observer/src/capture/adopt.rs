@@ -20,7 +20,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use observer_records::{AF_INET, AF_INET6, Connection, SocketKey, SocketState};
+use observer_records::{AF_INET, AF_INET6, Budget, Connection, SocketKey, SocketState};
 
 use super::socket_tables::{TableSocket, table_sockets};
 use crate::model::PortClass;
@@ -42,8 +42,9 @@ pub struct FoundConnection {
 impl FoundConnection {
     /// The `CONNECTIONS` value the programs would have made at `connect`.
     pub fn kernel_connection(&self) -> Connection {
-        let (family, saddr) = address_bytes(self.local.ip());
-        let (_, daddr) = address_bytes(self.remote.ip());
+        // As the programs record them: an IPv4-mapped address is the IPv4 endpoint it maps.
+        let (family, saddr) = address_bytes(self.local.ip().to_canonical());
+        let (_, daddr) = address_bytes(self.remote.ip().to_canonical());
         let mut comm = [0u8; 16];
         let name = self.comm.as_bytes();
         let len = name.len().min(comm.len() - 1);
@@ -71,6 +72,9 @@ impl FoundConnection {
             sock: id,
             sent: 0,
             received: 0,
+            send_budget: Budget::default(),
+            receive_budget: Budget::default(),
+            conn: self.kernel_connection(),
             port_class: kernel_class(self.port_class),
             ws_sent_done: websocket,
             ws_received_done: websocket,

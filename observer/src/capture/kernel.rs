@@ -9,7 +9,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, ProgramArray, RingBuf},
     programs::{ProgramError, TracePoint},
 };
 use bytes::Bytes;
@@ -76,12 +76,34 @@ const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("sys_exit_io", "syscalls", "sys_exit_recvmsg"),
 ];
 
+/// The exit program of `ATTACHMENTS` stands for one of two, chosen at load (`CopyWalk`).
+const EXIT_PROGRAM: &str = "sys_exit_io";
+/// `EXIT_PROGRAM` for kernels without `bpf_loop`, and the program its copy continues in.
+const EXIT_PROGRAM_BOUNDED: &str = "sys_exit_io_bounded";
+const COPY_CONTINUE_PROGRAM: &str = "copy_continue";
+/// The slot of `COPY_CONTINUE_PROGRAM` in the `COPY_PROGRAMS` map (`maps::COPY_CONTINUE`).
+const COPY_CONTINUE_SLOT: u32 = 0;
+
 /// Names of our programs as the kernel lists them (truncated to 15 bytes by the kernel), so a
 /// check can tell whether any is still loaded.
 pub fn program_names() -> impl Iterator<Item = &'static str> {
     let mut names: Vec<&str> = ATTACHMENTS.iter().map(|(program, _, _)| *program).collect();
     names.dedup();
+    names.extend([EXIT_PROGRAM_BOUNDED, COPY_CONTINUE_PROGRAM]);
     names.into_iter()
+}
+
+/// How the kernel walks a call's buffers (observer-ebpf/src/copy.rs). Both follow every iovec
+/// entry a call may have (`IOV_MAX`); they differ in what the kernel must offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyWalk {
+    /// `bpf_loop` where the kernel has it (5.17+), else tail calls.
+    Auto,
+    /// The `bpf_loop` helper (Linux 5.17+); refuse to start without it.
+    BpfLoop,
+    /// Bounded loops chained by tail calls (any supported kernel).
+    TailCalls,
 }
 
 #[derive(Debug, Error)]
@@ -128,9 +150,12 @@ pub struct CaptureOptions {
     pub grpc_ports: Vec<u16>,
     pub websocket_ports: Vec<u16>,
     pub grpc_budget: u32,
+    /// Bytes per second each direction's gRPC budget regains.
+    pub grpc_budget_refill: u32,
     pub ring_bytes: u32,
     /// cgroup v2 directories whose processes alone are watched; empty: every process.
     pub cgroup_scope: Vec<PathBuf>,
+    pub copy_walk: CopyWalk,
 }
 
 /// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
@@ -182,6 +207,7 @@ pub struct KernelCapture {
     /// `CONNECTIONS` keys of the connections adopted at start and still alive.
     adopted: HashSet<u64>,
     clock: MonotonicToWall,
+    copy_walk: CopyWalk,
     log_task: tokio::task::JoinHandle<()>,
     // Last: the programs must outlive the maps and logger taken from them.
     _ebpf: Ebpf,
@@ -240,6 +266,7 @@ impl KernelCapture {
         let mut config: Array<_, CaptureConfig> = take_map(&mut ebpf, "CONFIG")?;
         let capture_config = CaptureConfig {
             grpc_budget: options.grpc_budget,
+            grpc_budget_refill: options.grpc_budget_refill,
             // An eighth of the ring: the reader wakes well before the ring fills, and drains
             // on its timer (`DRAIN_INTERVAL`) in between.
             wakeup_bytes: options.ring_bytes / 8,
@@ -260,7 +287,17 @@ impl KernelCapture {
         let connections: HashMap<_, u64, Connection> = take_map(&mut ebpf, "CONNECTIONS")?;
         let sockets: HashMap<_, SocketKey, SocketState> = take_map(&mut ebpf, "SOCKETS")?;
 
+        let copy_walk = load_exit_program(&mut ebpf, options.copy_walk)?;
+        let exit_program = match copy_walk {
+            CopyWalk::TailCalls => EXIT_PROGRAM_BOUNDED,
+            _ => EXIT_PROGRAM,
+        };
         for (program_name, category, tracepoint) in ATTACHMENTS {
+            let program_name = if *program_name == EXIT_PROGRAM {
+                exit_program
+            } else {
+                program_name
+            };
             attach(&mut ebpf, program_name, category, tracepoint)?;
         }
         Ok(Self {
@@ -272,9 +309,15 @@ impl KernelCapture {
             sockets,
             adopted: HashSet::new(),
             clock: MonotonicToWall::now(),
+            copy_walk,
             log_task,
             _ebpf: ebpf,
         })
+    }
+
+    /// How this kernel walks a call's buffers: `CopyWalk::BpfLoop` or `CopyWalk::TailCalls`.
+    pub fn copy_walk(&self) -> CopyWalk {
+        self.copy_walk
     }
 
     /// Waits until the kernel has produced records, then converts all that are ready; returns
@@ -420,27 +463,77 @@ where
     M::try_from(map).map_err(|err| CaptureError::Setup(format!("map {name}: {err}")))
 }
 
+/// Loads the exit program `wanted` asks for; with `CopyWalk::Auto`, the `bpf_loop` one if this
+/// kernel's verifier accepts it (5.17+), else the bounded one. Returns the walk loaded.
+fn load_exit_program(ebpf: &mut Ebpf, wanted: CopyWalk) -> Result<CopyWalk, CaptureError> {
+    if wanted != CopyWalk::TailCalls {
+        match load_program(ebpf, EXIT_PROGRAM) {
+            Ok(()) => return Ok(CopyWalk::BpfLoop),
+            Err(err) if wanted == CopyWalk::BpfLoop => return Err(err),
+            Err(err) => tracing::info!("copying in tail calls: no bpf_loop here ({err})"),
+        }
+    }
+    load_program(ebpf, EXIT_PROGRAM_BOUNDED)?;
+    load_program(ebpf, COPY_CONTINUE_PROGRAM)?;
+    let continuation = tracepoint_program(ebpf, COPY_CONTINUE_PROGRAM)?
+        .fd()
+        .map_err(|err| CaptureError::Setup(format!("{COPY_CONTINUE_PROGRAM}: {err}")))?
+        .try_clone()
+        .map_err(|err| CaptureError::Setup(format!("{COPY_CONTINUE_PROGRAM}: {err}")))?;
+    // Borrowed, not taken: the map stays with `Ebpf`, whose fd keeps its entries (the kernel
+    // empties a program array once userspace closes it).
+    let map = ebpf
+        .map_mut("COPY_PROGRAMS")
+        .ok_or_else(|| CaptureError::Setup("map COPY_PROGRAMS is missing".to_owned()))?;
+    let mut programs = ProgramArray::try_from(map)
+        .map_err(|err| CaptureError::Setup(format!("map COPY_PROGRAMS: {err}")))?;
+    programs
+        .set(COPY_CONTINUE_SLOT, &continuation, 0)
+        .map_err(|err| CaptureError::Setup(format!("COPY_PROGRAMS: {err}")))?;
+    Ok(CopyWalk::TailCalls)
+}
+
+fn tracepoint_program<'a>(
+    ebpf: &'a mut Ebpf,
+    program_name: &str,
+) -> Result<&'a mut TracePoint, CaptureError> {
+    ebpf.program_mut(program_name)
+        .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
+        .try_into()
+        .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))
+}
+
+/// Loads a program into the kernel once (one program may serve several tracepoints).
+fn load_program(ebpf: &mut Ebpf, program_name: &str) -> Result<(), CaptureError> {
+    let program = tracepoint_program(ebpf, program_name)?;
+    if program.fd().is_ok() {
+        return Ok(());
+    }
+    program
+        .load()
+        .map_err(|err| CaptureError::ProgramRejected {
+            program: program_name.to_owned(),
+            reason: verifier_summary(&err),
+        })?;
+    // The verifier's work (5.16+), against its limit of 1 000 000 instructions.
+    if let Some(verified) = program
+        .info()
+        .ok()
+        .and_then(|info| info.verified_instruction_count())
+    {
+        tracing::debug!(program = program_name, verified, "program loaded");
+    }
+    Ok(())
+}
+
 fn attach(
     ebpf: &mut Ebpf,
     program_name: &str,
     category: &str,
     tracepoint: &str,
 ) -> Result<(), CaptureError> {
-    let program: &mut TracePoint = ebpf
-        .program_mut(program_name)
-        .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
-        .try_into()
-        .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))?;
-    // A program serving several tracepoints is loaded once.
-    if program.fd().is_err() {
-        program
-            .load()
-            .map_err(|err| CaptureError::ProgramRejected {
-                program: program_name.to_owned(),
-                reason: verifier_summary(&err),
-            })?;
-    }
-    program
+    load_program(ebpf, program_name)?;
+    tracepoint_program(ebpf, program_name)?
         .attach(category, tracepoint)
         .map_err(|err| CaptureError::MissingTracepoint {
             category: category.to_owned(),
@@ -709,12 +802,41 @@ fn comm_to_string(comm: &[u8; 16]) -> String {
     String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
+/// IPv4-mapped IPv6 addresses come out as IPv4 (the programs already record them so): one
+/// identity per endpoint, whichever socket family reached it.
 fn ip_from_kernel(family: u16, address: &[u8; 16]) -> IpAddr {
     if family == AF_INET6 {
-        IpAddr::V6(Ipv6Addr::from(*address))
+        IpAddr::V6(Ipv6Addr::from(*address)).to_canonical()
     } else {
         IpAddr::V4(Ipv4Addr::new(
             address[0], address[1], address[2], address[3],
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_mapped_address_is_one_ipv4_identity() {
+        let mut mapped = [0u8; 16];
+        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+        mapped[12..].copy_from_slice(&[127, 0, 10, 2]);
+        assert_eq!(
+            ip_from_kernel(AF_INET6, &mapped),
+            IpAddr::V4(Ipv4Addr::new(127, 0, 10, 2))
+        );
+        let mut v4 = [0u8; 16];
+        v4[..4].copy_from_slice(&[127, 0, 10, 2]);
+        assert_eq!(
+            ip_from_kernel(observer_records::AF_INET, &v4),
+            ip_from_kernel(AF_INET6, &mapped)
+        );
+        let loopback = Ipv6Addr::LOCALHOST.octets();
+        assert_eq!(
+            ip_from_kernel(AF_INET6, &loopback),
+            IpAddr::V6(Ipv6Addr::LOCALHOST)
+        );
     }
 }

@@ -1,8 +1,9 @@
 //! What an older kernel lacks, named from the verifier's refusal instead of quoting its log.
 //!
 //! The programs need Linux 5.8: the BPF ring buffer and `bpf_ringbuf_query` (5.8),
-//! `bpf_probe_read_user` (5.5), bounded loops (5.3, the payload copy is a constant-bounded
-//! loop of `MAX_CHUNKS_PER_CALL + MAX_IOVECS` steps), global data (5.2, the log level),
+//! `bpf_probe_read_user` (5.5), bounded loops (5.3, the payload copy's 40-step programs where
+//! `bpf_loop`, 5.17, is missing: that refusal is not an error, the observer then loads the
+//! bounded copy), global data (5.2, the log level),
 //! tracepoints (4.16 for `sock/inet_sock_set_state`). A kernel without the ring buffer already
 //! fails when the map is created (`CaptureError::NoRingBuffer`); these are the refusals that
 //! come later, from the verifier.

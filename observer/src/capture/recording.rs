@@ -307,9 +307,11 @@ pub fn from_json_line(text: &str, line_number: usize) -> Result<Event, Recording
         pid: line.pid,
         comm: line.comm,
         cgroup_id: line.cgroup_id,
-        saddr: line.saddr,
+        // Older recordings may spell the IPv4 peer of a dual-stack socket `::ffff:a.b.c.d`:
+        // one identity per endpoint, as the programs record it now.
+        saddr: line.saddr.to_canonical(),
         sport: line.sport,
-        daddr: line.daddr,
+        daddr: line.daddr.to_canonical(),
         dport: line.dport,
         port_class: line.port_class,
         kind,
@@ -457,6 +459,16 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("created-through-link"), &dangling).unwrap();
         assert!(create(&dangling, true).is_err());
         assert!(!dir.path().join("created-through-link").exists());
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_read_back_as_ipv4() {
+        let mut event = sample(EventKind::Close);
+        event.saddr = "::ffff:10.244.0.9".parse().unwrap();
+        event.daddr = "::ffff:10.244.0.10".parse().unwrap();
+        let read = from_json_line(&to_json_line(&event), 1).unwrap();
+        assert_eq!(read.saddr, "10.244.0.9".parse::<IpAddr>().unwrap());
+        assert_eq!(read.daddr, "10.244.0.10".parse::<IpAddr>().unwrap());
     }
 
     #[test]

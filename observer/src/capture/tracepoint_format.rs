@@ -87,7 +87,10 @@ fn reads_of(program: &str) -> &'static [Expected] {
         | "sys_enter_recv_buffer"
         | "sys_enter_send_iovec"
         | "sys_enter_recv_iovec" => ARGUMENTS_0_1_2,
-        "sys_exit_connect" | "sys_exit_io" => &[SYSCALL_RETURN],
+        // `copy_continue` runs on the record of `sys_exit_io_bounded`, which it continues.
+        "sys_exit_connect" | "sys_exit_io" | "sys_exit_io_bounded" | "copy_continue" => {
+            &[SYSCALL_RETURN]
+        }
         "inet_sock_set_state" => INET_SOCK_SET_STATE,
         _ => &[],
     }
