@@ -9,7 +9,7 @@ use observer_records::{
     CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_CGROUP_SCOPES,
     MAX_WATCHED_PORTS,
 };
-pub use observer_records::{Connection, SocketKey, SocketState};
+pub use observer_records::{Budget, Connection, SocketKey, SocketState};
 
 use crate::copy::CopyState;
 
