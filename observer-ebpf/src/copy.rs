@@ -237,8 +237,18 @@ fn step(state: &mut CopyState, buffer: &mut ChunkBuffer) -> bool {
         // Bound the size again on the very register the helper receives (a no-op after the
         // `min`): otherwise LLVM may pass a copy whose range the verifier no longer knows
         // ("R2 unbounded memory access").
-        let len = (wanted as u32) & (2 * CHUNK_SIZE as u32 - 1);
-        if len == 0 || len > CHUNK_SIZE as u32 {
+        //
+        // Linux 6.1's verifier learns nothing from comparing two registers, so it cannot
+        // bound `min(left, CHUNK_SIZE - fill)`; LLVM, which can, drops the mask and the test
+        // below as redundant, and 6.1 then refuses the call ("R2 min value is negative, either
+        // use unsigned or 'var &= const'"). The volatile read hides the value from LLVM, so
+        // the mask and the constant test stay. Only an upper bound: `len == 0 || len > N`
+        // becomes one unsigned test of `len - 1`, on another register. A zero size is valid
+        // for the helper, and `wanted > 0` here anyway.
+        // SAFETY: a read of a local.
+        let opaque = unsafe { core::ptr::read_volatile(&wanted) };
+        let len = (opaque as u32) & (2 * CHUNK_SIZE as u32 - 1);
+        if len > CHUNK_SIZE as u32 {
             return false;
         }
         let destination = buffer
@@ -280,8 +290,12 @@ fn read_batch(state: &mut CopyState, walk: &mut Walk) -> bool {
         .min(IOVEC_BATCH);
     let size = core::mem::size_of::<Iovec>() as u32;
     // Masked for the verifier, as the copy's length below: 1 to IOVEC_BATCH entries.
+    if entries == 0 {
+        return false;
+    }
+    // An upper bound only, as in `step` (Linux 6.1's verifier).
     let bytes = (entries as u32 * size) & (2 * IOVEC_BATCH as u32 * size - 1);
-    if bytes == 0 || bytes > IOVEC_BATCH as u32 * size {
+    if bytes > IOVEC_BATCH as u32 * size {
         return false;
     }
     let first = walk.buffers + walk.next_iovec * u64::from(size);
