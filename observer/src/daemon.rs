@@ -15,6 +15,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     alert::{Alert, SCHEMA_VERSION},
+    budget::MemoryBudget,
     capture::{
         kernel::{CaptureError, CaptureOptions, DRAIN_INTERVAL, KernelCapture, KernelCounters},
         recording::{self, PrivateLines, RecordingError},
@@ -136,10 +137,17 @@ pub struct ReplayArgs {
 /// Bounds and windows of the correlation engine.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Users with a live WebSocket placement tracked at once; more are counted and ignored.
+    /// Bytes every table and buffer together may hold (estimated: decoder buffers, connections,
+    /// users, pending calls, fold windows). Past it the least useful state is shed and counted.
+    /// The default fits the shipped 256 MiB pod limit; deploy/README.md gives the sizing rule.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::budget::DEFAULT_MEMORY_BUDGET, value_parser = in_range(1 << 20, 1 << 40))]
+    pub memory_budget: usize,
+    /// Users with a live WebSocket placement tracked at once (also bounded by
+    /// --memory-budget); a full table evicts the users placed longest ago, counted.
     #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = in_range(1, 100_000_000))]
     pub max_users: usize,
-    /// Connections decoded at once; more are counted and ignored.
+    /// Connections decoded at once (also bounded by --memory-budget); a full table evicts the
+    /// connections idle longest, counted.
     #[arg(long, value_name = "N", default_value_t = 65_536, value_parser = in_range(1, 1 << 24))]
     pub max_connections: usize,
     /// Bytes one connection's decoder buffers per direction at most.
@@ -160,10 +168,17 @@ impl EngineArgs {
     /// `node`: this node's name in cluster mode.
     fn config(&self, node: Option<String>) -> EngineConfig {
         let defaults = EngineConfig::default();
+        let memory = MemoryBudget::new(self.memory_budget);
+        let max_connections = self.max_connections.min(memory.max_connections());
         EngineConfig {
             routes: RouteLimits {
-                max_users: self.max_users,
-                max_tracked_connections: self.max_connections.saturating_mul(4),
+                max_users: self.max_users.min(memory.max_users()),
+                max_tracked_connections: max_connections.saturating_mul(4),
+                max_pending_calls: defaults
+                    .routes
+                    .max_pending_calls
+                    .min(memory.max_pending_calls()),
+                max_fold_keys: defaults.routes.max_fold_keys.min(memory.max_fold_windows()),
                 fold_window_secs: self.fold_window,
                 ring_settle_secs: self.ring_settle,
                 churn_min_new_connections: self.churn_min_connections,
@@ -173,7 +188,8 @@ impl EngineArgs {
                 max_buffered_bytes: self.max_buffered_bytes,
                 ..defaults.decode
             },
-            max_connections: self.max_connections,
+            max_connections,
+            memory,
             node,
         }
     }
@@ -462,6 +478,7 @@ fn report_stop(
         "malformed_records": malformed_records,
         "kernel": kernel,
         "engine": engine.counters(),
+        "resident_memory": crate::budget::resident_memory(),
     });
     if let Some(state) = shared_state {
         line["shared_state"] = serde_json::json!(state.health().counters());

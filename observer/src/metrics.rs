@@ -22,7 +22,7 @@ use tokio::{
     sync::Semaphore,
 };
 
-use crate::{capture::kernel::KernelCounters, correlate::EngineCounters};
+use crate::{budget::MemoryCounters, capture::kernel::KernelCounters, correlate::EngineCounters};
 
 type Labels = [(&'static str, &'static str); 1];
 
@@ -53,6 +53,10 @@ pub struct Metrics {
     users_tracked: Gauge,
     kernel_to_alert_seconds: Histogram,
     accept_errors: Counter,
+    memory_budget: Gauge,
+    memory_accounted: Family<Labels, Gauge>,
+    memory_shed: Family<Labels, Counter>,
+    resident_memory: Family<Labels, Gauge>,
     exported: Exported,
 }
 
@@ -112,8 +116,36 @@ impl Default for Metrics {
             "Connections to this endpoint that could not be accepted (e.g. out of file descriptors)",
             accept_errors.clone(),
         );
+        let memory_budget = Gauge::default();
+        registry.register(
+            "memory_budget_bytes",
+            "--memory-budget: what every table and buffer together may hold",
+            memory_budget.clone(),
+        );
+        let memory_accounted = Family::<Labels, Gauge>::default();
+        registry.register(
+            "memory_accounted_bytes",
+            "Estimated bytes held against the memory budget, by table",
+            memory_accounted.clone(),
+        );
+        let memory_shed = Family::<Labels, Counter>::default();
+        registry.register(
+            "memory_shed",
+            "State dropped to keep to the memory budget, by what (least useful first)",
+            memory_shed.clone(),
+        );
+        let resident_memory = Family::<Labels, Gauge>::default();
+        registry.register(
+            "resident_memory_bytes",
+            "The process's resident memory from /proc/self/status, now and at its peak",
+            resident_memory.clone(),
+        );
         Self {
             registry,
+            memory_budget,
+            memory_accounted,
+            memory_shed,
+            resident_memory,
             events,
             kernel,
             decode_failures,
@@ -220,10 +252,50 @@ impl Metrics {
             .set(i64::try_from(engine.connections.tracked).unwrap_or(i64::MAX));
         self.users_tracked
             .set(i64::try_from(engine.users_tracked).unwrap_or(i64::MAX));
+        self.update_memory(&engine.memory, &previous.engine.memory);
         self.exported = Exported {
             kernel: kernel.clone(),
             engine: engine.clone(),
         };
+    }
+
+    fn update_memory(&self, memory: &MemoryCounters, before: &MemoryCounters) {
+        let gauge = |bytes: usize| i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.memory_budget.set(gauge(memory.budget_bytes));
+        for (table, bytes) in [
+            ("decoder_buffers", memory.decoder_buffer_bytes),
+            ("connections", memory.connection_bytes),
+            ("users", memory.user_bytes),
+            ("pending_calls", memory.pending_call_bytes),
+            ("fold_windows", memory.fold_window_bytes),
+        ] {
+            self.memory_accounted
+                .get_or_create(&[("table", table)])
+                .set(gauge(bytes));
+        }
+        for (what, now, was) in [
+            (
+                "undecoded_decoders",
+                memory.shed_undecoded_decoders,
+                before.shed_undecoded_decoders,
+            ),
+            ("decoders", memory.shed_decoders, before.shed_decoders),
+            ("users", memory.shed_users, before.shed_users),
+        ] {
+            self.memory_shed
+                .get_or_create(&[("what", what)])
+                .inc_by(now.saturating_sub(was));
+        }
+        if let Some(resident) = crate::budget::resident_memory() {
+            for (which, bytes) in [
+                ("current", resident.current_bytes),
+                ("peak", resident.peak_bytes),
+            ] {
+                self.resident_memory
+                    .get_or_create(&[("which", which)])
+                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        }
     }
 
     pub fn alert(&self, kind: &'static str, kernel_to_alert_seconds: f64) {

@@ -8,6 +8,7 @@
 //!
 //! Every table has a cap; what a cap turns away is counted, never silently lost.
 
+use crate::budget;
 use std::{collections::HashMap, net::IpAddr};
 
 use crate::{
@@ -91,7 +92,7 @@ pub enum FoldKey {
 }
 
 pub struct Detectors {
-    placements: Placements,
+    pub(super) placements: Placements,
     push_calls: PushCalls,
     rings: RingVerdicts,
     churn: Churn,
@@ -134,6 +135,18 @@ impl Detectors {
 
     pub fn tracked_users(&self) -> usize {
         self.placements.users()
+    }
+
+    /// Estimated bytes of users, pending calls and fold windows.
+    pub fn memory(&self, memory: &mut budget::MemoryCounters) {
+        memory.user_bytes = self.placements.users() * budget::USER_BYTES;
+        memory.pending_call_bytes = self.push_calls.pending() * budget::PENDING_CALL_BYTES;
+        memory.fold_window_bytes = self.folds.open_windows() * budget::FOLD_WINDOW_BYTES;
+    }
+
+    /// Drops the users placed longest ago until about `bytes` are freed; returns how many.
+    pub fn shed_users(&mut self, bytes: usize) -> u64 {
+        self.placements.evict(bytes.div_ceil(budget::USER_BYTES))
     }
 
     /// What judging a push call consults.

@@ -67,6 +67,10 @@ impl PushCalls {
         self.counters
     }
 
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Push called stream `stream_id` of `connection`; the call waits for its answer.
     pub fn called(&mut self, connection: ConnectionId, stream_id: u32, call: PendingCall) {
         self.counters.push_calls += 1;
