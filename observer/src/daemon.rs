@@ -24,11 +24,15 @@ use crate::{
         ClusterArgs, ClusterError, ClusterLink, SharedState, StoreMetrics, link::Done,
         store::StoreError,
     },
-    correlate::{Engine, EngineConfig, RouteLimits},
+    correlate::{
+        Engine, EngineConfig, RouteLimits,
+        blindness::{BlindnessLimits, CaptureHealth},
+    },
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     lines::{BoundedLines, LineError},
     metrics::{self, Metrics, MetricsError},
     model::Event,
+    openim::diagnosis::CaptureSettings,
     tools::in_range,
 };
 
@@ -103,6 +107,13 @@ pub struct RunArgs {
     /// namespace). The namespaces OpenIM runs in are enough, and need only a namespaced Role.
     #[arg(long = "kube-namespace", value_name = "NS", requires = "kube")]
     pub kube_namespaces: Vec<String>,
+    /// `capture_degraded`: how much a loss (dropped records, lost or undecodable connections,
+    /// evictions, bytes past the capture budget) must grow within one second to be raised.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub degraded_min_events: u64,
+    /// `capture_degraded`: seconds without further loss before it is `recovered`.
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub degraded_quiet_secs: u64,
     #[command(flatten)]
     pub cluster: ClusterArgs,
     #[command(flatten)]
@@ -227,6 +238,8 @@ struct EventSink {
     pods: Option<PodDirectory>,
     /// Cluster mode: the shared state.
     cluster: Option<ClusterLink>,
+    /// Live runs: raises `capture_degraded` when capture loses sight of traffic.
+    health: Option<CaptureHealth>,
 }
 
 impl EventSink {
@@ -242,6 +255,21 @@ impl EventSink {
             metrics: None,
             pods: None,
             cluster,
+            health: None,
+        }
+    }
+
+    /// Live runs, once a second: what capture lost since the last check.
+    fn check_capture(&mut self, now_ns: u64, kernel: &KernelCounters) {
+        if let Some(health) = &mut self.health {
+            let spots = self.engine.take_blind_spots();
+            health.tick(
+                now_ns,
+                Some(kernel),
+                &self.engine.counters(),
+                spots,
+                &mut self.alerts,
+            );
         }
     }
 
@@ -346,6 +374,18 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut sink = EventSink::new(args.events, &args.engine, cluster);
+    sink.health = Some(CaptureHealth::new(
+        BlindnessLimits {
+            min_events: args.degraded_min_events,
+            quiet_secs: args.degraded_quiet_secs,
+            summary_secs: args.engine.fold_window,
+        },
+        CaptureSettings {
+            ring_bytes: options.ring_bytes,
+            grpc_budget: options.grpc_budget,
+            memory_budget: args.engine.memory_budget,
+        },
+    ));
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
         let pods = PodIndex::shared(args.kube_max_pods);
@@ -429,12 +469,18 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 }
             }
             _ = clock.tick() => {
-                sink.tick(unix_now_ns());
+                let now_ns = unix_now_ns();
+                let kernel = capture.counters()?;
+                sink.tick(now_ns);
+                sink.check_capture(now_ns, &kernel);
                 sink.flush()?;
                 if let Some(metrics) = &sink.metrics
                     && let Ok(mut metrics) = metrics.lock()
                 {
-                    metrics.update(&capture.counters()?, &sink.engine.counters());
+                    metrics.update(&kernel, &sink.engine.counters());
+                    if let Some(health) = &sink.health {
+                        metrics.capture_health(&health.health());
+                    }
                 }
             }
             done = next_done(&mut sink.cluster) => {

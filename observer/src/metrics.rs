@@ -22,7 +22,11 @@ use tokio::{
     sync::Semaphore,
 };
 
-use crate::{budget::MemoryCounters, capture::kernel::KernelCounters, correlate::EngineCounters};
+use crate::{
+    budget::MemoryCounters,
+    capture::kernel::KernelCounters,
+    correlate::{EngineCounters, blindness::ReasonHealth},
+};
 
 type Labels = [(&'static str, &'static str); 1];
 
@@ -57,6 +61,9 @@ pub struct Metrics {
     memory_accounted: Family<Labels, Gauge>,
     memory_shed: Family<Labels, Counter>,
     resident_memory: Family<Labels, Gauge>,
+    capture_degraded: Family<Labels, Gauge>,
+    capture_degraded_episodes: Family<Labels, Gauge>,
+    capture_losses: Family<Labels, Gauge>,
     exported: Exported,
 }
 
@@ -140,8 +147,29 @@ impl Default for Metrics {
             "The process's resident memory from /proc/self/status, now and at its peak",
             resident_memory.clone(),
         );
+        let capture_degraded = Family::<Labels, Gauge>::default();
+        registry.register(
+            "capture_degraded",
+            "1 while capture is degraded for this reason (a capture_degraded episode is open)",
+            capture_degraded.clone(),
+        );
+        let capture_degraded_episodes = Family::<Labels, Gauge>::default();
+        registry.register(
+            "capture_degraded_episodes",
+            "capture_degraded episodes raised since start, by reason",
+            capture_degraded_episodes.clone(),
+        );
+        let capture_losses = Family::<Labels, Gauge>::default();
+        registry.register(
+            "capture_losses",
+            "Losses counted toward capture_degraded since start, by reason (records, connections or entries)",
+            capture_losses.clone(),
+        );
         Self {
             registry,
+            capture_degraded,
+            capture_degraded_episodes,
+            capture_losses,
             memory_budget,
             memory_accounted,
             memory_shed,
@@ -295,6 +323,23 @@ impl Metrics {
                     .get_or_create(&[("which", which)])
                     .set(i64::try_from(bytes).unwrap_or(i64::MAX));
             }
+        }
+    }
+
+    /// Where each capture reason of `capture_degraded` stands.
+    pub fn capture_health(&self, health: &[ReasonHealth]) {
+        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        for reason in health {
+            let labels = [("reason", reason.reason.name())];
+            self.capture_degraded
+                .get_or_create(&labels)
+                .set(i64::from(reason.degraded));
+            self.capture_degraded_episodes
+                .get_or_create(&labels)
+                .set(gauge(reason.episodes));
+            self.capture_losses
+                .get_or_create(&labels)
+                .set(gauge(reason.events));
         }
     }
 

@@ -8,10 +8,11 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::{
+    alert::DegradedReason,
     budget::{self, CONNECTION_BYTES, UPGRADED_CONNECTION_BYTES},
     decode::{
-        DecodeCounters, GrpcConnectionDecoder, GrpcFact, Limits, RequestBody, ResponseBody,
-        WebSocketDecoder, WebSocketFact,
+        DecodeCounters, GrpcConnectionDecoder, GrpcFact, Http1Error, Limits, RequestBody,
+        ResponseBody, Undecodable, WebSocketDecoder, WebSocketFact,
     },
     model::{
         ConnectionId, ConnectionKey, Direction, Event, EventKind, Gateway, PortClass, Process,
@@ -19,7 +20,7 @@ use crate::{
     },
 };
 
-use super::Observation;
+use super::{Observation, blindness::BlindSpots};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConnectionCounters {
@@ -95,6 +96,8 @@ pub struct ConnectionDecoders {
     counters: ConnectionCounters,
     shed_undecoded: u64,
     shed_decoded: u64,
+    /// What the decoders lost since the last `take_blind_spots`.
+    blind_spots: BlindSpots,
 }
 
 /// Upgraded WebSocket connections remembered per decoder slot (`max_connections`): with the
@@ -112,7 +115,13 @@ impl ConnectionDecoders {
             counters: ConnectionCounters::default(),
             shed_undecoded: 0,
             shed_decoded: 0,
+            blind_spots: BlindSpots::default(),
         }
+    }
+
+    /// What the decoders lost since the last call, by reason and process.
+    pub fn take_blind_spots(&mut self) -> BlindSpots {
+        std::mem::take(&mut self.blind_spots)
     }
 
     #[cfg(test)]
@@ -280,8 +289,15 @@ impl ConnectionDecoders {
                 ..
             } = &event.kind
         {
+            let missing = call_len.saturating_sub(payload.len() as u64);
             self.counters.budget_truncated_calls += 1;
-            self.counters.budget_truncated_bytes += call_len.saturating_sub(payload.len() as u64);
+            self.counters.budget_truncated_bytes += missing;
+            self.blind_spots.record(
+                DegradedReason::BudgetExhausted,
+                event.connection,
+                &process_of(event),
+                missing,
+            );
         }
         let limits = self.limits;
         self.open(event);
@@ -309,6 +325,7 @@ impl ConnectionDecoders {
         let observed_before = observations.len();
         let previously_buffered = connection.buffered;
         let counters = &mut self.counters;
+        let spots = &mut self.blind_spots;
         let Connection {
             process,
             gateway,
@@ -320,6 +337,7 @@ impl ConnectionDecoders {
             Protocol::Undetermined | Protocol::Shed => {}
             Protocol::WebSocket(decoder) => {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
+                    note_http1_loss(spots, &fact, event.connection, view.process);
                     observations.extend(websocket_observation(event, &view, fact, counters));
                 }
                 if decoder.is_done() {
@@ -337,11 +355,13 @@ impl ConnectionDecoders {
             }
             Protocol::UpgradeOnGrpcPort(decoder) => {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
+                    note_http1_loss(spots, &fact, event.connection, view.process);
                     observations.extend(upgrade_on_grpc_observation(event, &view, fact));
                 }
             }
             Protocol::Grpc(decoder) => {
                 for fact in decoder.feed(direction, offset, payload) {
+                    note_http2_loss(spots, &fact, event.connection, view.process);
                     observations.extend(grpc_observation(
                         event.ts_ns,
                         event.connection,
@@ -379,6 +399,7 @@ impl ConnectionDecoders {
                     gateway: &connection.gateway,
                 };
                 for fact in decoder.finish() {
+                    note_http2_loss(&mut self.blind_spots, &fact, event.connection, view.process);
                     observations.extend(grpc_observation(
                         event.ts_ns,
                         event.connection,
@@ -398,6 +419,49 @@ impl ConnectionDecoders {
             connection: event.connection,
             ts_ns: event.ts_ns,
         });
+    }
+}
+
+/// A decoder that stopped seeing its connection is a blind spot. Joining mid-stream is not
+/// counted here: every connection open when the observer starts does it.
+fn note_http2_loss(
+    spots: &mut BlindSpots,
+    fact: &GrpcFact,
+    connection: ConnectionId,
+    process: &Process,
+) {
+    let GrpcFact::Undecodable(reason) = fact else {
+        return;
+    };
+    match reason {
+        Undecodable::JoinedMidStream { .. } => {}
+        Undecodable::Gap { missing, .. } => {
+            spots.record(DegradedReason::LostSync, connection, process, *missing);
+        }
+        Undecodable::NoClientPreface
+        | Undecodable::BufferOverflow { .. }
+        | Undecodable::Framing { .. }
+        | Undecodable::Hpack { .. } => {
+            spots.record(DegradedReason::Undecodable, connection, process, 0);
+        }
+    }
+}
+
+fn note_http1_loss(
+    spots: &mut BlindSpots,
+    fact: &WebSocketFact,
+    connection: ConnectionId,
+    process: &Process,
+) {
+    let WebSocketFact::Undecodable { reason, .. } = fact else {
+        return;
+    };
+    match reason {
+        Http1Error::JoinedMidStream(_) => {}
+        Http1Error::Gap { .. } => spots.record(DegradedReason::LostSync, connection, process, 0),
+        Http1Error::HeadTooLarge(_) | Http1Error::Parse(_) => {
+            spots.record(DegradedReason::Undecodable, connection, process, 0);
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! through one decoder per connection (`connections`) into `Observation`s, which `detectors`
 //! dispatches to one detector per alert kind.
 
+pub mod blindness;
 mod churn;
 pub mod connections;
 mod detectors;
@@ -178,6 +179,11 @@ impl Engine {
         // The engine's own clock: event time in a replay, wall time live.
         let now_ns = self.latest_ts_ns.max(self.last_tick_ns);
         self.detectors.merge_ring_evidence(evidence, now_ns);
+    }
+
+    /// What the decoders lost since the last call (for `blindness::CaptureHealth`).
+    pub fn take_blind_spots(&mut self) -> blindness::BlindSpots {
+        self.decoders.take_blind_spots()
     }
 
     /// Estimated bytes held, by table, and what was shed.

@@ -1,0 +1,169 @@
+//! Loads that test the observer's memory budget (issue 10), on loopback: a flood of garbage
+//! to a watched gRPC port, and many users placed over watched WebSocket connections. The
+//! memory test and `cargo xtask bench` run them beside a real observer and read its peak
+//! resident memory from its stop line (VmHWM of its own /proc/self/status).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The issue's flood: this many connections…
+pub const FLOOD_CONNECTIONS: usize = 1_500;
+/// …each writing this much: the HTTP/2 client preface, a frame header announcing a frame just
+/// under the decoder's 1 MiB limit, and filler up to the default per-connection capture budget,
+/// so every captured byte is one a decoder would buffer.
+pub const FLOOD_BYTES_PER_CONNECTION: usize = 256 << 10;
+
+fn garbage() -> Vec<u8> {
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // DATA frame of 0x0ffff0 (1,048,560) bytes on stream 1.
+    bytes.extend_from_slice(&[0x0f, 0xff, 0xf0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01]);
+    bytes.resize(FLOOD_BYTES_PER_CONNECTION, 0x5a);
+    bytes
+}
+
+/// A server on `port` that accepts everything and reads it all; `answer` is written once a
+/// connection's first bytes arrive (a WebSocket server's 101).
+async fn sink_server(
+    port: u16,
+    answer: Option<&'static [u8]>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("bind 127.0.0.1:{port}"))?;
+    Ok(tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 16 << 10];
+                let mut answered = answer.is_none();
+                while let Ok(read) = socket.read(&mut buffer).await {
+                    if read == 0 {
+                        return;
+                    }
+                    if !answered {
+                        answered = true;
+                        if socket.write_all(answer.unwrap_or_default()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    }))
+}
+
+/// Opens `FLOOD_CONNECTIONS` connections to `port`, writes the garbage on each, holds them open
+/// for `hold`; returns how many wrote it all.
+pub async fn garbage_flood(port: u16, hold: Duration) -> anyhow::Result<usize> {
+    raise_descriptor_limit(4 * FLOOD_CONNECTIONS as u64)?;
+    let server = sink_server(port, None).await?;
+    let payload = Arc::new(garbage());
+    let clients: Vec<_> = (0..FLOOD_CONNECTIONS)
+        .map(|_| {
+            let payload = Arc::clone(&payload);
+            tokio::spawn(async move {
+                let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+                stream.write_all(&payload).await.ok()?;
+                Some(stream)
+            })
+        })
+        .collect();
+    let mut open = Vec::new();
+    for client in clients {
+        if let Ok(Some(stream)) = client.await {
+            open.push(stream);
+        }
+    }
+    tokio::time::sleep(hold).await;
+    let written = open.len();
+    drop(open);
+    server.abort();
+    Ok(written)
+}
+
+/// Places `users` users: one WebSocket upgrade each to `port` (answered 101), every connection
+/// held open for `hold`, as a proxy holds one per online user. Returns how many were answered.
+pub async fn placed_users(port: u16, users: usize, hold: Duration) -> anyhow::Result<usize> {
+    raise_descriptor_limit(2 * users as u64 + 1_024)?;
+    let server = sink_server(
+        port,
+        Some(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"),
+    )
+    .await?;
+    let mut open = Vec::with_capacity(users);
+    // In batches, so the listen backlog never overflows.
+    for batch in (0..users).collect::<Vec<_>>().chunks(1_000) {
+        let clients: Vec<_> = batch
+            .iter()
+            .map(|&user| {
+                tokio::spawn(async move {
+                    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+                    let request = format!(
+                        "GET /?sendID=bench-user-{user}&platformID=1 HTTP/1.1\r\nHost: gw-0\r\n\
+                         Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+                    );
+                    stream.write_all(request.as_bytes()).await.ok()?;
+                    let mut answer = [0u8; 128];
+                    let read = stream.read(&mut answer).await.ok()?;
+                    (read > 0).then_some(stream)
+                })
+            })
+            .collect();
+        for client in clients {
+            if let Ok(Some(stream)) = client.await {
+                open.push(stream);
+            }
+        }
+    }
+    tokio::time::sleep(hold).await;
+    let placed = open.len();
+    drop(open);
+    server.abort();
+    Ok(placed)
+}
+
+/// Both ends of every connection are in this process.
+fn raise_descriptor_limit(wanted: u64) -> anyhow::Result<()> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to an rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            anyhow::bail!("getrlimit: {}", std::io::Error::last_os_error());
+        }
+        if limit.rlim_cur >= wanted {
+            return Ok(());
+        }
+        limit.rlim_cur = wanted.max(limit.rlim_cur);
+        limit.rlim_max = limit.rlim_max.max(wanted);
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+            anyhow::bail!(
+                "raising the descriptor limit to {wanted}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The observer's stop line (`observer_stopped`, on stderr).
+pub fn stop_line(stderr: &str) -> anyhow::Result<Value> {
+    stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["kind"] == "observer_stopped")
+        .context("the observer printed no stop line")
+}
+
+/// Its peak resident memory, in bytes, from the stop line.
+pub fn peak_resident_bytes(stop_line: &Value) -> anyhow::Result<u64> {
+    stop_line["resident_memory"]["peak_bytes"]
+        .as_u64()
+        .context("no resident_memory.peak_bytes in the stop line")
+}
