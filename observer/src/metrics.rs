@@ -516,6 +516,35 @@ mod tests {
         );
     }
 
+    #[test]
+    fn memory_and_capture_health_are_exported() {
+        use crate::{alert::DegradedReason, correlate::blindness::ReasonHealth};
+        let mut metrics = Metrics::default();
+        let mut engine = EngineCounters::default();
+        engine.memory.budget_bytes = 1 << 20;
+        engine.memory.decoder_buffer_bytes = 4096;
+        engine.memory.shed_undecoded_decoders = 7;
+        metrics.update(&KernelCounters::default(), &engine);
+        metrics.capture_health(&[ReasonHealth {
+            reason: DegradedReason::RingFull,
+            degraded: true,
+            episodes: 1,
+            events: 42,
+        }]);
+        let text = metrics.render();
+        for expected in [
+            "openim_observer_memory_budget_bytes 1048576",
+            "openim_observer_memory_accounted_bytes{table=\"decoder_buffers\"} 4096",
+            "openim_observer_memory_shed_total{what=\"undecoded_decoders\"} 7",
+            "openim_observer_resident_memory_bytes{which=\"peak\"}",
+            "openim_observer_capture_degraded{reason=\"ring_full\"} 1",
+            "openim_observer_capture_degraded_episodes{reason=\"ring_full\"} 1",
+            "openim_observer_capture_losses{reason=\"ring_full\"} 42",
+        ] {
+            assert!(text.contains(expected), "{expected} missing: {text}");
+        }
+    }
+
     #[tokio::test]
     async fn serves_metrics_over_http() {
         let listener = bind("127.0.0.1:0").await.unwrap();

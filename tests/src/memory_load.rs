@@ -167,3 +167,63 @@ pub fn peak_resident_bytes(stop_line: &Value) -> anyhow::Result<u64> {
         .as_u64()
         .context("no resident_memory.peak_bytes in the stop line")
 }
+
+/// Ports of `cargo xtask bench`'s memory rounds, on loopback.
+const BENCH_GRPC_PORT: u16 = 47_288;
+const BENCH_WS_PORT: u16 = 47_280;
+/// The 100k-user round.
+pub const BENCH_USERS: usize = 100_000;
+
+/// `cargo xtask bench`'s memory section: the observer's peak resident memory under the
+/// garbage flood (with the default budget, and with a budget too large to bind, for
+/// reference) and with `BENCH_USERS` users placed. Returns the lines to print.
+pub async fn measure(observer: &std::path::Path) -> anyhow::Result<String> {
+    let ports = [
+        "--grpc-port".to_owned(),
+        BENCH_GRPC_PORT.to_string(),
+        "--ws-port".to_owned(),
+        BENCH_WS_PORT.to_string(),
+    ];
+    let mut report = String::from("\nMemory (peak resident memory of the observer, VmHWM)\n");
+    let unbounded = (1u64 << 40).to_string();
+    let rounds: [(&str, Vec<&str>, bool); 3] = [
+        ("garbage flood, default budget", vec![], true),
+        (
+            "garbage flood, no budget (reference)",
+            vec!["--memory-budget", &unbounded],
+            true,
+        ),
+        ("100k placed users, default budget", vec![], false),
+    ];
+    for (label, extra, flood) in rounds {
+        let args: Vec<&str> = ports.iter().map(String::as_str).chain(extra).collect();
+        let process = crate::observed::ObserverProcess::start(observer, &args)?;
+        let done = if flood {
+            garbage_flood(BENCH_GRPC_PORT, Duration::from_secs(3)).await
+        } else {
+            placed_users(BENCH_WS_PORT, BENCH_USERS, Duration::from_secs(3)).await
+        };
+        let output = process.stop()?;
+        let done = done?;
+        let stopped = stop_line(&output.stderr)?;
+        let peak = peak_resident_bytes(&stopped)?;
+        let engine = &stopped["engine"];
+        let what = if flood {
+            format!("{done} connections × {FLOOD_BYTES_PER_CONNECTION} bytes")
+        } else {
+            format!("{done} users placed, {} tracked", engine["users_tracked"])
+        };
+        report.push_str(&format!(
+            "  {label:<40} peak {:>6.1} MiB  ({what}; shed {}, evicted {}, ring drops {})\n",
+            peak as f64 / f64::from(1 << 20),
+            engine["memory"]["shed_undecoded_decoders"]
+                .as_u64()
+                .unwrap_or(0)
+                + engine["memory"]["shed_decoders"].as_u64().unwrap_or(0)
+                + engine["memory"]["shed_users"].as_u64().unwrap_or(0),
+            engine["connections"]["evicted"],
+            stopped["kernel"]["ring_full_drops"],
+        ));
+    }
+    Ok(report)
+}
