@@ -8,11 +8,11 @@
 //!
 //! Every table has a cap; what a cap turns away is counted, never silently lost.
 
-use crate::budget;
 use std::{collections::HashMap, net::IpAddr};
 
 use crate::{
     alert::{Alert, FoldWindows},
+    budget,
     model::{ConnectionId, ConnectionKey},
 };
 
@@ -93,7 +93,7 @@ pub enum FoldKey {
 
 pub struct Detectors {
     pub(super) placements: Placements,
-    push_calls: PushCalls,
+    pub(super) push_calls: PushCalls,
     rings: RingVerdicts,
     churn: Churn,
     upgrades_on_grpc: UpgradesOnGrpc,
@@ -243,7 +243,8 @@ impl Detectors {
                     cluster.member_seen(RingSide::Push, member, gateway.ip, ts_ns);
                 }
                 self.churn.called(connection, ts_ns);
-                self.push_calls.called(
+                let (calls, mut judge) = self.judge();
+                calls.called(
                     connection,
                     stream_id,
                     PendingCall {
@@ -254,6 +255,8 @@ impl Detectors {
                         message,
                         recipients,
                     },
+                    &mut judge,
+                    alerts,
                 );
             }
             Observation::PushAnswered {
