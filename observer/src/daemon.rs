@@ -424,6 +424,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "ws_ports": options.websocket_ports,
         "grpc_budget": options.grpc_budget,
         "ring_bytes": options.ring_bytes,
+        "memory_budget": args.engine.memory_budget,
         "version": env!("CARGO_PKG_VERSION"),
     });
     if let Some(link) = &mut sink.cluster {
