@@ -101,7 +101,7 @@ pub async fn placed_users(port: u16, users: usize, hold: Duration) -> anyhow::Re
             .iter()
             .map(|&user| {
                 tokio::spawn(async move {
-                    let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+                    let mut stream = connect_from_own_address(user, port).await?;
                     let request = format!(
                         "GET /?sendID=bench-user-{user}&platformID=1 HTTP/1.1\r\nHost: gw-0\r\n\
                          Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
@@ -124,6 +124,15 @@ pub async fn placed_users(port: u16, users: usize, hold: Duration) -> anyhow::Re
     drop(open);
     server.abort();
     Ok(placed)
+}
+
+/// Connects to 127.0.0.1:`port` from a loopback address of `user`'s own (127.1.0.0/16, 250
+/// users each): one source address has only ~28k ephemeral ports for one destination.
+async fn connect_from_own_address(user: usize, port: u16) -> Option<TcpStream> {
+    let source = std::net::Ipv4Addr::new(127, 1, (user / 250 % 256) as u8, (user % 250 + 1) as u8);
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind((source, 0).into()).ok()?;
+    socket.connect(([127, 0, 0, 1], port).into()).await.ok()
 }
 
 /// Both ends of every connection are in this process.
