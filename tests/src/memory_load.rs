@@ -59,7 +59,12 @@ async fn sink_server(
 /// Opens `FLOOD_CONNECTIONS` connections to `port`, writes the garbage on each, holds them open
 /// for `hold`; returns how many wrote it all.
 pub async fn garbage_flood(port: u16, hold: Duration) -> anyhow::Result<usize> {
-    raise_descriptor_limit(4 * FLOOD_CONNECTIONS as u64)?;
+    let limit = raise_descriptor_limit(4 * FLOOD_CONNECTIONS as u64)?;
+    anyhow::ensure!(
+        limit >= 2 * FLOOD_CONNECTIONS as u64 + 64,
+        "the flood needs {} descriptors, the limit is {limit}",
+        2 * FLOOD_CONNECTIONS + 64
+    );
     let server = sink_server(port, None).await?;
     let payload = Arc::new(garbage());
     let clients: Vec<_> = (0..FLOOD_CONNECTIONS)
@@ -88,7 +93,9 @@ pub async fn garbage_flood(port: u16, hold: Duration) -> anyhow::Result<usize> {
 /// Places `users` users: one WebSocket upgrade each to `port` (answered 101), every connection
 /// held open for `hold`, as a proxy holds one per online user. Returns how many were answered.
 pub async fn placed_users(port: u16, users: usize, hold: Duration) -> anyhow::Result<usize> {
-    raise_descriptor_limit(2 * users as u64 + 1_024)?;
+    // Both ends are in this process: as many as its descriptor limit allows.
+    let limit = raise_descriptor_limit(2 * users as u64 + 1_024)?;
+    let users = users.min(usize::try_from(limit.saturating_sub(1_024) / 2).unwrap_or(users));
     let server = sink_server(
         port,
         Some(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"),
@@ -135,8 +142,9 @@ async fn connect_from_own_address(user: usize, port: u16) -> Option<TcpStream> {
     socket.connect(([127, 0, 0, 1], port).into()).await.ok()
 }
 
-/// Both ends of every connection are in this process.
-fn raise_descriptor_limit(wanted: u64) -> anyhow::Result<()> {
+/// Both ends of every connection are in this process: raises the soft descriptor limit toward
+/// `wanted`, as far as the hard limit allows; returns the limit now.
+fn raise_descriptor_limit(wanted: u64) -> anyhow::Result<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -147,18 +155,18 @@ fn raise_descriptor_limit(wanted: u64) -> anyhow::Result<()> {
             anyhow::bail!("getrlimit: {}", std::io::Error::last_os_error());
         }
         if limit.rlim_cur >= wanted {
-            return Ok(());
+            return Ok(limit.rlim_cur);
         }
-        limit.rlim_cur = wanted.max(limit.rlim_cur);
-        limit.rlim_max = limit.rlim_max.max(wanted);
+        limit.rlim_cur = wanted.min(limit.rlim_max);
         if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
             anyhow::bail!(
-                "raising the descriptor limit to {wanted}: {}",
+                "raising the descriptor limit to {}: {}",
+                limit.rlim_cur,
                 std::io::Error::last_os_error()
             );
         }
     }
-    Ok(())
+    Ok(limit.rlim_cur)
 }
 
 /// The observer's stop line (`observer_stopped`, on stderr).
@@ -202,7 +210,7 @@ pub async fn measure(observer: &std::path::Path) -> anyhow::Result<String> {
             vec!["--memory-budget", &unbounded],
             true,
         ),
-        ("100k placed users, default budget", vec![], false),
+        ("100k placed users (as the fd limit allows)", vec![], false),
     ];
     for (label, extra, flood) in rounds {
         let args: Vec<&str> = ports.iter().map(String::as_str).chain(extra).collect();
