@@ -5,11 +5,11 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, CgroupArray, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
+pub use observer_records::{Budget, Connection, SocketKey, SocketState};
 use observer_records::{
     CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_CGROUP_SCOPES,
     MAX_WATCHED_PORTS,
 };
-pub use observer_records::{Budget, Connection, SocketKey, SocketState};
 
 use crate::copy::CopyState;
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use observer::alert::Alert;
+use observer::budget::MemoryBudget;
 use observer::capture::recording;
 use observer::correlate::{Engine, EngineConfig, RouteLimits};
 use observer::model::Event;
@@ -23,6 +24,8 @@ fn engine_config() -> EngineConfig {
     let defaults = EngineConfig::default();
     EngineConfig {
         max_connections,
+        // Measures the detectors, not shedding: the budget holds every user.
+        memory: MemoryBudget::new(4 << 30),
         routes: RouteLimits {
             max_tracked_connections: max_connections * 4,
             ..defaults.routes

@@ -15,6 +15,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     alert::{Alert, SCHEMA_VERSION},
+    budget::MemoryBudget,
     capture::{
         kernel::{
             CaptureError, CaptureOptions, CopyWalk, DRAIN_INTERVAL, KernelCapture, KernelCounters,
@@ -25,11 +26,15 @@ use crate::{
         ClusterArgs, ClusterError, ClusterLink, SharedState, StoreMetrics, link::Done,
         store::StoreError,
     },
-    correlate::{Engine, EngineConfig, RouteLimits},
+    correlate::{
+        Engine, EngineConfig, RouteLimits,
+        blindness::{BlindnessLimits, CaptureHealth},
+    },
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     lines::{BoundedLines, LineError},
     metrics::{self, Metrics, MetricsError},
     model::Event,
+    openim::diagnosis::CaptureSettings,
     tools::in_range,
 };
 
@@ -119,6 +124,13 @@ pub struct RunArgs {
     /// namespace). The namespaces OpenIM runs in are enough, and need only a namespaced Role.
     #[arg(long = "kube-namespace", value_name = "NS", requires = "kube")]
     pub kube_namespaces: Vec<String>,
+    /// `capture_degraded`: how much a loss (dropped records, lost or undecodable connections,
+    /// evictions, bytes past the capture budget) must grow within one second to be raised.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub degraded_min_events: u64,
+    /// `capture_degraded`: seconds without further loss before it is `recovered`.
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub degraded_quiet_secs: u64,
     #[command(flatten)]
     pub cluster: ClusterArgs,
     #[command(flatten)]
@@ -157,10 +169,17 @@ pub struct ReplayArgs {
 /// Bounds and windows of the correlation engine.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// Users with a live WebSocket placement tracked at once; more are counted and ignored.
+    /// Bytes every table and buffer together may hold (estimated: decoder buffers, connections,
+    /// users, pending calls, fold windows). Past it the least useful state is shed and counted.
+    /// The default fits the shipped 256 MiB pod limit; deploy/README.md gives the sizing rule.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::budget::DEFAULT_MEMORY_BUDGET, value_parser = in_range(1 << 20, 1 << 40))]
+    pub memory_budget: usize,
+    /// Users with a live WebSocket placement tracked at once (also bounded by
+    /// --memory-budget); a full table evicts the users placed longest ago, counted.
     #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = in_range(1, 100_000_000))]
     pub max_users: usize,
-    /// Connections decoded at once; more are counted and ignored.
+    /// Connections decoded at once (also bounded by --memory-budget); a full table evicts the
+    /// connections idle longest, counted.
     #[arg(long, value_name = "N", default_value_t = 65_536, value_parser = in_range(1, 1 << 24))]
     pub max_connections: usize,
     /// Bytes one connection's decoder buffers per direction at most.
@@ -181,10 +200,17 @@ impl EngineArgs {
     /// `node`: this node's name in cluster mode.
     fn config(&self, node: Option<String>) -> EngineConfig {
         let defaults = EngineConfig::default();
+        let memory = MemoryBudget::new(self.memory_budget);
+        let max_connections = self.max_connections.min(memory.max_connections());
         EngineConfig {
             routes: RouteLimits {
-                max_users: self.max_users,
-                max_tracked_connections: self.max_connections.saturating_mul(4),
+                max_users: self.max_users.min(memory.max_users()),
+                max_tracked_connections: max_connections.saturating_mul(4),
+                max_pending_calls: defaults
+                    .routes
+                    .max_pending_calls
+                    .min(memory.max_pending_calls()),
+                max_fold_keys: defaults.routes.max_fold_keys.min(memory.max_fold_windows()),
                 fold_window_secs: self.fold_window,
                 ring_settle_secs: self.ring_settle,
                 churn_min_new_connections: self.churn_min_connections,
@@ -194,7 +220,8 @@ impl EngineArgs {
                 max_buffered_bytes: self.max_buffered_bytes,
                 ..defaults.decode
             },
-            max_connections: self.max_connections,
+            max_connections,
+            memory,
             node,
         }
     }
@@ -235,6 +262,8 @@ struct EventSink {
     pods: Option<PodDirectory>,
     /// Cluster mode: the shared state.
     cluster: Option<ClusterLink>,
+    /// Live runs: raises `capture_degraded` when capture loses sight of traffic.
+    health: Option<CaptureHealth>,
 }
 
 impl EventSink {
@@ -250,6 +279,21 @@ impl EventSink {
             metrics: None,
             pods: None,
             cluster,
+            health: None,
+        }
+    }
+
+    /// Live runs, once a second: what capture lost since the last check.
+    fn check_capture(&mut self, now_ns: u64, kernel: &KernelCounters) {
+        if let Some(health) = &mut self.health {
+            let spots = self.engine.take_blind_spots();
+            health.tick(
+                now_ns,
+                Some(kernel),
+                &self.engine.counters(),
+                spots,
+                &mut self.alerts,
+            );
         }
     }
 
@@ -355,6 +399,18 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut sink = EventSink::new(args.events, &args.engine, cluster);
+    sink.health = Some(CaptureHealth::new(
+        BlindnessLimits {
+            min_events: args.degraded_min_events,
+            quiet_secs: args.degraded_quiet_secs,
+            summary_secs: args.engine.fold_window,
+        },
+        CaptureSettings {
+            ring_bytes: options.ring_bytes,
+            grpc_budget: options.grpc_budget,
+            memory_budget: args.engine.memory_budget,
+        },
+    ));
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
         let pods = PodIndex::shared(args.kube_max_pods);
@@ -403,6 +459,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "grpc_budget_refill": options.grpc_budget_refill,
         "ring_bytes": options.ring_bytes,
         "copy_walk": capture.copy_walk(),
+        "memory_budget": args.engine.memory_budget,
         "version": env!("CARGO_PKG_VERSION"),
         "adopted_connections": {"grpc": adopted_grpc, "websocket": adopted_websockets},
     });
@@ -460,12 +517,18 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 }
             }
             _ = clock.tick() => {
-                sink.tick(unix_now_ns());
+                let now_ns = unix_now_ns();
+                let kernel = capture.counters()?;
+                sink.tick(now_ns);
+                sink.check_capture(now_ns, &kernel);
                 sink.flush()?;
                 if let Some(metrics) = &sink.metrics
                     && let Ok(mut metrics) = metrics.lock()
                 {
-                    metrics.update(&capture.counters()?, &sink.engine.counters());
+                    metrics.update(&kernel, &sink.engine.counters());
+                    if let Some(health) = &sink.health {
+                        metrics.capture_health(&health.health());
+                    }
                 }
             }
             _ = reconcile_timer.tick() => {
@@ -519,6 +582,7 @@ fn report_stop(
         "malformed_records": malformed_records,
         "kernel": kernel,
         "engine": engine.counters(),
+        "resident_memory": crate::budget::resident_memory(),
     });
     if let Some(state) = shared_state {
         line["shared_state"] = serde_json::json!(state.health().counters());

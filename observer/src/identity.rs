@@ -403,7 +403,15 @@ impl PodDirectory {
                 self.name_gateway(&mut pushed_to.gateway);
                 self.name_process(&mut pushed_to.pusher);
             }
-            AlertBody::RingDivergence { .. } | AlertBody::CaptureDegraded { .. } => {}
+            AlertBody::RingDivergence { .. } => {}
+            AlertBody::CaptureDegraded { affected, .. } => {
+                for process in affected
+                    .iter_mut()
+                    .flat_map(|affected| &mut affected.processes)
+                {
+                    self.name_process(&mut process.process);
+                }
+            }
             AlertBody::WsUpgradeOnGrpcPort { gateway, proxy, .. } => {
                 self.name_gateway(gateway);
                 self.name_process(proxy);

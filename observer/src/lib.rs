@@ -5,11 +5,13 @@
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).
 //!
 //! Layers, bottom-up; each imports only from those before it in this list (README:
-//! Architecture): `model`, `openim`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
+//! Architecture): `model`, `budget`, `openim`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
 //! the edges `lines`, `cluster`, `identity`, `metrics`, `tools`, `daemon`.
 
 // The shared vocabulary and OpenIM knowledge.
 pub mod model;
+// What every table draws on.
+pub mod budget;
 pub mod openim;
 // Bytes: privacy, decoding, capture.
 pub mod capture;

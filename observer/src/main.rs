@@ -18,6 +18,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start and matched at once: the variants' sizes cost nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Attach to the kernel and watch connections to the gateway ports (needs root or

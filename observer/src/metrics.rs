@@ -22,7 +22,11 @@ use tokio::{
     sync::Semaphore,
 };
 
-use crate::{capture::kernel::KernelCounters, correlate::EngineCounters};
+use crate::{
+    budget::MemoryCounters,
+    capture::kernel::KernelCounters,
+    correlate::{EngineCounters, blindness::ReasonHealth},
+};
 
 type Labels = [(&'static str, &'static str); 1];
 
@@ -53,6 +57,13 @@ pub struct Metrics {
     users_tracked: Gauge,
     kernel_to_alert_seconds: Histogram,
     accept_errors: Counter,
+    memory_budget: Gauge,
+    memory_accounted: Family<Labels, Gauge>,
+    memory_shed: Family<Labels, Counter>,
+    resident_memory: Family<Labels, Gauge>,
+    capture_degraded: Family<Labels, Gauge>,
+    capture_degraded_episodes: Family<Labels, Gauge>,
+    capture_losses: Family<Labels, Gauge>,
     exported: Exported,
 }
 
@@ -112,8 +123,57 @@ impl Default for Metrics {
             "Connections to this endpoint that could not be accepted (e.g. out of file descriptors)",
             accept_errors.clone(),
         );
+        let memory_budget = Gauge::default();
+        registry.register(
+            "memory_budget_bytes",
+            "--memory-budget: what every table and buffer together may hold",
+            memory_budget.clone(),
+        );
+        let memory_accounted = Family::<Labels, Gauge>::default();
+        registry.register(
+            "memory_accounted_bytes",
+            "Estimated bytes held against the memory budget, by table",
+            memory_accounted.clone(),
+        );
+        let memory_shed = Family::<Labels, Counter>::default();
+        registry.register(
+            "memory_shed",
+            "State dropped to keep to the memory budget, by what (least useful first)",
+            memory_shed.clone(),
+        );
+        let resident_memory = Family::<Labels, Gauge>::default();
+        registry.register(
+            "resident_memory_bytes",
+            "The process's resident memory from /proc/self/status, now and at its peak",
+            resident_memory.clone(),
+        );
+        let capture_degraded = Family::<Labels, Gauge>::default();
+        registry.register(
+            "capture_degraded",
+            "1 while capture is degraded for this reason (a capture_degraded episode is open)",
+            capture_degraded.clone(),
+        );
+        let capture_degraded_episodes = Family::<Labels, Gauge>::default();
+        registry.register(
+            "capture_degraded_episodes",
+            "capture_degraded episodes raised since start, by reason",
+            capture_degraded_episodes.clone(),
+        );
+        let capture_losses = Family::<Labels, Gauge>::default();
+        registry.register(
+            "capture_losses",
+            "Losses counted toward capture_degraded since start, by reason (records, connections or entries)",
+            capture_losses.clone(),
+        );
         Self {
             registry,
+            capture_degraded,
+            capture_degraded_episodes,
+            capture_losses,
+            memory_budget,
+            memory_accounted,
+            memory_shed,
+            resident_memory,
             events,
             kernel,
             decode_failures,
@@ -220,10 +280,67 @@ impl Metrics {
             .set(i64::try_from(engine.connections.tracked).unwrap_or(i64::MAX));
         self.users_tracked
             .set(i64::try_from(engine.users_tracked).unwrap_or(i64::MAX));
+        self.update_memory(&engine.memory, &previous.engine.memory);
         self.exported = Exported {
             kernel: kernel.clone(),
             engine: engine.clone(),
         };
+    }
+
+    fn update_memory(&self, memory: &MemoryCounters, before: &MemoryCounters) {
+        let gauge = |bytes: usize| i64::try_from(bytes).unwrap_or(i64::MAX);
+        self.memory_budget.set(gauge(memory.budget_bytes));
+        for (table, bytes) in [
+            ("decoder_buffers", memory.decoder_buffer_bytes),
+            ("connections", memory.connection_bytes),
+            ("users", memory.user_bytes),
+            ("pending_calls", memory.pending_call_bytes),
+            ("fold_windows", memory.fold_window_bytes),
+        ] {
+            self.memory_accounted
+                .get_or_create(&[("table", table)])
+                .set(gauge(bytes));
+        }
+        for (what, now, was) in [
+            (
+                "undecoded_decoders",
+                memory.shed_undecoded_decoders,
+                before.shed_undecoded_decoders,
+            ),
+            ("decoders", memory.shed_decoders, before.shed_decoders),
+            ("users", memory.shed_users, before.shed_users),
+        ] {
+            self.memory_shed
+                .get_or_create(&[("what", what)])
+                .inc_by(now.saturating_sub(was));
+        }
+        if let Some(resident) = crate::budget::resident_memory() {
+            for (which, bytes) in [
+                ("current", resident.current_bytes),
+                ("peak", resident.peak_bytes),
+            ] {
+                self.resident_memory
+                    .get_or_create(&[("which", which)])
+                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
+    /// Where each capture reason of `capture_degraded` stands.
+    pub fn capture_health(&self, health: &[ReasonHealth]) {
+        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        for reason in health {
+            let labels = [("reason", reason.reason.name())];
+            self.capture_degraded
+                .get_or_create(&labels)
+                .set(i64::from(reason.degraded));
+            self.capture_degraded_episodes
+                .get_or_create(&labels)
+                .set(gauge(reason.episodes));
+            self.capture_losses
+                .get_or_create(&labels)
+                .set(gauge(reason.events));
+        }
     }
 
     pub fn alert(&self, kind: &'static str, kernel_to_alert_seconds: f64) {
@@ -397,6 +514,35 @@ mod tests {
             text.contains("openim_observer_kernel_to_alert_seconds_count 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn memory_and_capture_health_are_exported() {
+        use crate::{alert::DegradedReason, correlate::blindness::ReasonHealth};
+        let mut metrics = Metrics::default();
+        let mut engine = EngineCounters::default();
+        engine.memory.budget_bytes = 1 << 20;
+        engine.memory.decoder_buffer_bytes = 4096;
+        engine.memory.shed_undecoded_decoders = 7;
+        metrics.update(&KernelCounters::default(), &engine);
+        metrics.capture_health(&[ReasonHealth {
+            reason: DegradedReason::RingFull,
+            degraded: true,
+            episodes: 1,
+            events: 42,
+        }]);
+        let text = metrics.render();
+        for expected in [
+            "openim_observer_memory_budget_bytes 1048576",
+            "openim_observer_memory_accounted_bytes{table=\"decoder_buffers\"} 4096",
+            "openim_observer_memory_shed_total{what=\"undecoded_decoders\"} 7",
+            "openim_observer_resident_memory_bytes{which=\"peak\"}",
+            "openim_observer_capture_degraded{reason=\"ring_full\"} 1",
+            "openim_observer_capture_degraded_episodes{reason=\"ring_full\"} 1",
+            "openim_observer_capture_losses{reason=\"ring_full\"} 42",
+        ] {
+            assert!(text.contains(expected), "{expected} missing: {text}");
+        }
     }
 
     #[tokio::test]

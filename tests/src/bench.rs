@@ -8,6 +8,8 @@
 //! 2. Nanoseconds one 64-byte `write(2)` on loopback TCP takes, to a watched and to an unwatched
 //!    port, under each watcher; the difference with no watcher is what a watched or an unwatched
 //!    write pays.
+//! 3. The observer's peak resident memory under issue 10's garbage flood and with 100k users
+//!    placed (`memory_load`).
 //!
 //! Every watcher runs as a child that is stopped (SIGINT, then SIGKILL) when its handle drops,
 //! so an error or Ctrl-C leaves no process and no program loaded.
@@ -58,6 +60,8 @@ pub struct BenchConfig {
     pub users: usize,
     /// 64-byte writes per timed loop.
     pub writes: usize,
+    /// Only the memory section.
+    pub memory_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -94,12 +98,16 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
         "observer binary {} not found: build it with `cargo xtask build --release`",
         config.observer.display()
     );
+    if config.memory_only {
+        return crate::memory_load::measure(&config.observer).await;
+    }
     let bpftrace = find_in_path("bpftrace")
         .context("bpftrace not found: install it with `apt-get install -y bpftrace`")?;
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let floods = measure_pushes(&config, &bpftrace).await?;
     let writes = measure_writes(&config, &bpftrace).await?;
-    Ok(render(&config, load_before.trim(), &floods, &writes))
+    let memory = crate::memory_load::measure(&config.observer).await?;
+    Ok(render(&config, load_before.trim(), &floods, &writes) + &memory)
 }
 
 // ---------------------------------------------------------------------------------------------

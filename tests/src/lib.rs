@@ -16,6 +16,7 @@
 pub mod bench;
 pub mod demo;
 pub mod lab;
+pub mod memory_load;
 pub mod observed;
 pub mod privileges;
 pub mod redis_server;

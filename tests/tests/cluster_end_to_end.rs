@@ -203,7 +203,11 @@ fn assert_exact(run: &ClusterRun) {
     let repeated: Vec<_> = printed.iter().filter(|(_, count)| **count != 1).collect();
     assert!(repeated.is_empty(), "printed more than once: {repeated:?}");
     let firsts = printed.keys().filter(|(_, summary)| !summary).count();
-    assert_eq!(firsts, score.alerted.len(), "one first alert per alerted user");
+    assert_eq!(
+        firsts,
+        score.alerted.len(),
+        "one first alert per alerted user"
+    );
 }
 
 /// One `ring_divergence` cluster-wide, with the right diagnosis.

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
 use observer::correlate::{Engine, EngineConfig, RouteLimits, connections::UPGRADED_PER_SLOT};
+use observer::budget::MemoryBudget;
 use observer::decode::Limits;
 use observer::model::{EventKind, PortClass};
 use observer::privacy::ContentScrubber;
@@ -42,6 +43,7 @@ fuzz_target!(|data: &[u8]| {
             max_http1_head_bytes: 2048,
         },
         max_connections: MAX_CONNECTIONS,
+        memory: MemoryBudget::new(1 << 20),
         node: None,
     });
     let mut scrubbers: HashMap<u64, ContentScrubber> = HashMap::new();

@@ -47,7 +47,6 @@ impl<K: Clone + Eq + Hash + Ord> FoldWindows<K> {
         self.keys_evicted
     }
 
-    #[cfg(test)]
     pub fn open_windows(&self) -> usize {
         self.folds.len()
     }

@@ -97,9 +97,9 @@ pub struct PushInfo {
     pub node: Option<String>,
 }
 
-/// Why the observer sees less than it should. Issue 9's capture faults (ring buffer full,
-/// lost sync, …) join this list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Why the observer sees less than it should. Each reason is its own episode (raised, then
+/// recovered); a new one needs a variant here, its name in `name`, and a diagnosis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DegradedReason {
     /// Cluster mode: Redis does not answer, so joins across nodes and cluster-wide
@@ -108,6 +108,61 @@ pub enum DegradedReason {
     /// Started on a live node: WebSockets upgraded before the observer watched have users it
     /// does not know, so pushes to users without a seen placement cannot be judged.
     JoinedMidStream,
+    /// The kernel→userspace ring buffer was full: records were dropped, whatever connection
+    /// they belonged to.
+    RingFull,
+    /// A connection's direction missed bytes and its decoder lost the stream from there on.
+    LostSync,
+    /// Traffic on a watched port could not be decoded (not HTTP/2 or HTTP/1 as expected,
+    /// protocol errors, a frame larger than a decoder may buffer).
+    Undecodable,
+    /// A full table or the memory budget dropped connections, users or calls.
+    TableFull,
+    /// gRPC bytes beyond the per-connection capture budget were not copied.
+    BudgetExhausted,
+}
+
+impl DegradedReason {
+    pub const fn name(self) -> &'static str {
+        match self {
+            DegradedReason::SharedStateUnreachable => "shared_state_unreachable",
+            DegradedReason::JoinedMidStream => "joined_mid_stream",
+            DegradedReason::RingFull => "ring_full",
+            DegradedReason::LostSync => "lost_sync",
+            DegradedReason::Undecodable => "undecodable",
+            DegradedReason::TableFull => "table_full",
+            DegradedReason::BudgetExhausted => "budget_exhausted",
+        }
+    }
+}
+
+/// How much a degradation hides: the counts that apply to its reason, and the processes whose
+/// connections it hit, where known.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Affected {
+    /// Kernel records lost (each a syscall's bytes or a connection event).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub records: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u64>,
+    /// Payload bytes not seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub users: Option<u64>,
+    /// Push calls dropped before their answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calls: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<AffectedProcess>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AffectedProcess {
+    #[serde(flatten)]
+    pub process: ProcessInfo,
+    pub connections: u64,
+    pub bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -176,6 +231,9 @@ pub enum AlertBody {
         since: String,
         /// What is missed or weakened meanwhile.
         affects: String,
+        /// How much: counts and processes, since `since` (capture reasons).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        affected: Option<Affected>,
         diagnosis: String,
     },
 }

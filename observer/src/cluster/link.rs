@@ -379,6 +379,7 @@ impl ClusterLink {
                 affects: "route_mismatch whose placement and push were seen on different nodes; \
                           cluster-wide deduplication; the shared ring evidence; restart recovery"
                     .to_owned(),
+                affected: None,
                 diagnosis: diagnosis::shared_state_unreachable(state == DegradedState::Recovered),
             },
         );

@@ -8,9 +8,11 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::{
+    alert::DegradedReason,
+    budget::{self, CONNECTION_BYTES, UPGRADED_CONNECTION_BYTES},
     decode::{
-        DecodeCounters, GrpcConnectionDecoder, GrpcFact, Limits, RequestBody, ResponseBody,
-        WebSocketDecoder, WebSocketFact,
+        DecodeCounters, GrpcConnectionDecoder, GrpcFact, Http1Error, Limits, RequestBody,
+        ResponseBody, Undecodable, WebSocketDecoder, WebSocketFact,
     },
     model::{
         ConnectionId, ConnectionKey, Direction, Event, EventKind, Gateway, PortClass, Process,
@@ -19,12 +21,17 @@ use crate::{
 };
 use observer_records::is_adopted_connection;
 
-use super::Observation;
+use super::{Observation, blindness::BlindSpots};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConnectionCounters {
     pub tracked: usize,
+    /// Connections dropped from a full table, least recently active first.
     pub evicted: u64,
+    /// Data on gRPC connections beyond the capture budget (`truncated` records): calls,
+    /// and the bytes the kernel did not copy.
+    pub budget_truncated_calls: u64,
+    pub budget_truncated_bytes: u64,
     pub upgrades_without_user: u64,
     pub calls_not_push: u64,
     pub calls_compressed: u64,
@@ -45,12 +52,42 @@ enum Protocol {
     WebSocket(WebSocketDecoder),
     Grpc(Box<GrpcConnectionDecoder>),
     UpgradeOnGrpcPort(WebSocketDecoder),
+    /// Its decoder was dropped to keep to the memory budget: later bytes are ignored.
+    Shed,
+}
+
+impl Protocol {
+    fn buffered_bytes(&self) -> usize {
+        match self {
+            Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
+                decoder.buffered_bytes()
+            }
+            Protocol::Grpc(decoder) => decoder.buffered_bytes(),
+            Protocol::Undetermined | Protocol::Shed => 0,
+        }
+    }
+
+    fn counters(&self) -> Option<&DecodeCounters> {
+        match self {
+            Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
+                Some(decoder.counters())
+            }
+            Protocol::Grpc(decoder) => Some(decoder.counters()),
+            Protocol::Undetermined | Protocol::Shed => None,
+        }
+    }
 }
 
 struct Connection {
     process: Process,
     gateway: Gateway,
     protocol: Protocol,
+    /// Time of its last data: the connection idle longest is the least useful.
+    last_active_ns: u64,
+    /// Whether its decoder produced an observation: one that never did goes first.
+    decoded: bool,
+    /// `protocol.buffered_bytes()` as last accounted in `ConnectionDecoders::buffered_bytes`.
+    buffered: usize,
 }
 
 pub struct ConnectionDecoders {
@@ -61,7 +98,13 @@ pub struct ConnectionDecoders {
     /// matters (it ends the placement). An id costs far less than a decoder, and a proxy holds
     /// one such connection per online user.
     upgraded: HashSet<ConnectionId>,
+    /// Sum of every live decoder's `buffered` bytes.
+    buffered_bytes: usize,
     counters: ConnectionCounters,
+    shed_undecoded: u64,
+    shed_decoded: u64,
+    /// What the decoders lost since the last `take_blind_spots`.
+    blind_spots: BlindSpots,
 }
 
 /// Upgraded WebSocket connections remembered per decoder slot (`max_connections`): with the
@@ -75,8 +118,136 @@ impl ConnectionDecoders {
             max_connections,
             connections: HashMap::new(),
             upgraded: HashSet::new(),
+            buffered_bytes: 0,
             counters: ConnectionCounters::default(),
+            shed_undecoded: 0,
+            shed_decoded: 0,
+            blind_spots: BlindSpots::default(),
         }
+    }
+
+    /// What the decoders lost since the last call, by reason and process.
+    pub fn take_blind_spots(&mut self) -> BlindSpots {
+        std::mem::take(&mut self.blind_spots)
+    }
+
+    #[cfg(test)]
+    pub fn is_tracked(&self, connection: ConnectionId) -> bool {
+        self.connections.contains_key(&connection)
+    }
+
+    /// Estimated bytes held: entries at their fixed cost, decoders' buffers as they are.
+    pub fn memory(&self, memory: &mut budget::MemoryCounters) {
+        memory.decoder_buffer_bytes = self.buffered_bytes;
+        memory.connection_bytes = self.connections.len() * CONNECTION_BYTES
+            + self.upgraded.len() * UPGRADED_CONNECTION_BYTES;
+        memory.shed_undecoded_decoders = self.shed_undecoded;
+        memory.shed_decoders = self.shed_decoded;
+    }
+
+    /// Starts tracking the connection of `event` unless it is tracked already. A full table
+    /// first evicts a batch of its least useful connections (never decoded anything, then idle
+    /// longest), counted in `evicted`: a flood of new connections pushes out stale ones
+    /// instead of locking every new one out.
+    fn open(&mut self, event: &Event) {
+        if self.connections.contains_key(&event.connection) {
+            return;
+        }
+        if self.connections.len() >= self.max_connections {
+            let batch = budget::eviction_batch(self.max_connections);
+            let evicted = budget::least_useful(&self.connections, batch, |connection| {
+                (connection.decoded, connection.last_active_ns)
+            });
+            for id in evicted {
+                if let Some(connection) = self.connections.remove(&id) {
+                    self.buffered_bytes -= connection.buffered;
+                    if let Some(counters) = connection.protocol.counters() {
+                        self.counters.decode.add(counters);
+                    }
+                    self.counters.evicted += 1;
+                }
+            }
+        }
+        self.connections.insert(
+            event.connection,
+            Connection {
+                process: process_of(event),
+                gateway: Gateway {
+                    ip: event.daddr,
+                    port: event.dport,
+                    name: None,
+                },
+                protocol: match event.port_class {
+                    PortClass::WebSocket => Protocol::WebSocket(WebSocketDecoder::new(self.limits)),
+                    // Adopted: the preface and the first bytes went by before the observer.
+                    PortClass::Grpc if is_adopted_connection(event.connection) => Protocol::Grpc(
+                        Box::new(GrpcConnectionDecoder::joined_mid_stream(self.limits)),
+                    ),
+                    PortClass::Grpc => Protocol::Undetermined,
+                },
+                last_active_ns: event.ts_ns,
+                decoded: false,
+                buffered: 0,
+            },
+        );
+    }
+
+    /// Frees at least `bytes` if it can: drops decoders, first those of connections that never
+    /// decoded anything, then those idle longest (their connections stay tracked, so later
+    /// bytes are ignored rather than decoded from the middle; their counters are kept); then
+    /// forgets connections that never decoded anything. Returns the bytes freed.
+    pub fn shed(&mut self, bytes: usize) -> usize {
+        let mut holders: Vec<(bool, u64, ConnectionId)> = self
+            .connections
+            .iter()
+            .filter(|(_, connection)| connection.buffered > 0)
+            .map(|(id, connection)| (connection.decoded, connection.last_active_ns, *id))
+            .collect();
+        holders.sort_unstable();
+        let mut freed = 0;
+        for (decoded, _, id) in holders {
+            if freed >= bytes {
+                break;
+            }
+            let Some(connection) = self.connections.get_mut(&id) else {
+                continue;
+            };
+            if let Some(counters) = connection.protocol.counters() {
+                self.counters.decode.add(counters);
+            }
+            connection.protocol = Protocol::Shed;
+            freed += connection.buffered;
+            self.buffered_bytes -= connection.buffered;
+            connection.buffered = 0;
+            if decoded {
+                self.shed_decoded += 1;
+            } else {
+                self.shed_undecoded += 1;
+            }
+        }
+        // Then the entries of connections that never decoded anything, idle longest first.
+        if freed < bytes {
+            let undecoded = self
+                .connections
+                .values()
+                .filter(|connection| !connection.decoded)
+                .count();
+            let wanted = (bytes - freed).div_ceil(CONNECTION_BYTES).min(undecoded);
+            let evicted = budget::least_useful(&self.connections, wanted, |connection| {
+                (connection.decoded, connection.last_active_ns)
+            });
+            for id in evicted {
+                if let Some(connection) = self.connections.remove(&id) {
+                    if let Some(counters) = connection.protocol.counters() {
+                        self.counters.decode.add(counters);
+                    }
+                    self.buffered_bytes -= connection.buffered;
+                    self.counters.evicted += 1;
+                    freed += CONNECTION_BYTES + connection.buffered;
+                }
+            }
+        }
+        freed
     }
 
     /// Counters of closed connections plus those of the live ones.
@@ -84,12 +255,8 @@ impl ConnectionDecoders {
         let mut counters = self.counters.clone();
         counters.tracked = self.connections.len() + self.upgraded.len();
         for connection in self.connections.values() {
-            match &connection.protocol {
-                Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
-                    counters.decode.add(decoder.counters());
-                }
-                Protocol::Grpc(decoder) => counters.decode.add(decoder.counters()),
-                Protocol::Undetermined => {}
+            if let Some(decoder) = connection.protocol.counters() {
+                counters.decode.add(decoder);
             }
         }
         counters
@@ -98,13 +265,7 @@ impl ConnectionDecoders {
     pub fn on_event(&mut self, event: &Event, observations: &mut Vec<Observation>) {
         match &event.kind {
             EventKind::TcpConnect => {
-                open(
-                    &mut self.connections,
-                    &mut self.counters,
-                    self.limits,
-                    self.max_connections,
-                    event,
-                );
+                self.open(event);
             }
             EventKind::Data {
                 direction,
@@ -141,15 +302,7 @@ impl ConnectionDecoders {
                     self.counters.evicted += 1;
                 }
             }
-            PortClass::Grpc => {
-                open(
-                    &mut self.connections,
-                    &mut self.counters,
-                    self.limits,
-                    self.max_connections,
-                    event,
-                );
-            }
+            PortClass::Grpc => self.open(event),
         }
     }
 
@@ -185,16 +338,29 @@ impl ConnectionDecoders {
         if self.upgraded.contains(&event.connection) {
             return;
         }
+        if event.port_class == PortClass::Grpc
+            && let EventKind::Data {
+                call_len,
+                truncated: true,
+                ..
+            } = &event.kind
+        {
+            let missing = call_len.saturating_sub(payload.len() as u64);
+            self.counters.budget_truncated_calls += 1;
+            self.counters.budget_truncated_bytes += missing;
+            self.blind_spots.record(
+                DegradedReason::BudgetExhausted,
+                event.connection,
+                &process_of(event),
+                missing,
+            );
+        }
         let limits = self.limits;
-        let Some(connection) = open(
-            &mut self.connections,
-            &mut self.counters,
-            limits,
-            self.max_connections,
-            event,
-        ) else {
+        self.open(event);
+        let Some(connection) = self.connections.get_mut(&event.connection) else {
             return;
         };
+        connection.last_active_ns = event.ts_ns;
         if let Protocol::Undetermined = connection.protocol {
             let is_http1 =
                 direction == Direction::Send && offset == 0 && starts_like_http1_request(payload);
@@ -211,21 +377,28 @@ impl ConnectionDecoders {
                 Protocol::Grpc(Box::new(GrpcConnectionDecoder::new(limits)))
             };
         }
+        // What the decoder itself observes from here on (not the connection's opening).
+        let observed_before = observations.len();
+        let previously_buffered = connection.buffered;
         let counters = &mut self.counters;
+        let spots = &mut self.blind_spots;
         let Connection {
             process,
             gateway,
             protocol,
+            ..
         } = connection;
         let view = ConnectionView { process, gateway };
         match protocol {
-            Protocol::Undetermined => {}
+            Protocol::Undetermined | Protocol::Shed => {}
             Protocol::WebSocket(decoder) => {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
+                    note_http1_loss(spots, &fact, event.connection, view.process);
                     observations.extend(websocket_observation(event, &view, fact, counters));
                 }
                 if decoder.is_done() {
                     counters.decode.add(decoder.counters());
+                    self.buffered_bytes -= previously_buffered;
                     self.connections.remove(&event.connection);
                     if self.upgraded.len() < self.max_connections.saturating_mul(UPGRADED_PER_SLOT)
                     {
@@ -238,11 +411,13 @@ impl ConnectionDecoders {
             }
             Protocol::UpgradeOnGrpcPort(decoder) => {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
+                    note_http1_loss(spots, &fact, event.connection, view.process);
                     observations.extend(upgrade_on_grpc_observation(event, &view, fact));
                 }
             }
             Protocol::Grpc(decoder) => {
                 for fact in decoder.feed(direction, offset, payload) {
+                    note_http2_loss(spots, &fact, event.connection, view.process);
                     observations.extend(grpc_observation(
                         event.ts_ns,
                         event.connection,
@@ -252,6 +427,12 @@ impl ConnectionDecoders {
                     ));
                 }
             }
+        }
+        if let Some(connection) = self.connections.get_mut(&event.connection) {
+            connection.decoded |= observations.len() > observed_before;
+            let buffered = connection.protocol.buffered_bytes();
+            self.buffered_bytes = self.buffered_bytes - connection.buffered + buffered;
+            connection.buffered = buffered;
         }
     }
 
@@ -271,6 +452,7 @@ impl ConnectionDecoders {
         let Some(mut connection) = self.connections.remove(&connection_id) else {
             return;
         };
+        self.buffered_bytes -= connection.buffered;
         match &mut connection.protocol {
             Protocol::Grpc(decoder) => {
                 let view = ConnectionView {
@@ -278,6 +460,7 @@ impl ConnectionDecoders {
                     gateway: &connection.gateway,
                 };
                 for fact in decoder.finish() {
+                    note_http2_loss(&mut self.blind_spots, &fact, connection_id, view.process);
                     observations.extend(grpc_observation(
                         ts_ns,
                         connection_id,
@@ -291,7 +474,7 @@ impl ConnectionDecoders {
             Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
                 self.counters.decode.add(decoder.counters());
             }
-            Protocol::Undetermined => {}
+            Protocol::Undetermined | Protocol::Shed => {}
         }
         observations.push(Observation::ConnectionClosed {
             connection: connection_id,
@@ -300,38 +483,47 @@ impl ConnectionDecoders {
     }
 }
 
-/// Starts tracking a connection; `None` when the table is full (counted).
-fn open<'a>(
-    connections: &'a mut HashMap<ConnectionId, Connection>,
-    counters: &mut ConnectionCounters,
-    limits: Limits,
-    max_connections: usize,
-    event: &Event,
-) -> Option<&'a mut Connection> {
-    if !connections.contains_key(&event.connection) && connections.len() >= max_connections {
-        counters.evicted += 1;
-        return None;
+/// A decoder that stopped seeing its connection is a blind spot. Joining mid-stream is not
+/// counted here: every connection open when the observer starts does it.
+fn note_http2_loss(
+    spots: &mut BlindSpots,
+    fact: &GrpcFact,
+    connection: ConnectionId,
+    process: &Process,
+) {
+    let GrpcFact::Undecodable(reason) = fact else {
+        return;
+    };
+    match reason {
+        Undecodable::JoinedMidStream { .. } => {}
+        Undecodable::Gap { missing, .. } => {
+            spots.record(DegradedReason::LostSync, connection, process, *missing);
+        }
+        Undecodable::NoClientPreface
+        | Undecodable::BufferOverflow { .. }
+        | Undecodable::Framing { .. }
+        | Undecodable::Hpack { .. } => {
+            spots.record(DegradedReason::Undecodable, connection, process, 0);
+        }
     }
-    Some(
-        connections
-            .entry(event.connection)
-            .or_insert_with(|| Connection {
-                process: process_of(event),
-                gateway: Gateway {
-                    ip: event.daddr,
-                    port: event.dport,
-                    name: None,
-                },
-                protocol: match event.port_class {
-                    PortClass::WebSocket => Protocol::WebSocket(WebSocketDecoder::new(limits)),
-                    // Adopted: the preface and the first bytes went by before the observer.
-                    PortClass::Grpc if is_adopted_connection(event.connection) => {
-                        Protocol::Grpc(Box::new(GrpcConnectionDecoder::joined_mid_stream(limits)))
-                    }
-                    PortClass::Grpc => Protocol::Undetermined,
-                },
-            }),
-    )
+}
+
+fn note_http1_loss(
+    spots: &mut BlindSpots,
+    fact: &WebSocketFact,
+    connection: ConnectionId,
+    process: &Process,
+) {
+    let WebSocketFact::Undecodable { reason, .. } = fact else {
+        return;
+    };
+    match reason {
+        Http1Error::JoinedMidStream(_) => {}
+        Http1Error::Gap { .. } => spots.record(DegradedReason::LostSync, connection, process, 0),
+        Http1Error::HeadTooLarge(_) | Http1Error::Parse(_) => {
+            spots.record(DegradedReason::Undecodable, connection, process, 0);
+        }
+    }
 }
 
 /// What the observation builders need of a connection, borrowed apart from its decoder.

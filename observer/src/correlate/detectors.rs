@@ -15,6 +15,7 @@ use std::{
 
 use crate::{
     alert::{Alert, FoldWindows},
+    budget,
     model::{ConnectionId, ConnectionKey},
 };
 
@@ -95,8 +96,8 @@ pub enum FoldKey {
 }
 
 pub struct Detectors {
-    placements: Placements,
-    push_calls: PushCalls,
+    pub(super) placements: Placements,
+    pub(super) push_calls: PushCalls,
     rings: RingVerdicts,
     churn: Churn,
     upgrades_on_grpc: UpgradesOnGrpc,
@@ -140,6 +141,18 @@ impl Detectors {
 
     pub fn tracked_users(&self) -> usize {
         self.placements.users()
+    }
+
+    /// Estimated bytes of users, pending calls and fold windows.
+    pub fn memory(&self, memory: &mut budget::MemoryCounters) {
+        memory.user_bytes = self.placements.users() * budget::USER_BYTES;
+        memory.pending_call_bytes = self.push_calls.pending() * budget::PENDING_CALL_BYTES;
+        memory.fold_window_bytes = self.folds.open_windows() * budget::FOLD_WINDOW_BYTES;
+    }
+
+    /// Drops the users placed longest ago until about `bytes` are freed; returns how many.
+    pub fn shed_users(&mut self, bytes: usize) -> u64 {
+        self.placements.evict(bytes.div_ceil(budget::USER_BYTES))
     }
 
     /// What judging a push call consults.
@@ -240,7 +253,8 @@ impl Detectors {
                     cluster.member_seen(RingSide::Push, member, gateway.ip, ts_ns);
                 }
                 self.churn.called(connection, ts_ns);
-                self.push_calls.called(
+                let (calls, mut judge) = self.judge();
+                calls.called(
                     connection,
                     stream_id,
                     PendingCall {
@@ -251,6 +265,8 @@ impl Detectors {
                         message,
                         recipients,
                     },
+                    &mut judge,
+                    alerts,
                 );
             }
             Observation::PushAnswered {

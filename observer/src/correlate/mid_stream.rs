@@ -74,6 +74,7 @@ impl MidStream {
                 state,
                 since: rfc3339(since_ns),
                 affects,
+                affected: None,
                 diagnosis: diagnosis::joined_mid_stream(state == DegradedState::Recovered),
             },
         )

@@ -6,9 +6,12 @@
 //! through one decoder per connection (`connections`) into `Observation`s, which `detectors`
 //! dispatches to one detector per alert kind.
 
+pub mod blindness;
 mod churn;
 pub mod connections;
 mod detectors;
+#[cfg(test)]
+mod memory_tests;
 mod mid_stream;
 mod observation;
 mod placements;
@@ -22,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::{
     alert::Alert,
+    budget::{MemoryBudget, MemoryCounters},
     decode::Limits,
     model::{ConnectionId, ConnectionKey, Event, EventKind, NANOS_PER_SEC, TcpState},
 };
@@ -38,8 +42,10 @@ pub use shared::{
 pub struct EngineConfig {
     pub routes: RouteLimits,
     pub decode: Limits,
-    /// Connections decoded at once; more are counted and ignored.
+    /// Connections decoded at once; a full table evicts the least useful.
     pub max_connections: usize,
+    /// What every table and buffer draws on together.
+    pub memory: MemoryBudget,
     /// Cluster mode: this node's name. The engine then shares facts (`take_shared`), asks for
     /// other nodes' placements (`PlacementLookup`) and names the nodes in its alerts.
     pub node: Option<String>,
@@ -51,6 +57,7 @@ impl Default for EngineConfig {
             routes: RouteLimits::default(),
             decode: Limits::default(),
             max_connections: 65_536,
+            memory: MemoryBudget::default(),
             node: None,
         }
     }
@@ -62,6 +69,7 @@ pub struct EngineCounters {
     pub connections: ConnectionCounters,
     pub routes: RouteCounters,
     pub users_tracked: usize,
+    pub memory: MemoryCounters,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<JoinCounters>,
 }
@@ -77,6 +85,8 @@ pub struct Engine {
     events: u64,
     latest_ts_ns: u64,
     last_tick_ns: u64,
+    memory_budget: MemoryBudget,
+    shed_users: u64,
 }
 
 impl Engine {
@@ -93,6 +103,8 @@ impl Engine {
             events: 0,
             latest_ts_ns: 0,
             last_tick_ns: 0,
+            memory_budget: config.memory,
+            shed_users: 0,
         }
     }
 
@@ -126,6 +138,7 @@ impl Engine {
         for observation in self.observations.drain(..) {
             self.detectors.observe(observation, alerts);
         }
+        self.keep_to_budget();
         if self.latest_ts_ns.saturating_sub(self.last_tick_ns) >= NANOS_PER_SEC {
             self.detectors.tick(self.latest_ts_ns, alerts);
             self.last_tick_ns = self.latest_ts_ns;
@@ -211,6 +224,40 @@ impl Engine {
         self.detectors.merge_ring_evidence(evidence, now_ns);
     }
 
+    /// What the decoders lost since the last call (for `blindness::CaptureHealth`).
+    pub fn take_blind_spots(&mut self) -> blindness::BlindSpots {
+        self.decoders.take_blind_spots()
+    }
+
+    /// Estimated bytes held, by table, and what was shed.
+    pub fn memory(&self) -> MemoryCounters {
+        let mut memory = MemoryCounters {
+            budget_bytes: self.memory_budget.bytes,
+            shed_users: self.shed_users,
+            ..MemoryCounters::default()
+        };
+        self.decoders.memory(&mut memory);
+        self.detectors.memory(&mut memory);
+        memory
+    }
+
+    /// Over budget, sheds the least useful state until an eighth of the budget is free again
+    /// (so that shedding is rare, not one entry per event): decoder buffers first (those of
+    /// connections that never decoded anything before the others), users placed longest ago
+    /// last.
+    fn keep_to_budget(&mut self) {
+        let accounted = self.memory().accounted_bytes();
+        let budget = self.memory_budget.bytes;
+        if accounted <= budget {
+            return;
+        }
+        let mut excess = accounted - (budget - budget / 8);
+        excess = excess.saturating_sub(self.decoders.shed(excess));
+        if excess > 0 {
+            self.shed_users += self.detectors.shed_users(excess);
+        }
+    }
+
     /// Cluster mode: every alert names the node whose observer raised it.
     fn name_node(&self, alerts: &mut [Alert]) {
         if let Some(cluster) = &self.detectors.cluster {
@@ -226,6 +273,7 @@ impl Engine {
             connections: self.decoders.counters(),
             routes: self.detectors.counters(),
             users_tracked: self.detectors.tracked_users(),
+            memory: self.memory(),
             cluster: self
                 .detectors
                 .cluster

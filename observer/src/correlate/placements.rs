@@ -5,6 +5,7 @@ use std::{collections::HashMap, sync::Arc};
 
 use crate::{
     alert::{PlacementInfo, rfc3339},
+    budget,
     model::{ConnectionId, ConnectionKey, Gateway, Process},
 };
 
@@ -82,15 +83,16 @@ impl Placements {
         gateway: Gateway,
         proxy: Process,
     ) {
+        // A full table makes room by dropping the users placed longest ago, rather than
+        // refusing the newest ones (the likeliest to be pushed to).
         if !self.by_user.contains_key(&user) && self.by_user.len() >= self.max_users {
-            self.counters.users_evicted += 1;
-            return;
+            self.counters.users_evicted += self.evict(budget::eviction_batch(self.max_users));
         }
         if self.users_by_connection.len() >= self.max_connections
             && !self.users_by_connection.contains_key(&connection)
         {
-            self.counters.connections_evicted += 1;
-            return;
+            self.counters.connections_evicted +=
+                self.evict(budget::eviction_batch(self.max_connections));
         }
         self.users_by_connection.insert(connection, user.clone());
         self.counters.placements += 1;
@@ -161,6 +163,29 @@ impl Placements {
         connection < self.next_adopted
     }
 
+    /// Drops the `count` users whose newest placement is oldest, with their placements;
+    /// returns how many went.
+    pub fn evict(&mut self, count: usize) -> u64 {
+        let users = budget::least_useful(&self.by_user, count, |placements| {
+            placements.iter().map(|placement| placement.since_ns).max()
+        });
+        let mut evicted = 0;
+        for user in users {
+            let Some(placements) = self.by_user.remove(&user) else {
+                continue;
+            };
+            for placement in placements {
+                self.users_by_connection.remove(&placement.connection);
+                if placement.connection < self.next_adopted {
+                    self.adopted
+                        .retain(|_, connection| *connection != placement.connection);
+                }
+            }
+            evicted += 1;
+        }
+        evicted
+    }
+
     pub fn has_adopted(&self) -> bool {
         !self.adopted.is_empty()
     }
@@ -194,7 +219,7 @@ mod tests {
     use super::super::detectors::testing::*;
 
     #[test]
-    fn caps_bound_the_tables_and_count_what_they_turn_away() {
+    fn full_tables_evict_the_users_placed_longest_ago_and_count_them() {
         let limits = RouteLimits {
             max_users: 10,
             max_tracked_connections: 15,
@@ -202,9 +227,15 @@ mod tests {
         };
         let mut table = Detectors::new(limits);
         for index in 0..100u64 {
-            place(&mut table, index, &format!("user{index}"), 0, SEC);
+            place(&mut table, index, &format!("user{index}"), 0, SEC + index);
         }
-        assert_eq!(table.tracked_users(), 10);
-        assert_eq!(table.counters().users_evicted, 90);
+        assert!(table.tracked_users() <= 10);
+        assert_eq!(
+            table.counters().users_evicted as usize + table.tracked_users(),
+            100
+        );
+        // The newest users stay: a full table evicts the oldest, it does not refuse.
+        assert!(table.placements.of("user99").is_some());
+        assert!(table.placements.of("user0").is_none());
     }
 }

@@ -5,6 +5,7 @@ use std::{collections::HashMap, net::IpAddr};
 
 use crate::{
     alert::{Alert, AlertBody, FoldWindows, PushInfo},
+    budget,
     model::{
         ConnectionId, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process,
         UserResult,
@@ -75,12 +76,31 @@ impl PushCalls {
         self.pending.keys().map(|(connection, _)| *connection)
     }
 
-    /// Push called stream `stream_id` of `connection`; the call waits for its answer.
-    pub fn called(&mut self, connection: ConnectionId, stream_id: u32, call: PendingCall) {
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Push called stream `stream_id` of `connection`; the call waits for its answer. A full
+    /// table first judges its oldest calls without their answer (as their timeout would),
+    /// counted as evicted, rather than refusing the newest.
+    pub fn called(
+        &mut self,
+        connection: ConnectionId,
+        stream_id: u32,
+        call: PendingCall,
+        judge: &mut Judge<'_>,
+        alerts: &mut Vec<Alert>,
+    ) {
         self.counters.push_calls += 1;
         if self.pending.len() >= self.max_pending {
-            self.counters.pending_calls_evicted += 1;
-            return;
+            let batch = budget::eviction_batch(self.max_pending);
+            let oldest = budget::least_useful(&self.pending, batch, |call| call.ts_ns);
+            for key in oldest {
+                if let Some(old) = self.pending.remove(&key) {
+                    self.counters.pending_calls_evicted += 1;
+                    judge_call(old, None, call.ts_ns, judge, alerts);
+                }
+            }
         }
         self.pending.insert((connection, stream_id), call);
     }
@@ -350,5 +370,34 @@ mod tests {
             unreachable!()
         };
         assert_eq!(pushed_to.answer, GatewayAnswer::Unknown);
+    }
+
+    #[test]
+    fn a_full_call_table_judges_its_oldest_calls_rather_than_refusing_new_ones() {
+        let mut table = Detectors::new(RouteLimits {
+            max_pending_calls: 4,
+            ..RouteLimits::default()
+        });
+        place(&mut table, 1, "u1", 0, SEC);
+        let mut alerts = Vec::new();
+        for stream_id in 1..=5u32 {
+            table.observe(
+                Observation::PushCalled {
+                    connection: 2,
+                    stream_id,
+                    ts_ns: 2 * SEC + u64::from(stream_id),
+                    method: "OnlinePushMsg".into(),
+                    gateway: gateway(1, 88, None),
+                    pusher: process(20, "push"),
+                    message: MessageIds::default(),
+                    recipients: vec!["u1".into()],
+                },
+                &mut alerts,
+            );
+        }
+        // The oldest call was judged (u1 sits on gateway 0, the call went to 1) to make room.
+        assert_eq!(kinds(&alerts), ["route_mismatch"]);
+        assert_eq!(table.counters().pending_calls_evicted, 1);
+        assert_eq!(table.push_calls.pending(), 4);
     }
 }

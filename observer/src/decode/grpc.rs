@@ -195,6 +195,22 @@ impl GrpcConnectionDecoder {
         &self.counters
     }
 
+    /// Heap bytes the decoder holds beyond its fixed size: both directions' buffers and HPACK
+    /// tables, and the partial messages of open streams (at most `Limits::max_streams`).
+    pub fn buffered_bytes(&self) -> usize {
+        let streams: usize = self
+            .streams
+            .values()
+            .map(|stream| {
+                stream.request.pending.capacity()
+                    + stream.response.pending.capacity()
+                    + stream.method.capacity()
+                    + stream.authority.as_ref().map_or(0, String::capacity)
+            })
+            .sum();
+        self.send.buffered_bytes() + self.recv.buffered_bytes() + streams
+    }
+
     fn handle_events(
         &mut self,
         direction: Direction,

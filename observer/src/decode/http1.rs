@@ -134,6 +134,11 @@ impl WebSocketDecoder {
     pub fn counters(&self) -> &DecodeCounters {
         &self.counters
     }
+
+    /// Heap bytes of the two partial heads.
+    pub fn buffered_bytes(&self) -> usize {
+        self.send.buffer.capacity() + self.recv.buffer.capacity()
+    }
 }
 
 impl HeadReader {

@@ -184,6 +184,16 @@ impl Http2Direction {
         }
     }
 
+    /// Heap bytes held: the frame buffer, an open header block and the HPACK table.
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffer.capacity()
+            + self
+                .open_header_block
+                .as_ref()
+                .map_or(0, |block| block.fragments.capacity())
+            + self.hpack.table_bytes()
+    }
+
     /// Feeds the chunk that starts at stream position `offset`.
     pub fn feed(&mut self, offset: u64, payload: &[u8], events: &mut Vec<StreamEvent>) {
         if self.lost {

@@ -141,6 +141,46 @@ pub fn joined_mid_stream(recovered: bool) -> String {
     }
 }
 
+/// The settings a capture degradation's diagnosis quotes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaptureSettings {
+    pub ring_bytes: u32,
+    pub grpc_budget: u32,
+    pub memory_budget: usize,
+}
+
+/// The observer lost sight of watched traffic for a capture reason (`recovered`: it sees
+/// again). `reason` is the alert's reason name.
+pub fn capture_degraded(reason: &str, recovered: bool, settings: &CaptureSettings) -> String {
+    let CaptureSettings {
+        ring_bytes,
+        grpc_budget,
+        memory_budget,
+    } = *settings;
+    let cause = match reason {
+        "ring_full" => format!(
+            "The kernel's ring buffer ({ring_bytes} bytes) was full, so the kernel dropped records: connections, upgrades and push calls in them were not seen, whichever process made them. Raise --ring-bytes (a power of two, e.g. {}) and the pod's memory limit with it; a busy node may also need more CPU for the observer.",
+            u64::from(ring_bytes).saturating_mul(4).next_power_of_two()
+        ),
+        "lost_sync" => "Bytes of a connection were not captured (a dropped record or the capture budget), so its decoder lost the stream from there: later push calls on those connections are not seen until they reconnect. If ring_full is raised too, fix that first; otherwise raise --grpc-budget."
+            .to_owned(),
+        "undecodable" => "Traffic on a watched port is not what OpenIM sends there (not HTTP/2 from its start on a gRPC port, not an HTTP/1.1 upgrade on a WebSocket port, or a protocol error): those connections are not judged. Check that --grpc-port and --ws-port name the gateways' ports and nothing else; the processes listed are the ones writing it."
+            .to_owned(),
+        "table_full" => format!(
+            "A full table or the memory budget ({memory_budget} bytes) dropped state: the connections idle longest, then the users placed longest ago. Pushes for dropped users are not judged. Raise --memory-budget and the pod's memory limit with it (deploy/README.md gives the sizing rule), or --max-connections/--max-users if they are what bounds."
+        ),
+        "budget_exhausted" => format!(
+            "gRPC connections wrote more than the capture budget ({grpc_budget} bytes per direction): the bytes past it were counted, not copied, so push calls there are not seen. Raise --grpc-budget; long-lived pooled connections need the most."
+        ),
+        other => format!("Capture is degraded ({other})."),
+    };
+    if recovered {
+        format!("Recovered: no more of it for a while. It was: {cause}")
+    } else {
+        cause
+    }
+}
+
 pub fn audit_why(spellings_differ: bool, difference: &str) -> String {
     if spellings_differ {
         format!(
@@ -183,7 +223,7 @@ pub fn explanation(explanation: &Explanation, spellings_differ: bool) -> String 
     let mut text = format!(
         "User {user} with {replicas} gateway{}:\n\
          \x20 proxy (WebSocket placement) picks gateway {}: {}\n\
-         \x20 push  (online delivery)     picks gateway {}: {}\n",
+         \x20 push (online delivery) picks gateway {}: {}\n",
         if *replicas == 1 { "" } else { "s" },
         proxy.gateway,
         proxy.member,

@@ -145,6 +145,9 @@ struct BenchArgs {
     /// 64-byte writes per timed loop in the write(2) benchmark.
     #[arg(long, default_value_t = 200_000)]
     writes: usize,
+    /// Only the memory section (peak RSS under the garbage flood and with 100k users).
+    #[arg(long)]
+    memory_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -303,6 +306,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         replicas: args.replicas,
         users: args.users,
         writes: args.writes,
+        memory_only: args.memory_only,
     })
     .await?;
     println!("{text}");

@@ -67,6 +67,12 @@ pub struct HpackDecoder {
 }
 
 impl HpackDecoder {
+    /// The dynamic table's size as HPACK counts it (32 bytes of overhead per entry), close to
+    /// the heap it holds.
+    pub fn table_bytes(&self) -> usize {
+        self.dynamic_size
+    }
+
     pub fn new(max_size_allowed: usize, max_header_list_bytes: usize) -> Self {
         Self {
             dynamic: VecDeque::new(),

@@ -1,0 +1,184 @@
+//! One memory budget for everything the daemon keeps per connection, user, call and alert.
+//!
+//! Every table and buffer is accounted in estimated bytes against `--memory-budget`: a fixed
+//! cost per entry (the `*_BYTES` constants, measured with the benchmark's 100k-user run) plus,
+//! for decoders, the bytes their buffers actually hold. Entry caps follow from the budget, and
+//! when the total passes it the engine sheds the least useful state first: the buffers of
+//! connections that never decoded anything, then those of the connections idle longest, and
+//! only then the users placed longest ago. A full table evicts its least recently useful
+//! entries instead of refusing new ones. Everything shed is counted (`MemoryCounters`).
+
+use std::{collections::HashMap, hash::Hash};
+
+/// Default budget: the shipped DaemonSet's 256 MiB limit minus the binary and libraries
+/// (~30 MiB), the default 8 MiB ring and allocator slack. deploy/README.md gives the rule.
+pub const DEFAULT_MEMORY_BUDGET: usize = 160 << 20;
+
+/// One decoded connection: its table entry, the boxed decoder with both directions' state and
+/// HPACK decoders, before any buffered byte.
+pub const CONNECTION_BYTES: usize = 1024;
+/// One upgraded WebSocket kept only by its id until it closes.
+pub const UPGRADED_CONNECTION_BYTES: usize = 48;
+/// One user with a live placement: its id, placement (gateway, `Host`, proxy), the index by
+/// connection and the hash tables' slack; about 1.3 KB measured.
+pub const USER_BYTES: usize = 1300;
+/// One push call waiting for its answer, recipients included.
+pub const PENDING_CALL_BYTES: usize = 1024;
+/// One open fold window: its key and the summary alert it holds.
+pub const FOLD_WINDOW_BYTES: usize = 2048;
+
+/// Shares of the budget that bound each table's entries (the rest is buffers and users).
+const CONNECTIONS_SHARE: usize = 4;
+const PENDING_CALLS_SHARE: usize = 16;
+const FOLD_WINDOWS_SHARE: usize = 8;
+
+/// A full table evicts this fraction of its entries at once, so eviction's scan of the table
+/// costs O(1) per insert on average.
+const EVICTION_BATCH_DIVISOR: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryBudget {
+    pub bytes: usize,
+}
+
+impl Default for MemoryBudget {
+    fn default() -> Self {
+        Self {
+            bytes: DEFAULT_MEMORY_BUDGET,
+        }
+    }
+}
+
+impl MemoryBudget {
+    pub fn new(bytes: usize) -> Self {
+        Self { bytes }
+    }
+
+    /// Connections decoded at once that the budget allows (at least one).
+    pub fn max_connections(&self) -> usize {
+        (self.bytes / CONNECTIONS_SHARE / CONNECTION_BYTES).max(1)
+    }
+
+    pub fn max_pending_calls(&self) -> usize {
+        (self.bytes / PENDING_CALLS_SHARE / PENDING_CALL_BYTES).max(1)
+    }
+
+    pub fn max_fold_windows(&self) -> usize {
+        (self.bytes / FOLD_WINDOWS_SHARE / FOLD_WINDOW_BYTES).max(1)
+    }
+
+    /// Users the budget holds if nothing else used it.
+    pub fn max_users(&self) -> usize {
+        (self.bytes / USER_BYTES).max(1)
+    }
+}
+
+/// What the budget holds and what was shed to keep to it; on `/metrics` and in the final
+/// report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryCounters {
+    pub budget_bytes: usize,
+    /// Estimated bytes held now, by table.
+    pub decoder_buffer_bytes: usize,
+    pub connection_bytes: usize,
+    pub user_bytes: usize,
+    pub pending_call_bytes: usize,
+    pub fold_window_bytes: usize,
+    /// Decoders dropped for memory: of connections that had decoded nothing yet, and of
+    /// connections that had (idle longest first).
+    pub shed_undecoded_decoders: u64,
+    pub shed_decoders: u64,
+    /// Users dropped for memory, placed longest ago first.
+    pub shed_users: u64,
+}
+
+impl MemoryCounters {
+    pub fn accounted_bytes(&self) -> usize {
+        self.decoder_buffer_bytes
+            + self.connection_bytes
+            + self.user_bytes
+            + self.pending_call_bytes
+            + self.fold_window_bytes
+    }
+
+    /// Everything shed for memory so far.
+    pub fn shed(&self) -> u64 {
+        self.shed_undecoded_decoders + self.shed_decoders + self.shed_users
+    }
+}
+
+/// How many entries a full table of `capacity` evicts at once.
+pub fn eviction_batch(capacity: usize) -> usize {
+    (capacity / EVICTION_BATCH_DIVISOR).max(1)
+}
+
+/// The keys of the `count` entries with the lowest `rank` (least recently useful first).
+pub fn least_useful<K: Clone + Eq + Hash, V, R: Ord + Copy>(
+    map: &HashMap<K, V>,
+    count: usize,
+    rank: impl Fn(&V) -> R,
+) -> Vec<K> {
+    if count == 0 || map.is_empty() {
+        return Vec::new();
+    }
+    let mut ranked: Vec<(R, &K)> = map.iter().map(|(key, value)| (rank(value), key)).collect();
+    let count = count.min(ranked.len());
+    if count < ranked.len() {
+        ranked.select_nth_unstable_by_key(count - 1, |(rank, _)| *rank);
+        ranked.truncate(count);
+    }
+    ranked.into_iter().map(|(_, key)| key.clone()).collect()
+}
+
+/// Peak and current resident memory of this process from /proc/self/status, in bytes; `None`
+/// where there is no procfs.
+pub fn resident_memory() -> Option<ResidentMemory> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| {
+        status.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix(':')?;
+            let kib: u64 = rest.trim().strip_suffix("kB")?.trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+    };
+    Some(ResidentMemory {
+        peak_bytes: field("VmHWM")?,
+        current_bytes: field("VmRSS")?,
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ResidentMemory {
+    pub peak_bytes: u64,
+    pub current_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn least_useful_picks_the_lowest_ranks() {
+        let map: HashMap<u32, u64> = (0..100).map(|key| (key, u64::from(99 - key))).collect();
+        let mut keys = least_useful(&map, 3, |rank| *rank);
+        keys.sort_unstable();
+        assert_eq!(keys, vec![97, 98, 99]);
+        assert_eq!(least_useful(&map, 1000, |rank| *rank).len(), 100);
+        assert!(least_useful(&map, 0, |rank| *rank).is_empty());
+    }
+
+    #[test]
+    fn the_default_budget_bounds_every_table() {
+        let budget = MemoryBudget::default();
+        assert!(budget.max_connections() * CONNECTION_BYTES <= budget.bytes / 4);
+        assert!(budget.max_fold_windows() * FOLD_WINDOW_BYTES <= budget.bytes / 8);
+        assert!(budget.max_pending_calls() >= 1024);
+    }
+
+    #[test]
+    fn resident_memory_is_read_from_procfs() {
+        let memory = resident_memory().expect("procfs");
+        assert!(memory.peak_bytes >= memory.current_bytes);
+        assert!(memory.current_bytes > 0);
+    }
+}

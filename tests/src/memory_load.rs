@@ -1,0 +1,246 @@
+//! Loads that test the observer's memory budget (issue 10), on loopback: a flood of garbage
+//! to a watched gRPC port, and many users placed over watched WebSocket connections. The
+//! memory test and `cargo xtask bench` run them beside a real observer and read its peak
+//! resident memory from its stop line (VmHWM of its own /proc/self/status).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The issue's flood: this many connections…
+pub const FLOOD_CONNECTIONS: usize = 1_500;
+/// …each writing this much: the HTTP/2 client preface, a frame header announcing a frame just
+/// under the decoder's 1 MiB limit, and filler up to the default per-connection capture budget,
+/// so every captured byte is one a decoder would buffer.
+pub const FLOOD_BYTES_PER_CONNECTION: usize = 256 << 10;
+
+fn garbage() -> Vec<u8> {
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    // DATA frame of 0x0ffff0 (1,048,560) bytes on stream 1.
+    bytes.extend_from_slice(&[0x0f, 0xff, 0xf0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01]);
+    bytes.resize(FLOOD_BYTES_PER_CONNECTION, 0x5a);
+    bytes
+}
+
+/// A server on `port` that accepts everything and reads it all; `answer` is written once a
+/// connection's first bytes arrive (a WebSocket server's 101).
+async fn sink_server(
+    port: u16,
+    answer: Option<&'static [u8]>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("bind 127.0.0.1:{port}"))?;
+    Ok(tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 16 << 10];
+                let mut answered = answer.is_none();
+                while let Ok(read) = socket.read(&mut buffer).await {
+                    if read == 0 {
+                        return;
+                    }
+                    if !answered {
+                        answered = true;
+                        if socket.write_all(answer.unwrap_or_default()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    }))
+}
+
+/// Opens `FLOOD_CONNECTIONS` connections to `port`, writes the garbage on each, holds them open
+/// for `hold`; returns how many wrote it all.
+pub async fn garbage_flood(port: u16, hold: Duration) -> anyhow::Result<usize> {
+    let limit = raise_descriptor_limit(4 * FLOOD_CONNECTIONS as u64)?;
+    anyhow::ensure!(
+        limit >= 2 * FLOOD_CONNECTIONS as u64 + 64,
+        "the flood needs {} descriptors, the limit is {limit}",
+        2 * FLOOD_CONNECTIONS + 64
+    );
+    let server = sink_server(port, None).await?;
+    let payload = Arc::new(garbage());
+    let clients: Vec<_> = (0..FLOOD_CONNECTIONS)
+        .map(|_| {
+            let payload = Arc::clone(&payload);
+            tokio::spawn(async move {
+                let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+                stream.write_all(&payload).await.ok()?;
+                Some(stream)
+            })
+        })
+        .collect();
+    let mut open = Vec::new();
+    for client in clients {
+        if let Ok(Some(stream)) = client.await {
+            open.push(stream);
+        }
+    }
+    tokio::time::sleep(hold).await;
+    let written = open.len();
+    drop(open);
+    server.abort();
+    Ok(written)
+}
+
+/// Places `users` users: one WebSocket upgrade each to `port` (answered 101), every connection
+/// held open for `hold`, as a proxy holds one per online user. Returns how many were answered.
+pub async fn placed_users(port: u16, users: usize, hold: Duration) -> anyhow::Result<usize> {
+    // Both ends are in this process: as many as its descriptor limit allows.
+    let limit = raise_descriptor_limit(2 * users as u64 + 1_024)?;
+    let users = users.min(usize::try_from(limit.saturating_sub(1_024) / 2).unwrap_or(users));
+    let server = sink_server(
+        port,
+        Some(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"),
+    )
+    .await?;
+    let mut open = Vec::with_capacity(users);
+    // In batches, so the listen backlog never overflows.
+    for batch in (0..users).collect::<Vec<_>>().chunks(1_000) {
+        let clients: Vec<_> = batch
+            .iter()
+            .map(|&user| {
+                tokio::spawn(async move {
+                    let mut stream = connect_from_own_address(user, port).await?;
+                    let request = format!(
+                        "GET /?sendID=bench-user-{user}&platformID=1 HTTP/1.1\r\nHost: gw-0\r\n\
+                         Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+                    );
+                    stream.write_all(request.as_bytes()).await.ok()?;
+                    let mut answer = [0u8; 128];
+                    let read = stream.read(&mut answer).await.ok()?;
+                    (read > 0).then_some(stream)
+                })
+            })
+            .collect();
+        for client in clients {
+            if let Ok(Some(stream)) = client.await {
+                open.push(stream);
+            }
+        }
+    }
+    tokio::time::sleep(hold).await;
+    let placed = open.len();
+    drop(open);
+    server.abort();
+    Ok(placed)
+}
+
+/// Connects to 127.0.0.1:`port` from a loopback address of `user`'s own (127.1.0.0/16, 250
+/// users each): one source address has only ~28k ephemeral ports for one destination.
+async fn connect_from_own_address(user: usize, port: u16) -> Option<TcpStream> {
+    let source = std::net::Ipv4Addr::new(127, 1, (user / 250 % 256) as u8, (user % 250 + 1) as u8);
+    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+    socket.bind((source, 0).into()).ok()?;
+    socket.connect(([127, 0, 0, 1], port).into()).await.ok()
+}
+
+/// Both ends of every connection are in this process: raises the soft descriptor limit toward
+/// `wanted`, as far as the hard limit allows; returns the limit now.
+fn raise_descriptor_limit(wanted: u64) -> anyhow::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to an rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            anyhow::bail!("getrlimit: {}", std::io::Error::last_os_error());
+        }
+        if limit.rlim_cur >= wanted {
+            return Ok(limit.rlim_cur);
+        }
+        limit.rlim_cur = wanted.min(limit.rlim_max);
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+            anyhow::bail!(
+                "raising the descriptor limit to {}: {}",
+                limit.rlim_cur,
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
+/// The observer's stop line (`observer_stopped`, on stderr).
+pub fn stop_line(stderr: &str) -> anyhow::Result<Value> {
+    stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["kind"] == "observer_stopped")
+        .context("the observer printed no stop line")
+}
+
+/// Its peak resident memory, in bytes, from the stop line.
+pub fn peak_resident_bytes(stop_line: &Value) -> anyhow::Result<u64> {
+    stop_line["resident_memory"]["peak_bytes"]
+        .as_u64()
+        .context("no resident_memory.peak_bytes in the stop line")
+}
+
+/// Ports of `cargo xtask bench`'s memory rounds, on loopback.
+const BENCH_GRPC_PORT: u16 = 47_288;
+const BENCH_WS_PORT: u16 = 47_280;
+/// The 100k-user round.
+pub const BENCH_USERS: usize = 100_000;
+
+/// `cargo xtask bench`'s memory section: the observer's peak resident memory under the
+/// garbage flood (with the default budget, and with a budget too large to bind, for
+/// reference) and with `BENCH_USERS` users placed. Returns the lines to print.
+pub async fn measure(observer: &std::path::Path) -> anyhow::Result<String> {
+    let ports = [
+        "--grpc-port".to_owned(),
+        BENCH_GRPC_PORT.to_string(),
+        "--ws-port".to_owned(),
+        BENCH_WS_PORT.to_string(),
+    ];
+    let mut report = String::from("\nMemory (peak resident memory of the observer, VmHWM)\n");
+    let unbounded = (1u64 << 40).to_string();
+    let rounds: [(&str, Vec<&str>, bool); 3] = [
+        ("garbage flood, default budget", vec![], true),
+        (
+            "garbage flood, no budget (reference)",
+            vec!["--memory-budget", &unbounded],
+            true,
+        ),
+        ("100k placed users (as the fd limit allows)", vec![], false),
+    ];
+    for (label, extra, flood) in rounds {
+        let args: Vec<&str> = ports.iter().map(String::as_str).chain(extra).collect();
+        let process = crate::observed::ObserverProcess::start(observer, &args)?;
+        let done = if flood {
+            garbage_flood(BENCH_GRPC_PORT, Duration::from_secs(3)).await
+        } else {
+            placed_users(BENCH_WS_PORT, BENCH_USERS, Duration::from_secs(3)).await
+        };
+        let output = process.stop()?;
+        let done = done?;
+        let stopped = stop_line(&output.stderr)?;
+        let peak = peak_resident_bytes(&stopped)?;
+        let engine = &stopped["engine"];
+        let what = if flood {
+            format!("{done} connections × {FLOOD_BYTES_PER_CONNECTION} bytes")
+        } else {
+            format!("{done} users placed, {} tracked", engine["users_tracked"])
+        };
+        report.push_str(&format!(
+            "  {label:<40} peak {:>6.1} MiB  ({what}; shed {}, evicted {}, ring drops {})\n",
+            peak as f64 / f64::from(1 << 20),
+            engine["memory"]["shed_undecoded_decoders"]
+                .as_u64()
+                .unwrap_or(0)
+                + engine["memory"]["shed_decoders"].as_u64().unwrap_or(0)
+                + engine["memory"]["shed_users"].as_u64().unwrap_or(0),
+            engine["connections"]["evicted"],
+            stopped["kernel"]["ring_full_drops"],
+        ));
+    }
+    Ok(report)
+}
