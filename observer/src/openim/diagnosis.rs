@@ -223,7 +223,7 @@ pub fn explanation(explanation: &Explanation, spellings_differ: bool) -> String 
     let mut text = format!(
         "User {user} with {replicas} gateway{}:\n\
          \x20 proxy (WebSocket placement) picks gateway {}: {}\n\
-         \x20 push (online delivery) picks gateway {}: {}\n",
+         \x20 push  (online delivery)     picks gateway {}: {}\n",
         if *replicas == 1 { "" } else { "s" },
         proxy.gateway,
         proxy.member,
