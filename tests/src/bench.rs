@@ -5,6 +5,10 @@
 //!    gateways on port 88, so every gateway connection is watched) with no watcher, with the real
 //!    observer, and with a `bpftrace` script doing comparable work as a peer reference. Rounds
 //!    interleave the three and rotate their order, so drift on the machine spreads over all.
+//!    Each round is a pair (a watcher against no watcher in the same round): the report gives the
+//!    ratio of every pair and their median, never an average of rounds. A segment starts only
+//!    once the previous watcher has exited and the CPUs are idle again (bounded wait); a round
+//!    that started on a busy machine is flagged noisy and left out of the ratios.
 //! 2. Nanoseconds one 64-byte `write(2)` on loopback TCP takes, to a watched and to an unwatched
 //!    port, under each watcher; the difference with no watcher is what a watched or an unwatched
 //!    write pays.
@@ -43,6 +47,15 @@ const WRITE_SIZE: usize = 64;
 const LOOPS_PER_ROUND: usize = 3;
 /// The throughput loss the observer is meant to stay under (issue 4).
 const TARGET_LOSS_PERCENT: f64 = 3.0;
+/// The p99 push latency the observer may add (issue 13).
+const TARGET_P99_PERCENT: f64 = 5.0;
+/// A verdict needs at least this many clean pairs: with fewer, their spread says nothing.
+const MIN_PAIRS_FOR_VERDICT: usize = 3;
+/// The machine counts as quiet when this share of all CPU time over one sample is idle.
+const QUIET_IDLE_SHARE: f64 = 0.85;
+const QUIET_SAMPLE: Duration = Duration::from_millis(500);
+/// Past this a segment starts anyway and its round is flagged noisy.
+const QUIET_WAIT: Duration = Duration::from_secs(20);
 /// `bpftrace` copies at most this many bytes per call: its default string size.
 const BPFTRACE_COPY_BYTES: usize = 64;
 const BPFTRACE_READY: &str = "bench_ready";
@@ -468,6 +481,72 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
 struct FloodRound {
     report: FloodReport,
     counts: WatcherCounts,
+    /// The idle check before the segment started: false when the machine never went quiet.
+    quiet: Quiet,
+}
+
+/// What the idle check before a segment saw.
+#[derive(Clone, Copy, Debug)]
+struct Quiet {
+    reached: bool,
+    /// Idle share of all CPU time in the last sample.
+    idle_share: f64,
+    waited: Duration,
+}
+
+/// Idle and total jiffies over all CPUs, from the first line of /proc/stat.
+fn cpu_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    let total = fields.iter().take(8).sum();
+    Some((idle, total))
+}
+
+/// Waits, at most `QUIET_WAIT`, until one sample of `QUIET_SAMPLE` is mostly idle. Blocking:
+/// run it off the async threads.
+fn wait_until_quiet() -> Quiet {
+    let started = Instant::now();
+    loop {
+        let before = cpu_jiffies();
+        std::thread::sleep(QUIET_SAMPLE);
+        let idle_share = match (before, cpu_jiffies()) {
+            (Some((idle0, total0)), Some((idle1, total1))) if total1 > total0 => {
+                (idle1 - idle0) as f64 / (total1 - total0) as f64
+            }
+            // /proc/stat unreadable: nothing to wait on, and nothing known.
+            _ => f64::NAN,
+        };
+        let reached = idle_share.is_nan() || idle_share >= QUIET_IDLE_SHARE;
+        if reached || started.elapsed() >= QUIET_WAIT {
+            return Quiet {
+                reached,
+                idle_share,
+                waited: started.elapsed(),
+            };
+        }
+    }
+}
+
+async fn wait_until_quiet_async() -> anyhow::Result<Quiet> {
+    let quiet = tokio::task::spawn_blocking(wait_until_quiet)
+        .await
+        .context("idle check task")?;
+    if !quiet.reached {
+        eprintln!(
+            "bench:   machine still busy after {} s ({:.0}% idle): this round is flagged noisy",
+            quiet.waited.as_secs(),
+            100.0 * quiet.idle_share
+        );
+    }
+    Ok(quiet)
 }
 
 async fn measure_pushes(
@@ -495,6 +574,9 @@ async fn measure_pushes(
                 watcher.label(),
                 config.seconds
             );
+            // The previous watcher has exited (stop reaps it); its teardown and output must
+            // also be over before this segment's clock starts.
+            let quiet = wait_until_quiet_async().await?;
             let process =
                 start_watcher(watcher, config, bpftrace, GATEWAY_PORTS.to_vec(), None).await?;
             let report = lab.push_flood(Duration::from_secs(config.seconds)).await?;
@@ -503,10 +585,11 @@ async fn measure_pushes(
                 "bench:   {:.0} pushes/s, p50 {} us, p99 {} us, {} errors",
                 report.pushes_per_second, report.p50_us, report.p99_us, report.errors
             );
-            rounds
-                .entry(watcher)
-                .or_default()
-                .push(FloodRound { report, counts });
+            rounds.entry(watcher).or_default().push(FloodRound {
+                report,
+                counts,
+                quiet,
+            });
         }
     }
     Ok(rounds)
@@ -623,6 +706,7 @@ async fn measure_writes(config: &BenchConfig, bpftrace: &Path) -> anyhow::Result
                 2 * (LOOPS_PER_ROUND + 1),
                 config.writes
             );
+            wait_until_quiet_async().await?;
             let process =
                 start_watcher(watcher, config, bpftrace, vec![watched_port], Some(budget)).await?;
             let (watched, unwatched) = (watched.clone(), unwatched.clone());
@@ -660,6 +744,165 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// "within target" only when every clean pair is within, "over target" only when none is: a
+/// verdict noise could flip is reported as inconclusive.
+fn verdict(ratios: &[f64], within: impl Fn(f64) -> bool) -> String {
+    let inside = ratios.iter().filter(|ratio| within(**ratio)).count();
+    if ratios.len() < MIN_PAIRS_FOR_VERDICT {
+        format!(
+            "inconclusive: {} clean pairs, a verdict needs {MIN_PAIRS_FOR_VERDICT}",
+            ratios.len()
+        )
+    } else if inside == ratios.len() {
+        "within target in every clean pair".to_owned()
+    } else if inside == 0 {
+        "over target in every clean pair".to_owned()
+    } else {
+        format!(
+            "inconclusive: {inside} of {} clean pairs within target, the range straddles it",
+            ratios.len()
+        )
+    }
+}
+
+/// "median (min–max)" of the ratios, or a dash when there are none.
+fn ratio_summary(ratios: &[f64]) -> String {
+    if ratios.is_empty() {
+        return "—".to_owned();
+    }
+    let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("×{:.3} (×{min:.3}–×{max:.3})", median(ratios))
+}
+
+fn render_floods(
+    out: &mut String,
+    config: &BenchConfig,
+    floods: &BTreeMap<Watcher, Vec<FloodRound>>,
+) {
+    let _ = writeln!(
+        out,
+        "\npush flood: {} s per round, {} gateways, {} users, a new gRPC connection per push (all on watched port 88)",
+        config.seconds, config.replicas, config.users
+    );
+    let noisy_round = |round: usize| {
+        floods
+            .values()
+            .any(|rounds| rounds.get(round).is_some_and(|r| !r.quiet.reached))
+    };
+    for round in 0..config.rounds {
+        let mut line = format!("round {}:", round + 1);
+        for (watcher, rounds) in floods {
+            if let Some(r) = rounds.get(round) {
+                let _ = write!(
+                    line,
+                    " {} {:.0}/s p99 {} us (idle before {:.0}%);",
+                    watcher.label(),
+                    r.report.pushes_per_second,
+                    r.report.p99_us,
+                    100.0 * r.quiet.idle_share
+                );
+            }
+        }
+        if noisy_round(round) {
+            line.push_str(" NOISY (a segment started on a busy machine), left out");
+        }
+        let _ = writeln!(out, "{line}");
+    }
+    let clean: Vec<usize> = (0..config.rounds)
+        .filter(|&round| !noisy_round(round))
+        .collect();
+    let _ = writeln!(
+        out,
+        "{:<12} {:>10} {:>19} {:>8} {:>8} {:>8} {:>16} {:>13}  stdout lines",
+        "watcher",
+        "pushes/s",
+        "rounds (min–max)",
+        "p50 us",
+        "p99 us",
+        "errors",
+        "CPU ms/1k push",
+        "wakeups/push"
+    );
+    for (watcher, rounds) in floods {
+        let kept: Vec<&FloodRound> = clean
+            .iter()
+            .filter_map(|&round| rounds.get(round))
+            .collect();
+        let per_round: Vec<f64> = kept.iter().map(|r| r.report.pushes_per_second).collect();
+        let p50: Vec<f64> = kept.iter().map(|r| r.report.p50_us as f64).collect();
+        let p99: Vec<f64> = kept.iter().map(|r| r.report.p99_us as f64).collect();
+        let calls = kept.iter().map(|r| r.report.calls).sum::<u64>().max(1) as f64;
+        let _ = writeln!(
+            out,
+            "{:<12} {:>10.0} {:>19} {:>8.0} {:>8.0} {:>8} {:>16.1} {:>13.2}  {}",
+            watcher.label(),
+            median(&per_round),
+            format!(
+                "{:.0}–{:.0}",
+                per_round.iter().copied().fold(f64::INFINITY, f64::min),
+                per_round.iter().copied().fold(0.0, f64::max)
+            ),
+            median(&p50),
+            median(&p99),
+            kept.iter().map(|r| r.report.errors).sum::<u64>(),
+            1e6 * kept.iter().map(|r| r.counts.cpu_seconds).sum::<f64>() / calls,
+            kept.iter().map(|r| r.counts.wakeups).sum::<u64>() as f64 / calls,
+            kept.iter().map(|r| r.counts.lines).sum::<u64>(),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} of {} rounds clean; figures above are medians over clean rounds (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's user+system CPU per 1,000 pushes (the kernel-side cost is paid inside the lab's syscalls instead);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)",
+        clean.len(),
+        config.rounds
+    );
+    let baseline = floods.get(&Watcher::Nothing);
+    for (watcher, rounds) in floods.iter().filter(|(w, _)| **w != Watcher::Nothing) {
+        let Some(baseline) = baseline else { break };
+        let pairs: Vec<(&FloodRound, &FloodRound)> = clean
+            .iter()
+            .filter_map(|&round| Some((rounds.get(round)?, baseline.get(round)?)))
+            .collect();
+        let throughput: Vec<f64> = pairs
+            .iter()
+            .map(|(with, without)| {
+                with.report.pushes_per_second / without.report.pushes_per_second.max(f64::EPSILON)
+            })
+            .collect();
+        let p99: Vec<f64> = pairs
+            .iter()
+            .map(|(with, without)| with.report.p99_us as f64 / without.report.p99_us.max(1) as f64)
+            .collect();
+        let _ = writeln!(
+            out,
+            "{} vs. no observer, per clean pair: throughput {}, p99 {}",
+            watcher.label(),
+            ratio_summary(&throughput),
+            ratio_summary(&p99)
+        );
+        if *watcher == Watcher::Observer {
+            let _ = writeln!(
+                out,
+                "target: at most {TARGET_LOSS_PERCENT}% throughput loss: {}; p99 at most +{TARGET_P99_PERCENT}%: {}",
+                verdict(&throughput, |ratio| ratio
+                    >= 1.0 - TARGET_LOSS_PERCENT / 100.0),
+                verdict(&p99, |ratio| ratio <= 1.0 + TARGET_P99_PERCENT / 100.0)
+            );
+        }
+    }
+    let observer_drops: u64 = floods.get(&Watcher::Observer).map_or(0, |rounds| {
+        rounds
+            .iter()
+            .filter_map(|round| round.counts.ring_full_drops)
+            .sum()
+    });
+    let _ = writeln!(
+        out,
+        "observer ring-full drops during floods: {observer_drops}"
+    );
+}
+
 fn render(
     config: &BenchConfig,
     load_before: &str,
@@ -673,101 +916,7 @@ fn render(
         "overhead of watching: {} rounds, watchers interleaved; {cpus} CPUs, load average before: {load_before}",
         config.rounds
     );
-    let _ = writeln!(
-        out,
-        "\npush flood: {} s per round, {} gateways, {} users, a new gRPC connection per push (all on watched port 88)",
-        config.seconds, config.replicas, config.users
-    );
-    let _ = writeln!(
-        out,
-        "{:<12} {:>10} {:>19} {:>9} {:>8} {:>8} {:>8} {:>8} {:>13}  stdout lines",
-        "watcher",
-        "pushes/s",
-        "rounds (min–max)",
-        "loss",
-        "p50 us",
-        "p99 us",
-        "errors",
-        "own CPU",
-        "wakeups/push"
-    );
-    // Throughput over all rounds: calls over seconds, so a short round weighs less.
-    let throughput = |rounds: &[FloodRound]| {
-        let calls: u64 = rounds.iter().map(|round| round.report.calls).sum();
-        let seconds: f64 = rounds.iter().map(|round| round.report.seconds).sum();
-        calls as f64 / seconds.max(f64::EPSILON)
-    };
-    let baseline = floods
-        .get(&Watcher::Nothing)
-        .map(|rounds| throughput(rounds));
-    let mut observer_loss = None;
-    for (watcher, rounds) in floods {
-        let per_round: Vec<f64> = rounds
-            .iter()
-            .map(|round| round.report.pushes_per_second)
-            .collect();
-        let pushes_per_second = throughput(rounds);
-        let loss = baseline
-            .filter(|_| *watcher != Watcher::Nothing)
-            .map(|baseline| 100.0 * (baseline - pushes_per_second) / baseline);
-        if *watcher == Watcher::Observer {
-            observer_loss = loss;
-        }
-        let p50: Vec<f64> = rounds.iter().map(|r| r.report.p50_us as f64).collect();
-        let p99: Vec<f64> = rounds.iter().map(|r| r.report.p99_us as f64).collect();
-        let _ = writeln!(
-            out,
-            "{:<12} {:>10.0} {:>19} {:>9} {:>8.0} {:>8.0} {:>8} {:>8} {:>13.1}  {}",
-            watcher.label(),
-            pushes_per_second,
-            format!(
-                "{:.0}–{:.0}",
-                per_round.iter().copied().fold(f64::INFINITY, f64::min),
-                per_round.iter().copied().fold(0.0, f64::max)
-            ),
-            loss.map_or("—".to_owned(), |loss| format!("{loss:.1}%")),
-            median(&p50),
-            median(&p99),
-            rounds.iter().map(|r| r.report.errors).sum::<u64>(),
-            format!(
-                "{:.0}%",
-                100.0 * rounds.iter().map(|r| r.counts.cpu_seconds).sum::<f64>()
-                    / rounds
-                        .iter()
-                        .map(|r| r.report.seconds)
-                        .sum::<f64>()
-                        .max(f64::EPSILON)
-            ),
-            rounds.iter().map(|r| r.counts.wakeups).sum::<u64>() as f64
-                / rounds.iter().map(|r| r.report.calls).sum::<u64>().max(1) as f64,
-            rounds.iter().map(|r| r.counts.lines).sum::<u64>(),
-        );
-    }
-    let _ = writeln!(
-        out,
-        "p50/p99: median over rounds of each round's hdrhistogram percentile (connect + call); loss: throughput vs. no observer;\nown CPU: the watcher process's user+system CPU over the floods, in % of one CPU (the kernel-side cost is paid inside the lab's syscalls instead);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
-    );
-    if let Some(loss) = observer_loss {
-        let _ = writeln!(
-            out,
-            "target: under {TARGET_LOSS_PERCENT}% throughput loss with every gateway connection watched: the observer lost {loss:.1}% ({})",
-            if loss < TARGET_LOSS_PERCENT {
-                "within target"
-            } else {
-                "over target"
-            }
-        );
-    }
-    let observer_drops: u64 = floods.get(&Watcher::Observer).map_or(0, |rounds| {
-        rounds
-            .iter()
-            .filter_map(|round| round.counts.ring_full_drops)
-            .sum()
-    });
-    let _ = writeln!(
-        out,
-        "observer ring-full drops during floods: {observer_drops}"
-    );
+    render_floods(&mut out, config, floods);
 
     let _ = writeln!(
         out,
@@ -812,4 +961,30 @@ fn render(
         writes.observer_drops
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verdict_noise_could_flip_is_inconclusive() {
+        let within = |ratio: f64| ratio >= 0.97;
+        assert!(verdict(&[0.99, 0.98], within).starts_with("inconclusive: 2 clean pairs"));
+        assert_eq!(
+            verdict(&[0.99, 0.98, 1.01], within),
+            "within target in every clean pair"
+        );
+        assert_eq!(
+            verdict(&[0.90, 0.93, 0.88], within),
+            "over target in every clean pair"
+        );
+        assert!(verdict(&[0.99, 0.93, 1.02], within).contains("2 of 3 clean pairs within target"));
+    }
+
+    #[test]
+    fn ratios_summarise_as_median_and_range() {
+        assert_eq!(ratio_summary(&[]), "—");
+        assert_eq!(ratio_summary(&[0.9, 1.1, 1.0]), "×1.000 (×0.900–×1.100)");
+    }
 }
