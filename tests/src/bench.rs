@@ -9,9 +9,10 @@
 //!    ratio of every pair and their median, never an average of rounds. A segment starts only
 //!    once the previous watcher has exited and the CPUs are idle again (bounded wait); a round
 //!    that started on a busy machine is flagged noisy and left out of the ratios.
-//! 2. Nanoseconds one 64-byte `write(2)` on loopback TCP takes, to a watched and to an unwatched
-//!    port, under each watcher; the difference with no watcher is what a watched or an unwatched
-//!    write pays.
+//! 2. Nanoseconds per syscall, timed by a small C program (tests/bench/syscall_cost.c, built with
+//!    `cc`): `getppid` (not hooked), 64-byte writes to /dev/null (hooked, no socket), and 64-byte
+//!    writes on loopback TCP to an unwatched and to a watched port, under each watcher in
+//!    alternating rounds; the ratio to no watcher, per round, is what each call pays.
 //!
 //! Every watcher runs as a child that is stopped (SIGINT, then SIGKILL) when its handle drops,
 //! so an error or Ctrl-C leaves no process and no program loaded.
@@ -20,8 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -43,8 +43,6 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_GRACE: Duration = Duration::from_secs(15);
 const WARM_UP: Duration = Duration::from_secs(2);
 const WRITE_SIZE: usize = 64;
-/// Watched and unwatched loops alternate this many times per watcher and round.
-const LOOPS_PER_ROUND: usize = 3;
 /// The throughput loss the observer is meant to stay under (issue 4).
 const TARGET_LOSS_PERCENT: f64 = 3.0;
 /// The p99 push latency the observer may add (issue 13).
@@ -69,7 +67,7 @@ pub struct BenchConfig {
     pub seconds: u64,
     pub replicas: usize,
     pub users: usize,
-    /// 64-byte writes per timed loop.
+    /// 64-byte TCP writes per timed syscall loop (the cheaper calls run 5× as many).
     pub writes: usize,
 }
 
@@ -111,8 +109,8 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
         .context("bpftrace not found: install it with `apt-get install -y bpftrace`")?;
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let floods = measure_pushes(&config, &bpftrace).await?;
-    let writes = measure_writes(&config, &bpftrace).await?;
-    Ok(render(&config, load_before.trim(), &floods, &writes))
+    let syscalls = measure_syscalls(&config, &bpftrace).await?;
+    Ok(render(&config, load_before.trim(), &floods, &syscalls))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -596,136 +594,180 @@ async fn measure_pushes(
 }
 
 // ---------------------------------------------------------------------------------------------
-// 2. Cost per write(2).
+// 2. Cost per syscall.
 // ---------------------------------------------------------------------------------------------
 
+/// The timing program, shipped as source and built with the system's `cc` at run time.
+const SYSCALL_COST_SOURCE: &str = include_str!("../bench/syscall_cost.c");
+/// The observer's hooks, as the syscall table names them (observer/src/capture/kernel.rs).
+const HOOK_STRATEGY: &str = "per-syscall tracepoints (syscalls:sys_enter_*/sys_exit_* of connect, accept, close and the read/write family), perf tracepoint path";
+/// The cheap syscalls run this many times more calls than a TCP loop, for a similar duration.
+const CHEAP_CALLS_FACTOR: usize = 5;
+
+/// One timed loop of `syscall_cost`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Port {
-    Watched,
-    Unwatched,
+enum Syscall {
+    /// `getppid`: a syscall the observer does not hook.
+    Getppid,
+    /// A 64-byte write to /dev/null: hooked, but no socket, let alone a watched one.
+    DevNull,
+    /// A 64-byte write on loopback TCP to a port nobody watches.
+    TcpUnwatched,
+    /// The same to a watched port, every byte copied.
+    TcpWatched,
 }
 
-/// A connected loopback pair: writes go to `writer`, a thread drains the accepted end so the
-/// send buffer never fills and the loop times `write`, not the reader.
-struct LoopbackPair {
-    writer: TcpStream,
-    drainer: JoinHandle<()>,
-}
-
-impl LoopbackPair {
-    fn open(listener: &TcpListener) -> anyhow::Result<Self> {
-        let writer = TcpStream::connect(listener.local_addr()?).context("connect loopback")?;
-        let (mut accepted, _) = listener.accept().context("accept loopback")?;
-        let drainer = std::thread::spawn(move || {
-            let mut buffer = vec![0u8; 1 << 16];
-            while matches!(accepted.read(&mut buffer), Ok(read) if read > 0) {}
-        });
-        Ok(Self { writer, drainer })
-    }
-
-    /// Nanoseconds per 64-byte `write(2)`, over `writes` calls.
-    fn time_writes(&self, writes: usize) -> anyhow::Result<f64> {
-        let payload = [0x5au8; WRITE_SIZE];
-        let fd = self.writer.as_raw_fd();
-        let started = Instant::now();
-        for _ in 0..writes {
-            // SAFETY: `fd` is the open socket `self.writer` owns; `payload` outlives the call.
-            let written = unsafe { libc::write(fd, payload.as_ptr().cast(), WRITE_SIZE) };
-            ensure!(
-                usize::try_from(written) == Ok(WRITE_SIZE),
-                "loopback write returned {written}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(started.elapsed().as_nanos() as f64 / writes as f64)
-    }
-
-    /// Closing the writer ends the drainer (EOF).
-    fn close(self) {
-        drop(self.writer);
-        let _ = self.drainer.join();
-    }
-}
-
-/// Runs one watcher's loops on fresh connections (opened after the watcher attached, so it saw
-/// the connect): a warm-up loop each, then watched and unwatched loops alternately.
-fn time_write_loops(
-    watched: &TcpListener,
-    unwatched: &TcpListener,
-    writes: usize,
-) -> anyhow::Result<Vec<(Port, f64)>> {
-    let pairs = [
-        (Port::Watched, LoopbackPair::open(watched)?),
-        (Port::Unwatched, LoopbackPair::open(unwatched)?),
+impl Syscall {
+    const ALL: [Self; 4] = [
+        Self::Getppid,
+        Self::DevNull,
+        Self::TcpUnwatched,
+        Self::TcpWatched,
     ];
-    for (_, pair) in &pairs {
-        pair.time_writes(writes)?;
-    }
-    let mut samples = Vec::new();
-    for _ in 0..LOOPS_PER_ROUND {
-        for (port, pair) in &pairs {
-            samples.push((*port, pair.time_writes(writes)?));
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Getppid => "getppid (not hooked)",
+            Self::DevNull => "write 64 B /dev/null",
+            Self::TcpUnwatched => "write 64 B TCP, unwatched port",
+            Self::TcpWatched => "write 64 B TCP, watched port",
         }
     }
-    for (_, pair) in pairs {
-        pair.close();
+}
+
+/// Builds `syscall_cost` into the temp directory; returns its path.
+fn build_syscall_cost() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("openim-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let source = dir.join("syscall_cost.c");
+    std::fs::write(&source, SYSCALL_COST_SOURCE)
+        .with_context(|| format!("write {}", source.display()))?;
+    let binary = dir.join("syscall_cost");
+    let output = Command::new("cc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(&binary)
+        .arg(&source)
+        .output()
+        .context("run cc (the syscall section builds a small C program): install a C compiler")?;
+    ensure!(
+        output.status.success(),
+        "cc failed on syscall_cost.c: {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(binary)
+}
+
+/// Runs one timed loop; for TCP, accepts the program's connection on `listener` and drains it so
+/// the send buffer never fills and the loop times `write`, not the reader.
+fn time_syscall(
+    program: &Path,
+    syscall: Syscall,
+    calls: usize,
+    listener: Option<&TcpListener>,
+) -> anyhow::Result<f64> {
+    let mut command = Command::new(program);
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    match (syscall, listener) {
+        (Syscall::Getppid, _) => {
+            command.args(["getppid", &(calls * CHEAP_CALLS_FACTOR).to_string()])
+        }
+        (Syscall::DevNull, _) => {
+            command.args(["devnull", &(calls * CHEAP_CALLS_FACTOR).to_string()])
+        }
+        (_, Some(listener)) => command
+            .args(["tcp", &calls.to_string()])
+            .arg(listener.local_addr()?.port().to_string()),
+        (_, None) => bail!("a TCP loop needs a listener"),
+    };
+    let child = command.spawn().context("start syscall_cost")?;
+    if let Some(listener) = listener {
+        let (mut accepted, _) = listener
+            .accept()
+            .context("accept syscall_cost's connection")?;
+        let mut buffer = vec![0u8; 1 << 16];
+        while matches!(accepted.read(&mut buffer), Ok(read) if read > 0) {}
     }
-    Ok(samples)
+    let output = child.wait_with_output().context("wait for syscall_cost")?;
+    ensure!(
+        output.status.success(),
+        "syscall_cost {} failed: {}",
+        syscall.label(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .with_context(|| format!("syscall_cost {} printed no figure", syscall.label()))
 }
 
-struct WriteCosts {
-    /// (watcher, port) → ns per write of every timed loop.
-    samples: BTreeMap<(Watcher, Port), Vec<f64>>,
-    /// Ring-full drops the observer reported over its write rounds.
+struct SyscallCosts {
+    /// (watcher, syscall) → ns per call of every timed loop, in round order.
+    samples: BTreeMap<(Watcher, Syscall), Vec<f64>>,
+    /// Rounds where a segment started on a busy machine.
+    noisy_rounds: Vec<usize>,
+    /// Ring-full drops the observer reported over its rounds.
     observer_drops: u64,
-    /// Wakeups of each watcher over its write rounds.
-    wakeups: BTreeMap<Watcher, u64>,
 }
 
-async fn measure_writes(config: &BenchConfig, bpftrace: &Path) -> anyhow::Result<WriteCosts> {
+async fn measure_syscalls(config: &BenchConfig, bpftrace: &Path) -> anyhow::Result<SyscallCosts> {
+    let program = tokio::task::spawn_blocking(build_syscall_cost)
+        .await
+        .context("cc task")??;
     let watched = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("bind loopback")?;
     let unwatched = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("bind loopback")?;
     let watched_port = watched.local_addr()?.port();
-    let watched = Arc::new(watched);
-    let unwatched = Arc::new(unwatched);
-    // A budget covering the whole connection: every watched write is copied, the worst case.
-    let loop_bytes = (LOOPS_PER_ROUND + 1) * config.writes * WRITE_SIZE;
-    let budget = u32::try_from(loop_bytes).unwrap_or(u32::MAX);
-    let mut costs = WriteCosts {
+    let listeners = Arc::new((watched, unwatched));
+    // A budget covering the whole connection (warm-up included): every watched write is
+    // copied, the worst case.
+    let budget = u32::try_from(2 * config.writes * WRITE_SIZE).unwrap_or(u32::MAX);
+    let mut costs = SyscallCosts {
         samples: BTreeMap::new(),
+        noisy_rounds: Vec::new(),
         observer_drops: 0,
-        wakeups: BTreeMap::new(),
     };
     for round in 0..config.rounds {
         for watcher in Watcher::order(round) {
             eprintln!(
-                "bench: write loops, round {}/{}, {} ({} × {} writes)",
+                "bench: syscalls, round {}/{}, {}",
                 round + 1,
                 config.rounds,
-                watcher.label(),
-                2 * (LOOPS_PER_ROUND + 1),
-                config.writes
+                watcher.label()
             );
-            wait_until_quiet_async().await?;
+            let quiet = wait_until_quiet_async().await?;
+            if !quiet.reached && !costs.noisy_rounds.contains(&round) {
+                costs.noisy_rounds.push(round);
+            }
             let process =
                 start_watcher(watcher, config, bpftrace, vec![watched_port], Some(budget)).await?;
-            let (watched, unwatched) = (watched.clone(), unwatched.clone());
-            let writes = config.writes;
-            let samples =
-                tokio::task::spawn_blocking(move || time_write_loops(&watched, &unwatched, writes))
-                    .await
-                    .context("write loop task")??;
+            let (program, listeners, calls) = (program.clone(), listeners.clone(), config.writes);
+            let timed = tokio::task::spawn_blocking(move || {
+                Syscall::ALL
+                    .into_iter()
+                    .map(|syscall| {
+                        let listener = match syscall {
+                            Syscall::TcpWatched => Some(&listeners.0),
+                            Syscall::TcpUnwatched => Some(&listeners.1),
+                            _ => None,
+                        };
+                        Ok((syscall, time_syscall(&program, syscall, calls, listener)?))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()
+            })
+            .await
+            .context("syscall loop task")??;
             let counts = stop_watcher(process).await?;
             costs.observer_drops += counts.ring_full_drops.unwrap_or(0);
-            *costs.wakeups.entry(watcher).or_default() += counts.wakeups;
-            for (port, nanos) in samples {
+            for (syscall, nanos) in timed {
                 costs
                     .samples
-                    .entry((watcher, port))
+                    .entry((watcher, syscall))
                     .or_default()
                     .push(nanos);
             }
         }
+    }
+    if let Some(dir) = program.parent() {
+        let _ = std::fs::remove_dir_all(dir);
     }
     Ok(costs)
 }
@@ -903,11 +945,68 @@ fn render_floods(
     );
 }
 
+/// "median (min–max)" of nanosecond figures.
+fn nanos_summary(values: &[f64]) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.0} ({min:.0}–{max:.0})", median(values))
+}
+
+fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &SyscallCosts) {
+    let clean: Vec<usize> = (0..config.rounds)
+        .filter(|round| !costs.noisy_rounds.contains(round))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nsyscalls: ns per call, median (min–max) over {} clean of {} rounds; {} TCP writes, {} other calls per loop; ratio: median of per-round ratios to no observer (min–max)\nhooks in use: {HOOK_STRATEGY}",
+        clean.len(),
+        config.rounds,
+        config.writes,
+        config.writes * CHEAP_CALLS_FACTOR
+    );
+    let _ = writeln!(
+        out,
+        "{:<31} {:>18} {:>18} {:>26} {:>18} {:>26}",
+        "call", "no observer ns", "observer ns", "observer ratio", "bpftrace ns", "bpftrace ratio"
+    );
+    let clean_samples = |watcher: Watcher, syscall: Syscall| -> Vec<f64> {
+        let samples = costs.samples.get(&(watcher, syscall));
+        clean
+            .iter()
+            .filter_map(|&round| samples.and_then(|samples| samples.get(round).copied()))
+            .collect()
+    };
+    for syscall in Syscall::ALL {
+        let baseline = clean_samples(Watcher::Nothing, syscall);
+        let mut line = format!("{:<31} {:>18}", syscall.label(), nanos_summary(&baseline));
+        for watcher in [Watcher::Observer, Watcher::Bpftrace] {
+            let with = clean_samples(watcher, syscall);
+            let ratios: Vec<f64> = with
+                .iter()
+                .zip(&baseline)
+                .map(|(with, without)| with / without.max(f64::EPSILON))
+                .collect();
+            let _ = write!(
+                line,
+                " {:>18} {:>26}",
+                nanos_summary(&with),
+                ratio_summary(&ratios)
+            );
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    let _ = writeln!(
+        out,
+        "observer ring-full drops during syscall loops: {} (a dropped record still paid the copy)",
+        costs.observer_drops
+    );
+}
+
 fn render(
     config: &BenchConfig,
     load_before: &str,
     floods: &BTreeMap<Watcher, Vec<FloodRound>>,
-    writes: &WriteCosts,
+    syscalls: &SyscallCosts,
 ) -> String {
     let cpus = std::thread::available_parallelism().map_or(0, usize::from);
     let mut out = String::new();
@@ -918,48 +1017,7 @@ fn render(
     );
     render_floods(&mut out, config, floods);
 
-    let _ = writeln!(
-        out,
-        "\nwrite(2): {WRITE_SIZE}-byte writes on loopback TCP, {} per loop, median of {} loops per cell; watched = a port the watcher watches, every write copied",
-        config.writes,
-        config.rounds * LOOPS_PER_ROUND
-    );
-    let _ = writeln!(
-        out,
-        "{:<12} {:>12} {:>14} {:>14} {:>16} {:>22}",
-        "watcher",
-        "watched ns",
-        "unwatched ns",
-        "added watched",
-        "added unwatched",
-        "wakeups/watched write"
-    );
-    let cell = |watcher: Watcher, port: Port| {
-        writes
-            .samples
-            .get(&(watcher, port))
-            .map_or(f64::NAN, |samples| median(samples))
-    };
-    let watched_writes = (config.rounds * (LOOPS_PER_ROUND + 1) * config.writes).max(1);
-    for watcher in Watcher::ALL {
-        let watched = cell(watcher, Port::Watched);
-        let unwatched = cell(watcher, Port::Unwatched);
-        let _ = writeln!(
-            out,
-            "{:<12} {:>12.0} {:>14.0} {:>14.0} {:>16.0} {:>22.2}",
-            watcher.label(),
-            watched,
-            unwatched,
-            watched - cell(Watcher::Nothing, Port::Watched),
-            unwatched - cell(Watcher::Nothing, Port::Unwatched),
-            writes.wakeups.get(&watcher).copied().unwrap_or(0) as f64 / watched_writes as f64,
-        );
-    }
-    let _ = writeln!(
-        out,
-        "observer ring-full drops during write loops: {} (a dropped record still paid the copy)",
-        writes.observer_drops
-    );
+    render_syscalls(&mut out, config, syscalls);
     out
 }
 
