@@ -89,9 +89,13 @@ impl Watcher {
         }
     }
 
-    /// Round `round` runs the watchers in a rotated order, so none always goes first.
-    fn order(round: usize) -> impl Iterator<Item = Self> {
-        (0..Self::ALL.len()).map(move |step| Self::ALL[(round + step) % Self::ALL.len()])
+    /// Round `round` runs the watchers in a rotated order, so none always goes first; without
+    /// bpftrace its segment is skipped.
+    fn order(round: usize, bpftrace: Option<&Path>) -> impl Iterator<Item = Self> {
+        let with_bpftrace = bpftrace.is_some();
+        (0..Self::ALL.len())
+            .map(move |step| Self::ALL[(round + step) % Self::ALL.len()])
+            .filter(move |watcher| with_bpftrace || *watcher != Self::Bpftrace)
     }
 }
 
@@ -105,11 +109,15 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
         "observer binary {} not found: build it with `cargo xtask build --release`",
         config.observer.display()
     );
-    let bpftrace = find_in_path("bpftrace")
-        .context("bpftrace not found: install it with `apt-get install -y bpftrace`")?;
+    let bpftrace = find_in_path("bpftrace");
+    if bpftrace.is_none() {
+        eprintln!(
+            "bench: bpftrace not found (`apt-get install -y bpftrace`): its segments are skipped"
+        );
+    }
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let floods = measure_pushes(&config, &bpftrace).await?;
-    let syscalls = measure_syscalls(&config, &bpftrace).await?;
+    let floods = measure_pushes(&config, bpftrace.as_deref()).await?;
+    let syscalls = measure_syscalls(&config, bpftrace.as_deref()).await?;
     Ok(render(&config, load_before.trim(), &floods, &syscalls))
 }
 
@@ -151,7 +159,7 @@ impl WatcherProcess {
     fn start(
         watcher: Watcher,
         observer: &Path,
-        bpftrace: &Path,
+        bpftrace: Option<&Path>,
         ports: &[u16],
         grpc_budget: Option<u32>,
     ) -> anyhow::Result<Option<Self>> {
@@ -171,7 +179,7 @@ impl WatcherProcess {
                 (command, OBSERVER_READY)
             }
             Watcher::Bpftrace => {
-                let mut command = Command::new(bpftrace);
+                let mut command = Command::new(bpftrace.context("bpftrace not installed")?);
                 command.arg("-e").arg(bpftrace_script(ports));
                 (command, BPFTRACE_READY)
             }
@@ -352,14 +360,14 @@ impl Drop for WatcherProcess {
 async fn start_watcher(
     watcher: Watcher,
     config: &BenchConfig,
-    bpftrace: &Path,
+    bpftrace: Option<&Path>,
     ports: Vec<u16>,
     grpc_budget: Option<u32>,
 ) -> anyhow::Result<Option<WatcherProcess>> {
     let observer = config.observer.clone();
-    let bpftrace = bpftrace.to_path_buf();
+    let bpftrace = bpftrace.map(Path::to_path_buf);
     tokio::task::spawn_blocking(move || {
-        WatcherProcess::start(watcher, &observer, &bpftrace, &ports, grpc_budget)
+        WatcherProcess::start(watcher, &observer, bpftrace.as_deref(), &ports, grpc_budget)
     })
     .await
     .context("watcher start task")?
@@ -549,7 +557,7 @@ async fn wait_until_quiet_async() -> anyhow::Result<Quiet> {
 
 async fn measure_pushes(
     config: &BenchConfig,
-    bpftrace: &Path,
+    bpftrace: Option<&Path>,
 ) -> anyhow::Result<BTreeMap<Watcher, Vec<FloodRound>>> {
     let mut lab = Lab::start(LabConfig {
         replicas_initial: config.replicas,
@@ -564,7 +572,7 @@ async fn measure_pushes(
     lab.push_flood(WARM_UP).await?;
     let mut rounds: BTreeMap<Watcher, Vec<FloodRound>> = BTreeMap::new();
     for round in 0..config.rounds {
-        for watcher in Watcher::order(round) {
+        for watcher in Watcher::order(round, bpftrace) {
             eprintln!(
                 "bench: push flood, round {}/{}, {} ({} s)",
                 round + 1,
@@ -709,7 +717,10 @@ struct SyscallCosts {
     observer_drops: u64,
 }
 
-async fn measure_syscalls(config: &BenchConfig, bpftrace: &Path) -> anyhow::Result<SyscallCosts> {
+async fn measure_syscalls(
+    config: &BenchConfig,
+    bpftrace: Option<&Path>,
+) -> anyhow::Result<SyscallCosts> {
     let program = tokio::task::spawn_blocking(build_syscall_cost)
         .await
         .context("cc task")??;
@@ -726,7 +737,7 @@ async fn measure_syscalls(config: &BenchConfig, bpftrace: &Path) -> anyhow::Resu
         observer_drops: 0,
     };
     for round in 0..config.rounds {
-        for watcher in Watcher::order(round) {
+        for watcher in Watcher::order(round, bpftrace) {
             eprintln!(
                 "bench: syscalls, round {}/{}, {}",
                 round + 1,
@@ -947,6 +958,9 @@ fn render_floods(
 
 /// "median (min–max)" of nanosecond figures.
 fn nanos_summary(values: &[f64]) -> String {
+    if values.is_empty() {
+        return "—".to_owned();
+    }
     let min = values.iter().copied().fold(f64::INFINITY, f64::min);
     let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     format!("{:.0} ({min:.0}–{max:.0})", median(values))
@@ -981,6 +995,10 @@ fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &SyscallCosts)
         let mut line = format!("{:<31} {:>18}", syscall.label(), nanos_summary(&baseline));
         for watcher in [Watcher::Observer, Watcher::Bpftrace] {
             let with = clean_samples(watcher, syscall);
+            if with.is_empty() {
+                let _ = write!(line, " {:>18} {:>26}", "—", "not run");
+                continue;
+            }
             let ratios: Vec<f64> = with
                 .iter()
                 .zip(&baseline)
