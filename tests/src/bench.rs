@@ -7,8 +7,8 @@
 //!    interleave the three and rotate their order, so drift on the machine spreads over all.
 //!    Each round is a pair (a watcher against no watcher in the same round): the report gives the
 //!    ratio of every pair and their median, never an average of rounds. A segment starts only
-//!    once the previous watcher has exited and the CPUs are idle again (bounded wait); a round
-//!    that started on a busy machine is flagged noisy and left out of the ratios.
+//!    once the previous watcher has exited and the CPUs are idle again (bounded wait); a segment
+//!    that started on a busy machine is flagged noisy and its pair left out of the ratios.
 //! 2. Nanoseconds per syscall, timed by a small C program (tests/bench/syscall_cost.c, built with
 //!    `cc`): `getppid` (not hooked), 64-byte writes to /dev/null (hooked, no socket), and 64-byte
 //!    writes on loopback TCP to an unwatched and to a watched port, under each watcher in
@@ -838,37 +838,28 @@ fn render_floods(
         "\npush flood: {} s per round, {} gateways, {} users, a new gRPC connection per push (all on watched port 88)",
         config.seconds, config.replicas, config.users
     );
-    let noisy_round = |round: usize| {
-        floods
-            .values()
-            .any(|rounds| rounds.get(round).is_some_and(|r| !r.quiet.reached))
-    };
     for round in 0..config.rounds {
         let mut line = format!("round {}:", round + 1);
         for (watcher, rounds) in floods {
             if let Some(r) = rounds.get(round) {
                 let _ = write!(
                     line,
-                    " {} {:.0}/s p99 {} us (idle before {:.0}%);",
+                    " {} {:.0}/s p99 {} us (idle before {:.0}%{});",
                     watcher.label(),
                     r.report.pushes_per_second,
                     r.report.p99_us,
-                    100.0 * r.quiet.idle_share
+                    100.0 * r.quiet.idle_share,
+                    if r.quiet.reached { "" } else { ", NOISY" }
                 );
             }
         }
-        if noisy_round(round) {
-            line.push_str(" NOISY (a segment started on a busy machine), left out");
-        }
         let _ = writeln!(out, "{line}");
     }
-    let clean: Vec<usize> = (0..config.rounds)
-        .filter(|&round| !noisy_round(round))
-        .collect();
     let _ = writeln!(
         out,
-        "{:<12} {:>10} {:>19} {:>8} {:>8} {:>8} {:>16} {:>13}  stdout lines",
+        "{:<12} {:>6} {:>10} {:>19} {:>8} {:>8} {:>8} {:>16} {:>13}  stdout lines",
         "watcher",
+        "clean",
         "pushes/s",
         "rounds (min–max)",
         "p50 us",
@@ -878,18 +869,16 @@ fn render_floods(
         "wakeups/push"
     );
     for (watcher, rounds) in floods {
-        let kept: Vec<&FloodRound> = clean
-            .iter()
-            .filter_map(|&round| rounds.get(round))
-            .collect();
+        let kept: Vec<&FloodRound> = rounds.iter().filter(|r| r.quiet.reached).collect();
         let per_round: Vec<f64> = kept.iter().map(|r| r.report.pushes_per_second).collect();
         let p50: Vec<f64> = kept.iter().map(|r| r.report.p50_us as f64).collect();
         let p99: Vec<f64> = kept.iter().map(|r| r.report.p99_us as f64).collect();
         let calls = kept.iter().map(|r| r.report.calls).sum::<u64>().max(1) as f64;
         let _ = writeln!(
             out,
-            "{:<12} {:>10.0} {:>19} {:>8.0} {:>8.0} {:>8} {:>16.1} {:>13.2}  {}",
+            "{:<12} {:>6} {:>10.0} {:>19} {:>8.0} {:>8.0} {:>8} {:>16.1} {:>13.2}  {}",
             watcher.label(),
+            format!("{}/{}", kept.len(), rounds.len()),
             median(&per_round),
             format!(
                 "{:.0}–{:.0}",
@@ -906,16 +895,16 @@ fn render_floods(
     }
     let _ = writeln!(
         out,
-        "{} of {} rounds clean; figures above are medians over clean rounds (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's user+system CPU per 1,000 pushes (the kernel-side cost is paid inside the lab's syscalls instead);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)",
-        clean.len(),
-        config.rounds
+        "clean: segments that started on a quiet machine; figures are medians over them (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's user+system CPU per 1,000 pushes (the kernel-side cost is paid inside the lab's syscalls instead);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
     );
     let baseline = floods.get(&Watcher::Nothing);
     for (watcher, rounds) in floods.iter().filter(|(w, _)| **w != Watcher::Nothing) {
         let Some(baseline) = baseline else { break };
-        let pairs: Vec<(&FloodRound, &FloodRound)> = clean
+        // A pair is clean when both of its segments started on a quiet machine.
+        let pairs: Vec<(&FloodRound, &FloodRound)> = rounds
             .iter()
-            .filter_map(|&round| Some((rounds.get(round)?, baseline.get(round)?)))
+            .zip(baseline)
+            .filter(|(with, without)| with.quiet.reached && without.quiet.reached)
             .collect();
         let throughput: Vec<f64> = pairs
             .iter()
