@@ -46,6 +46,14 @@ struct Exported {
     engine: EngineCounters,
 }
 
+/// Upper bounds of the `kernel_to_alert_seconds` buckets: ×1.5–2 steps from 100 µs to 100 ms,
+/// where alerts land (the 5 ms goal and the 10 ms drain timer each fall on a bound), then two
+/// coarse bounds for alerts that waited on a gateway's answer or a window.
+const KERNEL_TO_ALERT_BUCKETS: [f64; 20] = [
+    0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01,
+    0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 1.0, 10.0,
+];
+
 pub struct Metrics {
     registry: Registry,
     events: Counter,
@@ -108,10 +116,7 @@ impl Default for Metrics {
             "Users with a live WebSocket placement",
             users_tracked.clone(),
         );
-        // 100 µs … ~100 s: an alert waits at most for the gateway's answer or a window.
-        let kernel_to_alert_seconds = Histogram::new(
-            prometheus_client::metrics::histogram::exponential_buckets(0.0001, 4.0, 11),
-        );
+        let kernel_to_alert_seconds = Histogram::new(KERNEL_TO_ALERT_BUCKETS.iter().copied());
         registry.register(
             "kernel_to_alert_seconds",
             "From the traffic that raised an alert to the alert's line on stdout",
@@ -514,6 +519,17 @@ mod tests {
             text.contains("openim_observer_kernel_to_alert_seconds_count 1"),
             "{text}"
         );
+        // 2 ms falls in the 2 ms bucket (bounds are inclusive), not in the one below it.
+        assert!(
+            text.contains("openim_observer_kernel_to_alert_seconds_bucket{le=\"0.0015\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("openim_observer_kernel_to_alert_seconds_bucket{le=\"0.002\"} 1"),
+            "{text}"
+        );
+        let buckets = text.matches("kernel_to_alert_seconds_bucket{").count();
+        assert_eq!(buckets, KERNEL_TO_ALERT_BUCKETS.len() + 1, "{text}");
     }
 
     #[test]

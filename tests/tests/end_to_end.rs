@@ -118,6 +118,66 @@ fn as_shipped_every_user_that_missed_real_time_is_alerted_and_no_other() {
     assert_churn_reported(&output);
 }
 
+/// Push keeps one connection per gateway and reuses it for every call (later OpenIM versions,
+/// and any pooled client): capture must last the connection's life, well past the burst of
+/// `--grpc-budget`, every call decoded.
+#[test]
+fn pushes_over_long_lived_connections_stay_observed_well_past_the_budget() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    const BUDGET: usize = 64 * 1024;
+    let observer_binary = find_observer_binary().expect("observer binary");
+    let observer = ObserverProcess::start(
+        &observer_binary,
+        &[
+            "--grpc-port",
+            "88",
+            "--ws-port",
+            "80",
+            "--grpc-budget",
+            &BUDGET.to_string(),
+        ],
+    )
+    .expect("observer attaches (root with BPF needed)");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let truth = runtime.block_on(async {
+        let mut lab = Lab::start(LabConfig {
+            push_reuses_connections: true,
+            messages_per_user: 50,
+            ..lab(ProxyMode::Correct, 5, 60)
+        })
+        .await
+        .expect("lab starts");
+        lab.run_scenario().await.expect("scenario runs")
+    });
+    let output = observer.stop().expect("observer stops cleanly");
+    let stopped = output
+        .stderr
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| line["kind"] == "observer_stopped")
+        .unwrap_or_else(|| panic!("no observer_stopped line in:\n{}", output.stderr));
+    let calls = truth.summary.push_calls;
+    // Five connections carried them all: each moved several budgets' worth.
+    assert!(calls >= 2_500, "{:?}", truth.summary);
+    assert_eq!(
+        stopped["engine"]["routes"]["push_calls"].as_u64(),
+        Some(calls as u64),
+        "every call decoded: {stopped}"
+    );
+    assert_eq!(
+        stopped["engine"]["connections"]["decode"]["lost_sync_gap"].as_u64(),
+        Some(0),
+        "{stopped}"
+    );
+    assert!(routing_alerts(&output).is_empty(), "{:#?}", output.alerts);
+}
+
 #[test]
 fn the_correct_fix_raises_no_routing_alert() {
     if !can_run(Needs::RootAndPrograms) {

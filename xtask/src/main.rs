@@ -53,8 +53,9 @@ enum Task {
         args: Vec<OsString>,
     },
     /// What watching costs (figures, not a test; needs root): push throughput and latency in
-    /// the lab with no observer, the release observer, and a bpftrace peer, interleaved; and
-    /// nanoseconds added per watched and unwatched write(2). Installs bpftrace when missing
+    /// the lab with no observer, the release observer, and a bpftrace peer, in paired rounds;
+    /// and nanoseconds per syscall (getppid, /dev/null and TCP writes) under each, timed by a C
+    /// program built with `cc`. Installs bpftrace when missing
     /// (apt). Arguments go to `openim-lab bench`, e.g. `cargo xtask bench --rounds 5`.
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

@@ -182,9 +182,14 @@ fn judge_call(
     let local_placements = judge.placements;
     let mut unplaced = Vec::new();
     let mut unseen = 0;
+    // One lookup per recipient instead of a scan of every answer (a call to 40 users compared
+    // 1,600 user ids); the first answer for a user wins, as the scan it replaces did.
+    let mut answers: HashMap<&str, &UserResult> = HashMap::new();
+    for answer in results.unwrap_or_default() {
+        answers.entry(answer.user_id.as_str()).or_insert(answer);
+    }
     for user in &call.recipients {
-        let answer =
-            results.and_then(|results| results.iter().find(|answer| &answer.user_id == user));
+        let answer = answers.get(user.as_str()).copied();
         if let Some(cluster) = judge.cluster.as_deref_mut()
             && let Some(answer) = answer
         {

@@ -142,7 +142,7 @@ struct BenchArgs {
     /// Connected users the pushes go to.
     #[arg(long, default_value_t = 20)]
     users: usize,
-    /// 64-byte writes per timed loop in the write(2) benchmark.
+    /// 64-byte TCP writes per timed loop in the syscall benchmark (other calls: 5×).
     #[arg(long, default_value_t = 200_000)]
     writes: usize,
     /// Only the memory section (peak RSS under the garbage flood and with 100k users).
