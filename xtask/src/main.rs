@@ -287,11 +287,12 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     )?;
     let kubectl = ensure_kubectl()?;
     // Integration tests load programs and share kernel state; each test file serialises its own
-    // tests, and one test binary at a time runs.
+    // tests, and one test binary at a time runs. Every binary runs even after one fails, so a
+    // run reports every failure, not the first.
     eprintln!("xtask: cargo test");
     let totals = run_tests(
         host_cargo("test")
-            .args(["--", "--test-threads=1"])
+            .args(["--no-fail-fast", "--", "--test-threads=1"])
             .env(image::ARCHIVE_ENV, image)
             .env("KUBECTL", &kubectl),
     )?;
