@@ -854,7 +854,7 @@ fn measure_core_sendmsg(watched_port: u16, unwatched: &TcpListener) -> String {
 }
 
 #[test]
-fn bytes_written_and_read_around_a_peer_reset_are_recorded_every_time() {
+fn bytes_written_before_a_peer_reset_and_the_close_are_recorded_every_time() {
     if !can_run() {
         return;
     }
