@@ -42,6 +42,17 @@ pub struct ObserverOutput {
     pub stderr: String,
 }
 
+impl ObserverOutput {
+    /// The `observer_stopped` line (its counters) from stderr.
+    pub fn stopped_line(&self) -> Value {
+        self.stderr
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|line| line["kind"] == "observer_stopped")
+            .unwrap_or_else(|| panic!("no observer_stopped line in:\n{}", self.stderr))
+    }
+}
+
 impl ObserverProcess {
     /// Starts `observer run ARGS…` and waits until it reports that it is attached.
     pub fn start(binary: &Path, args: &[&str]) -> anyhow::Result<Self> {

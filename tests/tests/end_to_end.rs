@@ -23,10 +23,15 @@ const ROUTING_KINDS: [&str; 3] = [
 
 /// Starts the observer, runs the lab scenario beside it, stops the observer.
 fn observe(config: LabConfig) -> (GroundTruth, ObserverOutput) {
+    observe_with(config, &[])
+}
+
+/// `observe` with more `observer run` flags.
+fn observe_with(config: LabConfig, flags: &[&str]) -> (GroundTruth, ObserverOutput) {
     let observer_binary = find_observer_binary().expect("observer binary");
-    let observer =
-        ObserverProcess::start(&observer_binary, &["--grpc-port", "88", "--ws-port", "80"])
-            .expect("observer attaches (root with BPF needed)");
+    let args = [&["--grpc-port", "88", "--ws-port", "80"][..], flags].concat();
+    let observer = ObserverProcess::start(&observer_binary, &args)
+        .expect("observer attaches (root with BPF needed)");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -129,40 +134,15 @@ fn pushes_over_long_lived_connections_stay_observed_well_past_the_budget() {
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     // A small burst, so that every connection moves many times its budget in a short run.
     const BUDGET: usize = 4 * 1024;
-    let observer_binary = find_observer_binary().expect("observer binary");
-    let observer = ObserverProcess::start(
-        &observer_binary,
-        &[
-            "--grpc-port",
-            "88",
-            "--ws-port",
-            "80",
-            "--grpc-budget",
-            &BUDGET.to_string(),
-        ],
-    )
-    .expect("observer attaches (root with BPF needed)");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let truth = runtime.block_on(async {
-        let mut lab = Lab::start(LabConfig {
+    let (truth, output) = observe_with(
+        LabConfig {
             push_reuses_connections: true,
             messages_per_user: 120,
             ..lab(ProxyMode::Correct, 5, 60)
-        })
-        .await
-        .expect("lab starts");
-        lab.run_scenario().await.expect("scenario runs")
-    });
-    let output = observer.stop().expect("observer stops cleanly");
-    let stopped = output
-        .stderr
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line["kind"] == "observer_stopped")
-        .unwrap_or_else(|| panic!("no observer_stopped line in:\n{}", output.stderr));
+        },
+        &["--grpc-budget", &BUDGET.to_string()],
+    );
+    let stopped = output.stopped_line();
     let calls = truth.summary.push_calls;
     // Five connections carried them all (a message is one call per gateway): each carried
     // 120 calls to up to 60 recipients, many times the burst.

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tests::observed::{ObserverOutput, ObserverProcess, find_observer_binary};
+use tests::observed::{ObserverProcess, find_observer_binary};
 use tests::privileges::{Needs, can_run};
 use tests::{Lab, LabConfig, ProxyMode};
 
@@ -45,15 +45,6 @@ fn missed(outcome: &tests::lab::control::PushOutcome) -> BTreeSet<String> {
         .filter(|result| !result.online_push)
         .map(|result| result.user_id.clone())
         .collect()
-}
-
-fn stopped_line(output: &ObserverOutput) -> Value {
-    output
-        .stderr
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line["kind"] == "observer_stopped")
-        .unwrap_or_else(|| panic!("no observer_stopped line in:\n{}", output.stderr))
 }
 
 #[test]
@@ -134,7 +125,7 @@ fn started_on_a_live_node_it_adopts_existing_connections_and_says_what_it_cannot
     // Every push call went over a connection adopted at start (push reuses them), decoded
     // with HPACK tables that miss the entries made before: the request's `:path` (which h2
     // does not index) decodes, the fields that were indexed before the start do not.
-    let engine = &stopped_line(&output)["engine"];
+    let engine = &output.stopped_line()["engine"];
     assert_eq!(engine["routes"]["push_calls"], 3, "{engine}");
     assert_eq!(engine["routes"]["push_answers"], 3, "{engine}");
     assert!(
@@ -224,7 +215,7 @@ fn after_dropped_records_tracked_state_returns_to_zero_once_the_sockets_are_gone
         (0.0, 0.0),
         "state left after the sockets were gone"
     );
-    let engine = &stopped_line(&output)["engine"];
+    let engine = &output.stopped_line()["engine"];
     assert!(
         engine["connections"]["closes_reconciled"].as_u64().unwrap() > 0,
         "no close was lost, so reconciliation was not tested: {engine}"
