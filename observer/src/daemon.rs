@@ -314,6 +314,13 @@ impl EventSink {
         Ok(())
     }
 
+    fn consume_batch(&mut self, batch: &mut Vec<Event>) -> Result<(), DaemonError> {
+        for event in batch.drain(..) {
+            self.consume(&event)?;
+        }
+        Ok(())
+    }
+
     fn tick(&mut self, now_ns: u64) {
         self.engine.tick(now_ns, &mut self.alerts);
         if let Some(link) = &mut self.cluster {
@@ -501,20 +508,14 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     loop {
         tokio::select! {
             read = capture.read_batch(&mut batch) => {
-                malformed_records += read?;
-                for event in batch.drain(..) {
-                    sink.consume(&event)?;
-                }
+                malformed_records += read?.malformed;
+                sink.consume_batch(&mut batch)?;
                 sink.flush()?;
             }
             _ = drain_timer.tick() => {
-                malformed_records += capture.drain(&mut batch);
-                if !batch.is_empty() {
-                    for event in batch.drain(..) {
-                        sink.consume(&event)?;
-                    }
-                    sink.flush()?;
-                }
+                // One batch: records left beyond it keep the ring readable for the branch above.
+                malformed_records += consume_ready(&mut capture, &mut sink, &mut batch, 1)?;
+                sink.flush()?;
             }
             _ = clock.tick() => {
                 let now_ns = unix_now_ns();
@@ -533,10 +534,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             }
             _ = reconcile_timer.tick() => {
                 // The records already made first, so a close that did arrive is seen as one.
-                malformed_records += capture.drain(&mut batch);
-                for event in batch.drain(..) {
-                    sink.consume(&event)?;
-                }
+                malformed_records +=
+                    consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_BEFORE_RECONCILE)?;
                 let alive = capture.reconcile();
                 sink.engine.reconcile(&alive, unix_now_ns(), &mut sink.alerts);
                 sink.flush()?;
@@ -550,10 +549,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             () = &mut deadline => break,
         }
     }
-    malformed_records += capture.drain(&mut batch);
-    for event in batch.drain(..) {
-        sink.consume(&event)?;
-    }
+    malformed_records += consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_AT_STOP)?;
     let kernel = capture.counters()?;
     drop(capture);
     sink.finish();
@@ -568,6 +564,32 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         sink.cluster.as_ref().map(ClusterLink::state),
     );
     Ok(())
+}
+
+/// Batches of ring records consumed before a reconciliation (so the closes already made are
+/// seen as closes) and at stop (the last records); bounded, since a flood refills the ring as
+/// fast as it is read.
+const MAX_BATCHES_BEFORE_RECONCILE: usize = 8;
+const MAX_BATCHES_AT_STOP: usize = 64;
+
+/// Converts and consumes the records already in the ring, one bounded batch at a time, at most
+/// `max_batches` of them; returns how many records were malformed.
+fn consume_ready(
+    capture: &mut KernelCapture,
+    sink: &mut EventSink,
+    batch: &mut Vec<Event>,
+    max_batches: usize,
+) -> Result<usize, DaemonError> {
+    let mut malformed = 0;
+    for _ in 0..max_batches {
+        let drained = capture.drain(batch);
+        malformed += drained.malformed;
+        sink.consume_batch(batch)?;
+        if !drained.more {
+            break;
+        }
+    }
+    Ok(malformed)
 }
 
 /// The final counters, on stderr so stdout stays machine-readable.

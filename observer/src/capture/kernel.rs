@@ -1,8 +1,8 @@
-//! Loads the kernel programs, attaches them, and turns ring-buffer records into `Event`s.
+//! Loads the kernel programs, attaches them, and reads their ring buffer (`ring_records`
+//! turns its records into `Event`s).
 
 use std::{
     collections::HashSet,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::AsFd,
     path::{Path, PathBuf},
 };
@@ -12,20 +12,21 @@ use aya::{
     maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, ProgramArray, RingBuf},
     programs::{ProgramError, TracePoint},
 };
-use bytes::Bytes;
 use observer_records::{
-    AF_INET6, COUNTER_COUNT, CaptureConfig, Connection, Counter, FLAG_TRUNCATED, RecordHeader,
-    RecordKind, SocketKey, SocketState, adopted_connection_id,
+    COUNTER_COUNT, CaptureConfig, Connection, Counter, SocketKey, SocketState,
+    adopted_connection_id,
 };
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
+pub use super::ring_records::Drained;
 use super::{
     adopt::{self, FoundConnection},
     cgroup_scope::{self, ScopeError},
+    ring_records::{MonotonicToWall, drain_ring, monotonic_now_ns},
     tracepoint_format::{self, LayoutError},
 };
-use crate::model::{Direction, Event, EventKind, PortClass, TcpState};
+use crate::model::{Event, EventKind, TcpState};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
 #[cfg(ebpf_programs)]
@@ -320,17 +321,20 @@ impl KernelCapture {
         self.copy_walk
     }
 
-    /// Waits until the kernel has produced records, then converts all that are ready; returns
-    /// how many records were malformed.
-    pub async fn read_batch(&mut self, events: &mut Vec<Event>) -> Result<usize, CaptureError> {
+    /// Waits until the kernel has produced records, then converts up to one batch of them.
+    pub async fn read_batch(&mut self, events: &mut Vec<Event>) -> Result<Drained, CaptureError> {
         let mut guard = self.ring.readable_mut().await?;
-        let malformed = drain_ring(guard.get_inner_mut(), &self.clock, events);
-        guard.clear_ready();
-        Ok(malformed)
+        let drained = drain_ring(guard.get_inner_mut(), &self.clock, events);
+        // Records left behind keep the ring readable: the next call converts them at once
+        // instead of waiting for a wakeup the programs may not send.
+        if !drained.more {
+            guard.clear_ready();
+        }
+        Ok(drained)
     }
 
-    /// Converts the records already in the ring without waiting: the last ones before a stop.
-    pub fn drain(&mut self, events: &mut Vec<Event>) -> usize {
+    /// Converts up to one batch of the records already in the ring without waiting.
+    pub fn drain(&mut self, events: &mut Vec<Event>) -> Drained {
         drain_ring(self.ring.get_mut(), &self.clock, events)
     }
 
@@ -670,29 +674,6 @@ fn raise_memlock_limit() {
     }
 }
 
-/// Converts `bpf_ktime_get_ns` (CLOCK_MONOTONIC) to wall-clock time, measured once at start.
-struct MonotonicToWall {
-    offset_ns: i128,
-}
-
-impl MonotonicToWall {
-    fn now() -> Self {
-        let wall = clock_ns(libc::CLOCK_REALTIME);
-        let monotonic = clock_ns(libc::CLOCK_MONOTONIC);
-        Self {
-            offset_ns: wall - monotonic,
-        }
-    }
-
-    fn wall_ns(&self, monotonic_ns: u64) -> u64 {
-        u64::try_from(i128::from(monotonic_ns) + self.offset_ns).unwrap_or(0)
-    }
-}
-
-fn monotonic_now_ns() -> u64 {
-    u64::try_from(clock_ns(libc::CLOCK_MONOTONIC)).unwrap_or(0)
-}
-
 /// What the engine learns of an adopted connection: it exists, established, from now on.
 fn adopted_event(connection: &FoundConnection, id: u64, ts_ns: u64) -> Event {
     let owner = connection.descriptors.first().map_or(0, |(tgid, _)| *tgid);
@@ -711,132 +692,5 @@ fn adopted_event(connection: &FoundConnection, id: u64, ts_ns: u64) -> Event {
             old: TcpState::Unknown,
             new: TcpState::Established,
         },
-    }
-}
-
-fn clock_ns(clock: libc::clockid_t) -> i128 {
-    let mut time = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we own.
-    unsafe { libc::clock_gettime(clock, &mut time) };
-    i128::from(time.tv_sec) * 1_000_000_000 + i128::from(time.tv_nsec)
-}
-
-/// Converts every record in the ring; returns how many could not be (never expected: the
-/// layout is shared with the kernel side).
-fn drain_ring(
-    ring: &mut RingBuf<MapData>,
-    clock: &MonotonicToWall,
-    events: &mut Vec<Event>,
-) -> usize {
-    let mut malformed = 0;
-    while let Some(item) = ring.next() {
-        match event_from_record(&item, clock) {
-            Some(event) => events.push(event),
-            None => malformed += 1,
-        }
-    }
-    malformed
-}
-
-fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
-    let header_size = std::mem::size_of::<RecordHeader>();
-    if record.len() < header_size {
-        return None;
-    }
-    // SAFETY: the record starts with a RecordHeader written by our programs; the struct is
-    // plain old data, and read_unaligned makes no alignment assumption.
-    let header: RecordHeader = unsafe { std::ptr::read_unaligned(record.as_ptr().cast()) };
-    let port_class = PortClass::from(observer_records::PortClass::from_repr(header.port_class)?);
-    let kind = match RecordKind::from_repr(header.kind)? {
-        RecordKind::TcpConnect => EventKind::TcpConnect,
-        RecordKind::TcpState => EventKind::TcpState {
-            old: TcpState::from_kernel(header.old_state),
-            new: TcpState::from_kernel(header.new_state),
-        },
-        RecordKind::Close => EventKind::Close,
-        RecordKind::Data => {
-            let direction =
-                Direction::from(observer_records::Direction::from_repr(header.direction)?);
-            let payload = record.get(header_size..header_size + header.len as usize)?;
-            let mut payload = payload.to_vec();
-            // Credentials never leave the capture layer: WebSocket upgrades carry the user's
-            // token, also when they are sent to a gRPC port by mistake.
-            let upgrade_on_grpc_port = direction == Direction::Send
-                && header.offset == 0
-                && crate::model::wire::starts_like_http1_request(&payload);
-            if port_class == PortClass::WebSocket || upgrade_on_grpc_port {
-                crate::privacy::redact_secrets(&mut payload);
-            }
-            EventKind::Data {
-                direction,
-                offset: header.offset,
-                call_len: header.call_len,
-                truncated: header.flags & FLAG_TRUNCATED != 0,
-                payload: Bytes::from(payload),
-            }
-        }
-    };
-    Some(Event {
-        ts_ns: clock.wall_ns(header.ts_ns),
-        connection: header.sock,
-        pid: header.tgid,
-        comm: comm_to_string(&header.comm),
-        cgroup_id: header.cgroup_id,
-        saddr: ip_from_kernel(header.family, &header.saddr),
-        sport: header.sport,
-        daddr: ip_from_kernel(header.family, &header.daddr),
-        dport: header.dport,
-        port_class,
-        kind,
-    })
-}
-
-fn comm_to_string(comm: &[u8; 16]) -> String {
-    let end = comm
-        .iter()
-        .position(|&byte| byte == 0)
-        .unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
-}
-
-/// IPv4-mapped IPv6 addresses come out as IPv4 (the programs already record them so): one
-/// identity per endpoint, whichever socket family reached it.
-fn ip_from_kernel(family: u16, address: &[u8; 16]) -> IpAddr {
-    if family == AF_INET6 {
-        IpAddr::V6(Ipv6Addr::from(*address)).to_canonical()
-    } else {
-        IpAddr::V4(Ipv4Addr::new(
-            address[0], address[1], address[2], address[3],
-        ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_ipv4_mapped_address_is_one_ipv4_identity() {
-        let mut mapped = [0u8; 16];
-        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
-        mapped[12..].copy_from_slice(&[127, 0, 10, 2]);
-        assert_eq!(
-            ip_from_kernel(AF_INET6, &mapped),
-            IpAddr::V4(Ipv4Addr::new(127, 0, 10, 2))
-        );
-        let mut v4 = [0u8; 16];
-        v4[..4].copy_from_slice(&[127, 0, 10, 2]);
-        assert_eq!(
-            ip_from_kernel(observer_records::AF_INET, &v4),
-            ip_from_kernel(AF_INET6, &mapped)
-        );
-        let loopback = Ipv6Addr::LOCALHOST.octets();
-        assert_eq!(
-            ip_from_kernel(AF_INET6, &loopback),
-            IpAddr::V6(Ipv6Addr::LOCALHOST)
-        );
     }
 }

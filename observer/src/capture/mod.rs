@@ -6,5 +6,6 @@ pub mod cgroup_scope;
 pub mod kernel;
 mod kernel_features;
 pub mod recording;
+mod ring_records;
 pub mod socket_tables;
 pub mod tracepoint_format;
