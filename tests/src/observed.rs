@@ -13,12 +13,32 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use crate::Lab;
+use crate::lab::LabConfig;
 use crate::lab::truth::GroundTruth;
 use crate::redis_server::RedisServer;
 
 /// The `observer` binary: `$OBSERVER_BIN`, else the one cargo built beside this executable.
 pub fn find_observer_binary() -> anyhow::Result<PathBuf> {
     crate::sibling_binary("observer", "OBSERVER_BIN")
+}
+
+/// Starts the observer on the lab's gateway ports (88 and 80) with `flags` added, runs the lab
+/// scenario beside it, stops the observer.
+pub fn observe_lab(config: LabConfig, flags: &[&str]) -> (GroundTruth, ObserverOutput) {
+    let observer_binary = find_observer_binary().expect("observer binary");
+    let args = [&["--grpc-port", "88", "--ws-port", "80"][..], flags].concat();
+    let observer = ObserverProcess::start(&observer_binary, &args)
+        .expect("observer attaches (root with BPF needed)");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let truth = runtime.block_on(async {
+        let mut lab = Lab::start(config).await.expect("lab starts");
+        lab.run_scenario().await.expect("scenario runs")
+    });
+    let output = observer.stop().expect("observer stops cleanly");
+    (truth, output)
 }
 
 /// A live `observer run`, its stdout (JSON lines) collected on a thread.

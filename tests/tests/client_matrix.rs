@@ -14,9 +14,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tests::lab::stack::{AddressFamily, ClientStack};
-use tests::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary};
+use tests::observed::{ObserverOutput, Score, observe_lab};
 use tests::privileges::can_run_stack;
-use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
+use tests::{LabConfig, ProxyMode};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -35,32 +35,14 @@ fn scenario(client_stack: ClientStack, family: AddressFamily) -> LabConfig {
     }
 }
 
-fn observe(config: LabConfig) -> (GroundTruth, ObserverOutput) {
-    let observer_binary = find_observer_binary().expect("observer binary");
-    let observer =
-        ObserverProcess::start(&observer_binary, &["--grpc-port", "88", "--ws-port", "80"])
-            .expect("observer attaches (root with BPF needed)");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let truth = runtime.block_on(async {
-        let mut lab = Lab::start(config).await.expect("lab starts");
-        lab.run_scenario().await.expect("scenario runs")
-    });
-    let output = observer.stop().expect("observer stops cleanly");
-    (truth, output)
-}
-
 /// What the observer said about its own sight: the `observer_stopped` counters (lost sync,
 /// decoded calls) and every alert kind, for a failure message.
 fn diagnosis(output: &ObserverOutput, score: &Score) -> String {
-    let stopped = output
-        .stderr
-        .lines()
-        .find(|line| line.contains("\"observer_stopped\""))
-        .unwrap_or("no observer_stopped line");
-    format!("alerts by kind {:?}; {stopped}", score.kinds)
+    format!(
+        "alerts by kind {:?}; {}",
+        score.kinds,
+        output.stopped_line()
+    )
 }
 
 fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressFamily) {
@@ -68,7 +50,7 @@ fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressF
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let (truth, output) = observe(scenario(client_stack, family));
+    let (truth, output) = observe_lab(scenario(client_stack, family), &[]);
     assert_eq!(
         truth.summary.connect_failures, 0,
         "every user connects: {:?}",

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
-use tests::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary};
+use tests::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary, observe_lab};
 use tests::privileges::{Needs, can_run};
 use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
 
@@ -23,25 +23,7 @@ const ROUTING_KINDS: [&str; 3] = [
 
 /// Starts the observer, runs the lab scenario beside it, stops the observer.
 fn observe(config: LabConfig) -> (GroundTruth, ObserverOutput) {
-    observe_with(config, &[])
-}
-
-/// `observe` with more `observer run` flags.
-fn observe_with(config: LabConfig, flags: &[&str]) -> (GroundTruth, ObserverOutput) {
-    let observer_binary = find_observer_binary().expect("observer binary");
-    let args = [&["--grpc-port", "88", "--ws-port", "80"][..], flags].concat();
-    let observer = ObserverProcess::start(&observer_binary, &args)
-        .expect("observer attaches (root with BPF needed)");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let truth = runtime.block_on(async {
-        let mut lab = Lab::start(config).await.expect("lab starts");
-        lab.run_scenario().await.expect("scenario runs")
-    });
-    let output = observer.stop().expect("observer stops cleanly");
-    (truth, output)
+    observe_lab(config, &[])
 }
 
 fn lab(mode: ProxyMode, replicas: usize, users: usize) -> LabConfig {
@@ -134,7 +116,7 @@ fn pushes_over_long_lived_connections_stay_observed_well_past_the_budget() {
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     // A small burst, so that every connection moves many times its budget in a short run.
     const BUDGET: usize = 4 * 1024;
-    let (truth, output) = observe_with(
+    let (truth, output) = observe_lab(
         LabConfig {
             push_reuses_connections: true,
             messages_per_user: 120,

@@ -3,11 +3,10 @@
 //! with the pinned grpcio and websockets. Installed once; later runs find them.
 
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use crate::{apt, step, workspace_root};
+use crate::{apt, venv, workspace_root};
 
 /// Where Debian's `golang-*-dev` packages put their sources, and the package of each source the
 /// Go stack imports.
@@ -49,29 +48,12 @@ fn ensure_python() -> Result<()> {
     if std::fs::read_to_string(&installed).is_ok_and(|held| held == requirements) {
         return Ok(());
     }
-    let how = "the Python client stack needs python3 with venv and access to PyPI";
-    // Debian splits venv's pip bootstrap into python3-venv (which pulls in python3).
-    let has_venv = Command::new("python3")
-        .args(["-c", "import ensurepip, venv"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !has_venv {
-        apt::install("python3-venv").context(how)?;
-    }
-    step(
-        "creating a virtualenv for the Python client stack (python3 -m venv)",
-        Command::new("python3")
-            .args(["-m", "venv", "--clear"])
-            .arg(&venv),
-    )
-    .context(how)?;
-    step(
-        &format!("installing the Python client stack (pip install -r {PYTHON_REQUIREMENTS})"),
-        Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
-            .arg(root.join(PYTHON_REQUIREMENTS)),
-    )
-    .context(how)?;
+    let requirements_path = root.join(PYTHON_REQUIREMENTS);
+    venv::create(
+        &venv,
+        "the Python client stack",
+        &["-r".as_ref(), requirements_path.as_os_str()],
+    )?;
     std::fs::write(&installed, requirements)
         .with_context(|| format!("write {}", installed.display()))
 }

