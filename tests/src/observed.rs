@@ -41,6 +41,30 @@ pub fn observe_lab(config: LabConfig, flags: &[&str]) -> (GroundTruth, ObserverO
     (truth, output)
 }
 
+/// The observer's `/metrics` page at `addr`, whole (status line and headers included).
+pub async fn scrape_metrics(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics port");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: observer\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
+    response
+}
+
+/// The value of the series `name` (with its labels, if any) in a scraped `/metrics` page.
+pub fn metric_value(scraped: &str, name: &str) -> f64 {
+    scraped
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from:\n{scraped}"))
+}
+
 /// A live `observer run`, its stdout (JSON lines) collected on a thread.
 pub struct ObserverProcess {
     child: Child,

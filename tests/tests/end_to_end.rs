@@ -9,7 +9,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
-use tests::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary, observe_lab};
+use tests::observed::{
+    ObserverOutput, ObserverProcess, Score, find_observer_binary, metric_value, observe_lab,
+    scrape_metrics,
+};
 use tests::privileges::{Needs, can_run};
 use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
 
@@ -345,15 +348,10 @@ fn prometheus_metrics_are_served_during_a_run() {
         lab.run_scenario().await.unwrap();
         // Counters are brought up to date every second.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        scrape(metrics_addr).await
+        scrape_metrics(metrics_addr).await
     });
     let output = observer.stop().unwrap();
-    let value = |series: &str| -> f64 {
-        scraped
-            .lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{series} missing from:\n{scraped}"))
-    };
+    let value = |series: &str| metric_value(&scraped, series);
     assert!(value("openim_observer_events_total") > 0.0);
     let mismatches = output
         .alerts
@@ -369,19 +367,4 @@ fn prometheus_metrics_are_served_during_a_run() {
     );
     assert!(scraped.contains("openim_observer_decode_failures_total{layer=\"hpack\"} 0"));
     assert!(scraped.contains("openim_observer_users_tracked"));
-}
-
-async fn scrape(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics port");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: observer\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
-    response
 }

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tests::observed::{ObserverProcess, find_observer_binary};
+use tests::observed::{ObserverProcess, find_observer_binary, metric_value, scrape_metrics};
 use tests::privileges::{Needs, can_run};
 use tests::{Lab, LabConfig, ProxyMode};
 
@@ -173,11 +173,11 @@ fn after_dropped_records_tracked_state_returns_to_zero_once_the_sockets_are_gone
             let mut lab = Lab::start(config).await.expect("lab starts");
             lab.run_scenario().await.expect("scenario runs");
             tokio::time::sleep(Duration::from_millis(1500)).await;
-            let scraped = scrape(metrics_addr).await;
-            let users = series(&scraped, "openim_observer_users_tracked");
-            let connections = series(&scraped, "openim_observer_connections_tracked");
+            let scraped = scrape_metrics(metrics_addr).await;
+            let users = metric_value(&scraped, "openim_observer_users_tracked");
+            let connections = metric_value(&scraped, "openim_observer_connections_tracked");
             peak = (f64::max(peak.0, users), f64::max(peak.1, connections));
-            drops = series(
+            drops = metric_value(
                 &scraped,
                 "openim_observer_kernel_total{kind=\"ring_full_drops\"}",
             );
@@ -192,10 +192,10 @@ fn after_dropped_records_tracked_state_returns_to_zero_once_the_sockets_are_gone
         let deadline = Instant::now() + Duration::from_secs(15);
         let settled = loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let scraped = scrape(metrics_addr).await;
+            let scraped = scrape_metrics(metrics_addr).await;
             let now = (
-                series(&scraped, "openim_observer_users_tracked"),
-                series(&scraped, "openim_observer_connections_tracked"),
+                metric_value(&scraped, "openim_observer_users_tracked"),
+                metric_value(&scraped, "openim_observer_connections_tracked"),
             );
             if now == (0.0, 0.0) || Instant::now() > deadline {
                 break now;
@@ -283,26 +283,4 @@ fn an_adopted_connection_is_captured_from_the_start_on_and_its_close_is_seen() {
     assert_eq!(events[1]["len"], 7);
     assert_eq!(events[2]["direction"], "recv");
     assert_eq!(events[2]["payload_b64"], "YW5zd2Vy");
-}
-
-fn series(scraped: &str, name: &str) -> f64 {
-    scraped
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from:\n{scraped}"))
-}
-
-async fn scrape(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics port");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: observer\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    assert!(response.starts_with("HTTP/1.1 200 OK"), "{response}");
-    response
 }

@@ -6,6 +6,23 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use thiserror::Error;
 
+/// What the proxy and push are told of the gateways, as OpenIM's are: the Helm instance and
+/// namespace their member strings are built from, `MY_MSGGATEWAY_REPLICACOUNT`, and the lab's
+/// name table to resolve the members with.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GatewayDeployment {
+    #[arg(long)]
+    pub instance: String,
+    #[arg(long)]
+    pub namespace: String,
+    /// MY_MSGGATEWAY_REPLICACOUNT.
+    #[arg(long)]
+    pub replicas: usize,
+    /// The lab's name table, `host=ip,...`.
+    #[arg(long)]
+    pub names: String,
+}
+
 #[derive(Debug, Error)]
 pub enum NameError {
     #[error("name table entry {0:?} is not host=ipv4")]

@@ -23,7 +23,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use crate::lab::ProxyMode;
 use crate::lab::control::{PodEvent, emit};
 use crate::lab::gateway::WEBSOCKET_PORT;
-use crate::lab::names::{NameTable, split_port};
+use crate::lab::names::{GatewayDeployment, NameTable, split_port};
 
 /// Where clients reach the proxy. Not a gateway port: the observer watches gateway ports only,
 /// and a client's upgrade to the proxy is no placement on a gateway.
@@ -36,16 +36,8 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct ProxyArgs {
     #[arg(long, value_enum)]
     pub mode: ProxyMode,
-    #[arg(long)]
-    pub instance: String,
-    #[arg(long)]
-    pub namespace: String,
-    /// MY_MSGGATEWAY_REPLICACOUNT.
-    #[arg(long)]
-    pub replicas: usize,
-    /// The lab's name table, `host=ip,...`.
-    #[arg(long)]
-    pub names: String,
+    #[command(flatten)]
+    pub gateways: GatewayDeployment,
 }
 
 /// Which gateway the proxy picks for a user and how it dials it.
@@ -95,11 +87,11 @@ impl Router {
 pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let router = std::sync::Arc::new(Router::new(
         args.mode,
-        &args.instance,
-        &args.namespace,
-        args.replicas,
+        &args.gateways.instance,
+        &args.gateways.namespace,
+        args.gateways.replicas,
     )?);
-    let names = std::sync::Arc::new(NameTable::parse_arg(&args.names)?);
+    let names = std::sync::Arc::new(NameTable::parse_arg(&args.gateways.names)?);
     let listener = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], PROXY_PORT)))
         .await
         .context("bind the proxy port")?;

@@ -22,7 +22,7 @@ use crate::lab::client::connect_tcp;
 use crate::lab::control::{PodEvent, PushCall, PushCommand, PushOutcome, UserPushResult, emit};
 use crate::lab::external::ExternalPush;
 use crate::lab::gateway::GRPC_PORT;
-use crate::lab::names::NameTable;
+use crate::lab::names::{GatewayDeployment, NameTable};
 use crate::lab::stack::{AddressFamily, ClientProgram};
 use crate::lab::truth::FloodReport;
 use crate::proto::msggateway::msg_gateway_client::MsgGatewayClient;
@@ -40,16 +40,8 @@ const SUPER_GROUP_PUSH_METHOD: &str =
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct PushArgs {
-    #[arg(long)]
-    pub instance: String,
-    #[arg(long)]
-    pub namespace: String,
-    /// MY_MSGGATEWAY_REPLICACOUNT.
-    #[arg(long)]
-    pub replicas: usize,
-    /// The lab's name table, `host=ip,...`.
-    #[arg(long)]
-    pub names: String,
+    #[command(flatten)]
+    pub gateways: GatewayDeployment,
     /// One long-lived connection per member, reused for every call.
     #[arg(long)]
     pub reuse_connections: bool,
@@ -78,9 +70,9 @@ struct Pusher {
 
 pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     let members = MemberTemplate::parse(PUSH_MEMBER_TEMPLATE)?.members(
-        &args.instance,
-        &args.namespace,
-        args.replicas,
+        &args.gateways.instance,
+        &args.gateways.namespace,
+        args.gateways.replicas,
     );
     let external = args
         .client_program
@@ -93,7 +85,7 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         .transpose()?;
     let mut pusher = Pusher {
         ring: Ring::new(members),
-        names: NameTable::parse_arg(&args.names)?,
+        names: NameTable::parse_arg(&args.gateways.names)?,
         family: args.family,
         leaked: Vec::new(),
         reused: args.reuse_connections.then(BTreeMap::new),
