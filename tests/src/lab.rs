@@ -940,6 +940,20 @@ struct PodHome<'a> {
     cgroup_procs: Option<&'a std::path::Path>,
 }
 
+/// The proxy's and push's `GatewayDeployment` arguments.
+fn gateway_deployment_args(config: &LabConfig, replicas: usize, names: &NameTable) -> [String; 8] {
+    [
+        "--instance".to_owned(),
+        config.instance.clone(),
+        "--namespace".to_owned(),
+        config.namespace.clone(),
+        "--replicas".to_owned(),
+        replicas.to_string(),
+        "--names".to_owned(),
+        names.to_arg(),
+    ]
+}
+
 fn spawn_proxy(
     config: &LabConfig,
     binary: &std::path::Path,
@@ -949,19 +963,12 @@ fn spawn_proxy(
     replicas: usize,
     observations: &SharedObservations,
 ) -> anyhow::Result<PodProcess> {
-    let args = vec![
+    let mut args = vec![
         "proxy".to_owned(),
         "--mode".to_owned(),
         config.mode.as_str().to_owned(),
-        "--instance".to_owned(),
-        config.instance.clone(),
-        "--namespace".to_owned(),
-        config.namespace.clone(),
-        "--replicas".to_owned(),
-        replicas.to_string(),
-        "--names".to_owned(),
-        names.to_arg(),
     ];
+    args.extend(gateway_deployment_args(config, replicas, names));
     Ok(PodProcess::spawn(
         binary,
         &home.net.netns,
@@ -982,19 +989,9 @@ fn spawn_push(
     replicas: usize,
     observations: &SharedObservations,
 ) -> anyhow::Result<PodProcess> {
-    let mut args = vec![
-        "push".to_owned(),
-        "--instance".to_owned(),
-        config.instance.clone(),
-        "--namespace".to_owned(),
-        config.namespace.clone(),
-        "--replicas".to_owned(),
-        replicas.to_string(),
-        "--names".to_owned(),
-        names.to_arg(),
-        "--family".to_owned(),
-        config.family.as_str().to_owned(),
-    ];
+    let mut args = vec!["push".to_owned()];
+    args.extend(gateway_deployment_args(config, replicas, names));
+    args.extend(["--family".to_owned(), config.family.as_str().to_owned()]);
     if config.push_reuses_connections {
         args.push("--reuse-connections".to_owned());
     }
