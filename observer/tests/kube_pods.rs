@@ -68,6 +68,25 @@ struct FakeApiServer {
 }
 
 impl FakeApiServer {
+    /// Serves `pods` (listed at `resource_version`) and then `watch_lines` on a loopback port;
+    /// returns the server and a client of it.
+    async fn start(
+        pods: Vec<Pod>,
+        resource_version: u32,
+        watch_lines: mpsc::UnboundedReceiver<WatchLine>,
+    ) -> (Arc<Self>, kube::Client) {
+        let server = Arc::new(FakeApiServer {
+            pods: Mutex::new((pods, resource_version)),
+            watch: tokio::sync::Mutex::new(watch_lines),
+            requested: Mutex::default(),
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        tokio::spawn(Arc::clone(&server).serve(listener));
+        let config = kube::Config::new(url.parse().expect("a URI"));
+        (server, kube::Client::try_from(config).expect("a client"))
+    }
+
     async fn serve(self: Arc<Self>, listener: TcpListener) {
         while let Ok((stream, _)) = listener.accept().await {
             tokio::spawn(Arc::clone(&self).connection(stream));
@@ -230,23 +249,15 @@ fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
 #[tokio::test]
 async fn pod_names_follow_the_watch_and_reach_the_alerts() {
     let (watch_events, watch_lines) = mpsc::unbounded_channel();
-    let server = Arc::new(FakeApiServer {
-        pods: Mutex::new((
-            vec![
-                pod(GATEWAY_0, "demo-openim-msggateway-0", "10.244.1.10", 1),
-                pod(PUSH_BEFORE, "demo-openim-push-7d9f", "10.244.2.5", 2),
-            ],
-            2,
-        )),
-        watch: tokio::sync::Mutex::new(watch_lines),
-        requested: Mutex::default(),
-    });
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("address"));
-    tokio::spawn(Arc::clone(&server).serve(listener));
-
-    let config = kube::Config::new(url.parse().expect("a URI"));
-    let client = kube::Client::try_from(config).expect("a client");
+    let (server, client) = FakeApiServer::start(
+        vec![
+            pod(GATEWAY_0, "demo-openim-msggateway-0", "10.244.1.10", 1),
+            pod(PUSH_BEFORE, "demo-openim-push-7d9f", "10.244.2.5", 2),
+        ],
+        2,
+        watch_lines,
+    )
+    .await;
     let pods = PodIndex::shared(100);
     tokio::spawn(identity::watch_pods(client, Arc::clone(&pods), Vec::new()));
 
@@ -367,20 +378,12 @@ async fn pod_names_follow_the_watch_and_reach_the_alerts() {
 #[tokio::test]
 async fn a_namespaced_watch_asks_only_for_that_namespace() {
     let (_watch_events, watch_lines) = mpsc::unbounded_channel();
-    let server = Arc::new(FakeApiServer {
-        pods: Mutex::new((
-            vec![pod(GATEWAY_0, "demo-openim-msggateway-0", "10.244.1.10", 1)],
-            1,
-        )),
-        watch: tokio::sync::Mutex::new(watch_lines),
-        requested: Mutex::default(),
-    });
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("address"));
-    tokio::spawn(Arc::clone(&server).serve(listener));
-
-    let config = kube::Config::new(url.parse().expect("a URI"));
-    let client = kube::Client::try_from(config).expect("a client");
+    let (server, client) = FakeApiServer::start(
+        vec![pod(GATEWAY_0, "demo-openim-msggateway-0", "10.244.1.10", 1)],
+        1,
+        watch_lines,
+    )
+    .await;
     let pods = PodIndex::shared(100);
     tokio::spawn(identity::watch_pods(
         client,
