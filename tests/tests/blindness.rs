@@ -126,20 +126,19 @@ fn a_tiny_ring_under_a_push_flood_raises_ring_full_then_recovers() {
         "{}",
         lines()
     );
-    let recovered = episode_alerts(flood_episode, "recovered");
-    let recovered = recovered
-        .first()
-        .unwrap_or_else(|| panic!("no recovered after the flood: {}", lines()));
     assert!(
-        alert_time(recovered) >= flood_end - Duration::from_secs(1),
-        "recovered before the flood ended: {}",
+        !episode_alerts(flood_episode, "recovered").is_empty(),
+        "the flood's episode never recovered: {}",
         lines()
     );
-    // The last word on ring_full is that it recovered.
-    assert_eq!(
-        degraded.last().map(|alert| &alert["state"]),
-        Some(&Value::from("recovered")),
-        "{}",
+    // An episode recovers after QUIET_SECS without drops, which a flood on a busy machine can
+    // leave mid-way (its next drop opens a new episode), so what must hold after the flood is
+    // that the last word on ring_full, said once the flood was over, is that it recovered.
+    let last = degraded.last().expect("at least the flood's episode");
+    assert_eq!(last["state"], "recovered", "{}", lines());
+    assert!(
+        alert_time(last) >= flood_end - Duration::from_secs(1),
+        "the last recovered came before the flood ended: {}",
         lines()
     );
     eprintln!(
