@@ -14,7 +14,7 @@ use observer_records::{AF_INET, AF_INET6, RecordKind, TcpState};
 use crate::{
     maps::{
         Budget, CONNECTIONS, Connection, PENDING_CONNECTS, PendingConnect, SOCKETS, SocketKey,
-        SocketState, WATCHED_PORTS, insert_or_count,
+        SocketState, WATCHED_PORTS, insert_or_count, mark_watching, may_be_watching,
     },
     ring::{header_for, output_header, stamp_current},
     scope::current_task_in_scope,
@@ -109,6 +109,7 @@ fn try_sys_exit_connect(ctx: &TracePointContext) -> Result<(), i64> {
         _reserved: [0; 5],
     };
     insert_or_count(&SOCKETS, &key, &state)?;
+    mark_watching(key.tgid);
     debug!(ctx, "watching fd {} of pid {}", key.fd, key.tgid);
     Ok(())
 }
@@ -208,10 +209,14 @@ fn is_ipv4_mapped(address: &[u8; 16]) -> bool {
 }
 
 fn try_sys_enter_close(ctx: &TracePointContext) -> Result<(), i64> {
-    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.map_err(i64::from)?;
     let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if !may_be_watching(tgid) {
+        return Ok(());
+    }
+    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.map_err(i64::from)?;
     let key = SocketKey {
-        tgid: (pid_tgid >> 32) as u32,
+        tgid,
         fd: fd as u32,
     };
     let Some(state) = (unsafe { SOCKETS.get(key) }).copied() else {

@@ -15,7 +15,8 @@ use crate::{
     copy,
     maps::{
         BUFFER_IOVEC, BUFFER_PLAIN, Budget, CONFIG, CONNECTIONS, IN_FLIGHT, IoCall, SOCKETS,
-        SocketKey, SocketState, count, insert_or_count,
+        SocketKey, SocketState, add_claims, count, insert_or_count, may_be_watching,
+        may_have_claim,
     },
     ring::{header_for, stamp_current},
     scope::current_task_in_scope,
@@ -96,13 +97,18 @@ pub fn sys_exit_io_bounded(ctx: TracePointContext) -> u32 {
 /// `arguments` says how the syscall passes its buffers: `ARGUMENTS_BUFFER` (buf, len),
 /// `ARGUMENTS_IOVEC` (iov, iovcnt) or `ARGUMENTS_MSGHDR` (a msghdr holding an iovec array).
 fn try_enter_io(ctx: &TracePointContext, direction: Direction, arguments: u8) -> Result<(), i64> {
-    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.map_err(i64::from)?;
     let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    // What a read or write of a process that owns no watched socket costs: an array read.
+    if !may_be_watching(tgid) {
+        return Ok(());
+    }
+    let fd: u64 = unsafe { ctx.read_at(SYSCALL_ARG0) }.map_err(i64::from)?;
     let key = SocketKey {
-        tgid: (pid_tgid >> 32) as u32,
+        tgid,
         fd: fd as u32,
     };
-    // The one lookup an unwatched descriptor costs.
+    // The one lookup an unwatched descriptor of such a process costs.
     let Some(state) = SOCKETS.get_ptr_mut(key) else {
         return Ok(());
     };
@@ -139,17 +145,24 @@ fn try_enter_io(ctx: &TracePointContext, direction: Direction, arguments: u8) ->
         layout,
         _reserved: [0; 2],
     };
-    insert_or_count(&IN_FLIGHT, &pid_tgid, &call)
+    insert_or_count(&IN_FLIGHT, &pid_tgid, &call)?;
+    add_claims(pid_tgid, 1);
+    Ok(())
 }
 
 /// Decides what of a finished call is copied and prepares the copy walk; returns whether there
 /// is anything to walk.
 fn try_sys_exit_io(ctx: &TracePointContext) -> Result<bool, i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
+    // What the exit of a call nobody claimed costs: an array read.
+    if !may_have_claim(pid_tgid) {
+        return Ok(false);
+    }
     let Some(call) = (unsafe { IN_FLIGHT.get(pid_tgid) }).copied() else {
         return Ok(false);
     };
     let _ = IN_FLIGHT.remove(pid_tgid);
+    add_claims(pid_tgid, u64::MAX);
     let transferred: i64 = unsafe { ctx.read_at(SYSCALL_RET) }.map_err(i64::from)?;
     if transferred <= 0 {
         return Ok(false);

@@ -11,9 +11,9 @@
 //! 2. `inet_sock_set_state` → SYN_SENT runs inside that `connect`, so the same thread is
 //!    current: it ties the kernel socket to the thread's pending connect, records the owner in
 //!    `CONNECTIONS` and emits `tcp_connect`.
-//! 3. `sys_exit_connect` (0 or -EINPROGRESS) moves it to `SOCKETS`, keyed by (tgid, fd): from
-//!    then on the process's reads and writes on that fd are captured (`io`, `copy`) under the
-//!    port class's policy. A connect to a watched port over UDP never reaches step 2 and is
+//! 3. `sys_exit_connect` (0 or -EINPROGRESS) moves it to `SOCKETS`, keyed by (tgid, fd), and
+//!    marks the process in `WATCHING`: from then on the process's reads and writes on that fd
+//!    are captured (`io`, `copy`) under the port class's policy. A connect to a watched port over UDP never reaches step 2 and is
 //!    dropped.
 //!
 //! With `--cgroup-scope`, step 1 and every read or write also require the current task to be
@@ -22,6 +22,13 @@
 //! Built for the host (`cargo check --workspace`), the crate is an empty binary: the programs
 //! need `aya-ebpf`, which only builds for BPF.
 #![cfg_attr(target_arch = "bpf", no_std, no_main)]
+// `atomic_xadd` for the claim counts (`maps::add_claims`): the BPF target has no atomic
+// read-modify-write methods.
+#![cfg_attr(
+    target_arch = "bpf",
+    feature(core_intrinsics),
+    allow(internal_features)
+)]
 
 #[cfg(target_arch = "bpf")]
 mod connect;

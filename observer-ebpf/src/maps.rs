@@ -1,6 +1,8 @@
 //! Every map of the programs, with the kernel-only values they hold. Every one is bounded;
 //! state that a dying process could leave behind lives in LRU maps.
 
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
     macros::map,
     maps::{Array, CgroupArray, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
@@ -8,7 +10,7 @@ use aya_ebpf::{
 pub use observer_records::{Budget, Connection, SocketKey, SocketState};
 use observer_records::{
     CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_CGROUP_SCOPES,
-    MAX_WATCHED_PORTS,
+    MAX_WATCHED_PORTS, WATCHING_SLOTS, watching_slot,
 };
 
 use crate::copy::CopyState;
@@ -22,6 +24,23 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
 /// `--grpc-port`/`--ws-port` flags, at most `MAX_WATCHED_PORTS`.
 #[map]
 pub static WATCHED_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(MAX_WATCHED_PORTS, 0);
+
+/// Non-zero where a process whose tgid falls in the slot (`watching_slot`) may own a watched
+/// descriptor: set when `SOCKETS` gains one (connect here, adoption in userspace), never
+/// cleared, so a stale slot only costs its processes the `SOCKETS` lookup that it spares every
+/// other process's reads, writes and closes. Bound: `WATCHING_SLOTS`.
+#[map]
+pub static WATCHING: Array<u8> = Array::with_max_entries(WATCHING_SLOTS, 0);
+
+/// Calls claimed at syscall entry (`IN_FLIGHT`) and not yet finished at exit, counted per
+/// thread-id slot (`claim_slot`): the exit of every read and write nobody claimed stops at this
+/// one array read instead of an `IN_FLIGHT` lookup. Counts, not flags, so two threads sharing a
+/// slot cannot hide each other's claim; a claim whose entry the LRU map dropped stays counted
+/// and only costs its slot's threads that lookup. Bound: `CLAIM_SLOTS`.
+#[map]
+pub static CLAIMS: Array<u64> = Array::with_max_entries(CLAIM_SLOTS, 0);
+
+pub const CLAIM_SLOTS: u32 = 1 << 14;
 
 /// Index 0: the `CaptureConfig` userspace wrote. One entry.
 #[map]
@@ -121,6 +140,44 @@ pub fn insert_or_count<K, V>(map: &LruHashMap<K, V>, key: &K, value: &V) -> Resu
         count(Counter::MapInsertFailures, 1);
         i64::from(err)
     })
+}
+
+/// Whether the process `tgid` may own a watched descriptor (`WATCHING`).
+pub fn may_be_watching(tgid: u32) -> bool {
+    WATCHING
+        .get(watching_slot(tgid))
+        .is_some_and(|slot| *slot != 0)
+}
+
+/// Marks `tgid`'s slot of `WATCHING` once one of its descriptors is in `SOCKETS`.
+pub fn mark_watching(tgid: u32) {
+    if let Some(slot) = WATCHING.get_ptr_mut(watching_slot(tgid)) {
+        // SAFETY: a live array value; every writer stores the same 1.
+        unsafe { *slot = 1 };
+    }
+}
+
+/// Whether a thread of `pid_tgid`'s `CLAIMS` slot has a call in flight.
+pub fn may_have_claim(pid_tgid: u64) -> bool {
+    CLAIMS.get(claim_slot(pid_tgid)).is_some_and(|claims| {
+        // SAFETY: a read of a live array value, which other CPUs update atomically.
+        unsafe { core::ptr::read_volatile(claims) != 0 }
+    })
+}
+
+/// Adds `delta` (`u64::MAX` to take one away) to the thread's `CLAIMS` slot, atomically: the
+/// threads sharing a slot may run on other CPUs. The result is unused, so LLVM emits the plain
+/// atomic add that every kernel since 5.8 verifies (no `BPF_FETCH`, which needs 5.12). The
+/// intrinsic, because the BPF target has no compare-and-swap and so no `AtomicU64::fetch_add`.
+pub fn add_claims(pid_tgid: u64, delta: u64) {
+    if let Some(slot) = CLAIMS.get_ptr_mut(claim_slot(pid_tgid)) {
+        // SAFETY: a live, aligned array value.
+        let _ = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, delta) };
+    }
+}
+
+fn claim_slot(pid_tgid: u64) -> u32 {
+    (pid_tgid as u32) & (CLAIM_SLOTS - 1)
 }
 
 pub fn count(counter: Counter, amount: u64) {

@@ -73,6 +73,15 @@ pub const MAX_CGROUP_SCOPES: u32 = 16;
 /// burst (the budget refills over time, `DEFAULT_GRPC_BUDGET_REFILL`).
 pub const DEFAULT_GRPC_BUDGET: u32 = 256 * 1024;
 
+/// Slots of the `WATCHING` map, by tgid: a set slot means a process whose tgid falls there may
+/// own a watched descriptor (see `watching_slot`).
+pub const WATCHING_SLOTS: u32 = 1 << 14;
+
+/// The `WATCHING` slot of a process: kernel and userspace (adoption) must agree on it.
+pub const fn watching_slot(tgid: u32) -> u32 {
+    tgid & (WATCHING_SLOTS - 1)
+}
+
 numbered_enum! {
     /// What a watched port carries, which decides the kernel's capture policy
     /// (`WATCHED_PORTS` values, `RecordHeader::port_class`).

@@ -14,7 +14,7 @@ use aya::{
 };
 use observer_records::{
     COUNTER_COUNT, CaptureConfig, Connection, Counter, SocketKey, SocketState,
-    adopted_connection_id,
+    adopted_connection_id, watching_slot,
 };
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
@@ -205,6 +205,9 @@ pub struct KernelCapture {
     /// and prunes them.
     connections: HashMap<MapData, u64, Connection>,
     sockets: HashMap<MapData, SocketKey, SocketState>,
+    /// The programs' filter of processes that may own a watched descriptor: adoption marks
+    /// the processes whose descriptors it adds.
+    watching: Array<MapData, u8>,
     /// `CONNECTIONS` keys of the connections adopted at start and still alive.
     adopted: HashSet<u64>,
     clock: MonotonicToWall,
@@ -287,6 +290,7 @@ impl KernelCapture {
         let ring: RingBuf<MapData> = take_map(&mut ebpf, "EVENTS")?;
         let connections: HashMap<_, u64, Connection> = take_map(&mut ebpf, "CONNECTIONS")?;
         let sockets: HashMap<_, SocketKey, SocketState> = take_map(&mut ebpf, "SOCKETS")?;
+        let watching: Array<_, u8> = take_map(&mut ebpf, "WATCHING")?;
 
         let copy_walk = load_exit_program(&mut ebpf, options.copy_walk)?;
         let exit_program = match copy_walk {
@@ -308,6 +312,7 @@ impl KernelCapture {
             counters,
             connections,
             sockets,
+            watching,
             adopted: HashSet::new(),
             clock: MonotonicToWall::now(),
             copy_walk,
@@ -374,6 +379,8 @@ impl KernelCapture {
                     "descriptor not adopted: {err}"
                 );
             }
+            // Without its mark the programs would not look the descriptor up at all.
+            self.watching.set(watching_slot(key.tgid), 1, 0)?;
         }
         self.adopted.insert(id);
         Ok(id)
