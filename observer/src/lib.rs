@@ -5,7 +5,7 @@
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).
 //!
 //! Layers, bottom-up; each imports only from those before it in this list (README:
-//! Architecture): `model`, `budget`, `openim`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
+//! Architecture): `model`, `budget`, `openim`, `hpack`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
 //! the edges `lines`, `cluster`, `identity`, `metrics`, `tools`, `daemon`.
 
 // The shared vocabulary and OpenIM knowledge.
@@ -13,9 +13,10 @@ pub mod model;
 // What every table draws on.
 pub mod budget;
 pub mod openim;
-// Bytes: privacy, decoding, capture.
+// Bytes: the HPACK codec, privacy, decoding, capture.
 pub mod capture;
 pub mod decode;
+pub mod hpack;
 pub mod privacy;
 // Alerts and the engine that raises them.
 pub mod alert;

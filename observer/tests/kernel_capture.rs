@@ -73,9 +73,14 @@ impl Drop for Observer {
 
 impl Observer {
     fn start(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
             .args(["run", "--events"])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1328,5 +1333,107 @@ fn a_cgroup_scope_that_is_not_cgroup2_is_a_one_line_error_with_exit_code_two() {
             "{stderr}"
         );
         assert!(output.stdout.is_empty());
+    }
+}
+
+/// Issue 10's leaks, through the real kernel and every output: a token split across iovec
+/// entries of one `sendmsg` and a percent-encoded `tok%65n` on a WebSocket port, a 101 answered
+/// together with the first chat frame, and an upgrade to the gRPC port in two `send`s cut right
+/// after `token=`. Nothing of the canaries reaches `--events`, `--record` or the observer's own
+/// logs at trace level.
+#[test]
+fn split_and_encoded_tokens_reach_no_output_through_the_kernel() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    const TOKEN: &str = "eyJhbGciOiJIUzI1NiJ9.S1BMSVQtQ0FOQVJZ.c2ln";
+    const CHAT: &str = "CHAT-CANARY-private-frame";
+    let (ws_port, grpc_port) = (18901, 18902);
+    let dir = tempfile::tempdir().unwrap();
+    let recording = dir.path().join("hostile.jsonl");
+    let ws_listener = listen(ws_port);
+    let grpc_listener = listen(grpc_port);
+    let mut observer = Observer::start_with_env(
+        &[
+            "--grpc-port",
+            &grpc_port.to_string(),
+            "--ws-port",
+            &ws_port.to_string(),
+            "--record",
+            recording.to_str().expect("UTF-8 temp path"),
+        ],
+        &[("RUST_LOG", "observer=trace")],
+    );
+    let answer = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\u{81}\u{19}{CHAT}"
+    );
+    let ws_server = thread::spawn(move || {
+        let (mut socket, _) = ws_listener.accept().unwrap();
+        let mut buffer = [0u8; 4096];
+        let _ = socket.read(&mut buffer).unwrap();
+        socket.write_all(answer.as_bytes()).unwrap();
+        let _ = socket.read(&mut buffer);
+    });
+    let grpc_server = thread::spawn(move || {
+        let (mut socket, _) = grpc_listener.accept().unwrap();
+        let mut buffer = [0u8; 4096];
+        while socket.read(&mut buffer).is_ok_and(|read| read > 0) {}
+    });
+
+    let client = TcpStream::connect(("127.0.0.1", ws_port)).unwrap();
+    let mut parts: Vec<Vec<u8>> = [
+        "GET /?sendID=1&tok".to_owned(),
+        format!("en={TOKEN}&platformID=1&tok%65n={TOKEN} HTTP/1.1\r\nAuthori"),
+        format!("zation: Bearer {TOKEN}\r\nHost: gw-0:80\r\nUpgrade: websocket\r\n\r\n"),
+    ]
+    .into_iter()
+    .map(String::into_bytes)
+    .collect();
+    let mut slices: Vec<&mut [u8]> = parts.iter_mut().map(|part| part.as_mut_slice()).collect();
+    let mut iov = iovecs(&mut slices);
+    let header = msghdr(&mut iov);
+    // SAFETY: a connected socket and a msghdr whose iovecs point at live buffers.
+    check(
+        unsafe { libc::sendmsg(client.as_raw_fd(), &header, 0) },
+        "sendmsg",
+    );
+    let mut buffer = [0u8; 4096];
+    let _ = (&client).read(&mut buffer).unwrap();
+    drop(client);
+    ws_server.join().unwrap();
+
+    let mut client = TcpStream::connect(("127.0.0.1", grpc_port)).unwrap();
+    client.write_all(b"GET /?sendID=2&token=").unwrap();
+    thread::sleep(Duration::from_millis(20));
+    client
+        .write_all(format!("{TOKEN}&platformID=5 HTTP/1.1\r\nHost: gw-0:88\r\n\r\n").as_bytes())
+        .unwrap();
+    drop(client);
+    grpc_server.join().unwrap();
+
+    for port in [ws_port, grpc_port] {
+        assert!(
+            observer
+                .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
+                .is_some(),
+            "close on {port}"
+        );
+    }
+    let (lines, stderr) = observer.stop();
+    let ours = events_on_port(&lines, ws_port);
+    let sent = String::from_utf8_lossy(&captured_stream(&ours, "send")).into_owned();
+    assert!(sent.starts_with("GET /?sendID=1&token=*"), "{sent}");
+    assert!(sent.contains("Host: gw-0:80\r\n"), "{sent}");
+    let recorded = std::fs::read_to_string(&recording).unwrap();
+    let everything = format!("{lines:?}\n{stderr}\n{recorded}");
+    // The token's middle part, in the clear and as base64 of any alignment.
+    for canary in ["S1BMSVQtQ0FOQVJZ", CHAT] {
+        assert!(!everything.contains(canary), "{canary} leaked");
+        for shift in 0..3 {
+            let encoded = BASE64.encode(format!("{}{canary}", &"xx"[..shift]));
+            let core = &encoded[4..encoded.len() - 4];
+            assert!(!everything.contains(core), "{canary} leaked as base64");
+        }
     }
 }

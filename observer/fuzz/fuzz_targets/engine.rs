@@ -1,4 +1,4 @@
-//! The whole engine (decoders, detectors, alerts) and the content scrubber over arbitrary
+//! The whole engine (decoders, detectors, alerts) and the output whitelist over arbitrary
 //! event sequences: no panic, and the tables stay within their caps.
 #![no_main]
 
@@ -10,8 +10,8 @@ use libfuzzer_sys::fuzz_target;
 use observer::correlate::{Engine, EngineConfig, RouteLimits, connections::UPGRADED_PER_SLOT};
 use observer::budget::MemoryBudget;
 use observer::decode::Limits;
-use observer::model::{EventKind, PortClass};
-use observer::privacy::ContentScrubber;
+use observer::model::EventKind;
+use observer::privacy::OutputWhitelist;
 
 const MAX_CONNECTIONS: usize = 8;
 /// Decoders, plus the ids of upgraded WebSocket connections (only their close still matters),
@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
         memory: MemoryBudget::new(1 << 20),
         node: None,
     });
-    let mut scrubbers: HashMap<u64, ContentScrubber> = HashMap::new();
+    let mut whitelists: HashMap<u64, OutputWhitelist> = HashMap::new();
     let mut alerts = Vec::new();
     for event in &events {
         match &event.kind {
@@ -55,19 +55,17 @@ fuzz_target!(|data: &[u8]| {
                 offset,
                 payload,
                 ..
-            } if event.port_class == PortClass::Grpc => {
-                let mut scrubbed = payload.to_vec();
-                scrubbers.entry(event.connection).or_default().scrub(
-                    *direction,
-                    *offset,
-                    &mut scrubbed,
-                );
-                assert_eq!(scrubbed.len(), payload.len());
+            } => {
+                let mut filtered = payload.to_vec();
+                whitelists
+                    .entry(event.connection)
+                    .or_insert_with(|| OutputWhitelist::new(event.port_class))
+                    .filter(*direction, *offset, &mut filtered);
+                assert_eq!(filtered.len(), payload.len());
             }
             EventKind::TcpConnect | EventKind::Close | EventKind::TcpState { .. } => {
-                scrubbers.remove(&event.connection);
+                whitelists.remove(&event.connection);
             }
-            EventKind::Data { .. } => {}
         }
         engine.on_event(event, &mut alerts);
         for alert in alerts.drain(..) {

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::model::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
-use crate::privacy::ContentScrubber;
+use crate::privacy::OutputWhitelist;
 
 #[derive(Debug, Error)]
 pub enum RecordingError {
@@ -195,17 +195,18 @@ pub fn to_json_line(event: &Event) -> String {
     serde_json::to_string(&line).expect("event lines contain only serialisable fields")
 }
 
-/// Writes events as lines with message content zeroed: the chat text inside push calls must
-/// reach no output, so gRPC payloads pass a per-connection `ContentScrubber` first.
+/// Writes events as lines holding only what the engine reads: every `Data` payload passes its
+/// connection's `OutputWhitelist` first (credentials, message content and every header value or
+/// field the engine does not read are masked).
 pub struct PrivateLines {
-    scrubbers: HashMap<ConnectionId, ContentScrubber>,
+    whitelists: HashMap<ConnectionId, OutputWhitelist>,
     max_connections: usize,
 }
 
 impl PrivateLines {
     pub fn new(max_connections: usize) -> Self {
         Self {
-            scrubbers: HashMap::new(),
+            whitelists: HashMap::new(),
             max_connections,
         }
     }
@@ -218,23 +219,20 @@ impl PrivateLines {
                 call_len,
                 truncated,
                 payload,
-            } if event.port_class == PortClass::Grpc => {
+            } => {
                 let mut bytes = payload.to_vec();
                 if observer_records::is_adopted_connection(event.connection) {
-                    // Adopted at start: its bytes do not begin at the HTTP/2 preface, so the
-                    // scrubber cannot follow it. Requests are zeroed whole; answers carry no
-                    // message bodies.
-                    if *direction == Direction::Send {
-                        bytes.fill(0);
-                    }
+                    // Adopted at start: its bytes do not begin where a head or the HTTP/2
+                    // preface does, so nothing of them can be vouched for.
+                    bytes.fill(0);
                 } else {
-                    match self.scrubber(event.connection) {
-                        Some(scrubber) => scrubber.scrub(*direction, *offset, &mut bytes),
+                    match self.whitelist(event.connection, event.port_class) {
+                        Some(whitelist) => whitelist.filter(*direction, *offset, &mut bytes),
                         // No room to follow this connection: nothing of it can be vouched for.
                         None => bytes.fill(0),
                     }
                 }
-                let scrubbed = Event {
+                let filtered = Event {
                     kind: EventKind::Data {
                         direction: *direction,
                         offset: *offset,
@@ -244,7 +242,7 @@ impl PrivateLines {
                     },
                     ..event.clone()
                 };
-                to_json_line(&scrubbed)
+                to_json_line(&filtered)
             }
             EventKind::TcpConnect
             | EventKind::Close
@@ -253,19 +251,28 @@ impl PrivateLines {
                 ..
             } => {
                 // A socket address is reused by a later connection: start it afresh.
-                self.scrubbers.remove(&event.connection);
+                self.whitelists.remove(&event.connection);
                 to_json_line(event)
             }
             _ => to_json_line(event),
         }
     }
 
-    fn scrubber(&mut self, connection: ConnectionId) -> Option<&mut ContentScrubber> {
-        if !self.scrubbers.contains_key(&connection) && self.scrubbers.len() >= self.max_connections
+    fn whitelist(
+        &mut self,
+        connection: ConnectionId,
+        port_class: PortClass,
+    ) -> Option<&mut OutputWhitelist> {
+        if !self.whitelists.contains_key(&connection)
+            && self.whitelists.len() >= self.max_connections
         {
             return None;
         }
-        Some(self.scrubbers.entry(connection).or_default())
+        Some(
+            self.whitelists
+                .entry(connection)
+                .or_insert_with(|| OutputWhitelist::new(port_class)),
+        )
     }
 }
 

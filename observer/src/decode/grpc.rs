@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 
 use crate::model::{Direction, UserResult};
 
-use super::hpack::HeaderField;
 use super::http2::{Http2Direction, MidStreamCounts, StreamEvent, Undecodable};
 use super::protobuf::{self, ProtobufError, PushCall, PushMethod};
 use super::{DecodeCounters, Limits};
+use crate::hpack::HeaderField;
 
 /// 1 byte compressed flag and 4 bytes big-endian length.
 const MESSAGE_HEADER_LEN: usize = 5;

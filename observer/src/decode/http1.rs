@@ -6,7 +6,10 @@
 //! and in what the decoder buffers, and the typed `UpgradeRequest` has no field that could hold
 //! them.
 
-use crate::{model::Direction, privacy::redact_secrets};
+use crate::{
+    model::{Direction, wire},
+    privacy::redact_secrets,
+};
 
 use super::{DecodeCounters, Limits};
 
@@ -231,31 +234,7 @@ fn parse_response(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
 
 /// Query values are percent-encoded (`%XX`, `+` for space); invalid escapes stay as they are.
 fn percent_decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0usize;
-    while let Some(&byte) = bytes.get(index) {
-        let escaped = (byte == b'%')
-            .then(|| bytes.get(index + 1..index + 3))
-            .flatten()
-            .and_then(|hex| std::str::from_utf8(hex).ok())
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match (byte, escaped) {
-            (_, Some(escaped)) => {
-                decoded.push(escaped);
-                index += 3;
-            }
-            (b'+', None) => {
-                decoded.push(b' ');
-                index += 1;
-            }
-            (other, None) => {
-                decoded.push(other);
-                index += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&decoded).into_owned()
+    String::from_utf8_lossy(&wire::percent_decode(value.as_bytes())).into_owned()
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use crate::model::{
 };
 
 use super::Limits;
-use super::hpack::{HeaderField, HpackDecoder, HpackError};
+use crate::hpack::{HeaderField, HpackDecoder, HpackError};
 
 const FRAME_HEADERS: u8 = 0x1;
 const FRAME_RST_STREAM: u8 = 0x3;

@@ -13,7 +13,6 @@
 pub mod grpc;
 #[cfg(test)]
 mod grpc_tests;
-pub mod hpack;
 pub mod http1;
 pub mod http2;
 pub mod protobuf;

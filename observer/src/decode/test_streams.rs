@@ -10,11 +10,11 @@ use prost::Message;
 use crate::model::{Direction, PlatformResult, UserResult};
 
 use super::grpc::{GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
-use super::hpack::huffman_encode;
 use super::protobuf::tests::sample_ids;
 use super::protobuf::{
     OnlineBatchPushOneMsgResp, PushCall, SingleMsgToUserPlatform, SingleMsgToUserResults,
 };
+use crate::hpack::huffman_encode;
 use crate::model::wire::CLIENT_PREFACE;
 
 pub(crate) const PUSH_PATH: &str =

@@ -16,3 +16,32 @@ pub fn starts_like_http1_request(payload: &[u8]) -> bool {
     const METHODS: [&[u8]; 4] = [b"GET ", b"POST ", b"PUT ", b"HEAD "];
     METHODS.iter().any(|method| payload.starts_with(method))
 }
+
+/// `%XX` escapes decoded and `+` read as a space, as Go's `url.ParseQuery` reads query keys and
+/// values; an invalid escape stays as it is.
+pub fn percent_decode(text: &[u8]) -> Vec<u8> {
+    let mut decoded = Vec::with_capacity(text.len());
+    let mut index = 0;
+    while let Some(&byte) = text.get(index) {
+        let escaped = (byte == b'%')
+            .then(|| text.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| std::str::from_utf8(hex).ok())
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (byte, escaped) {
+            (_, Some(escaped)) => {
+                decoded.push(escaped);
+                index += 3;
+            }
+            (b'+', None) => {
+                decoded.push(b' ');
+                index += 1;
+            }
+            (other, None) => {
+                decoded.push(other);
+                index += 1;
+            }
+        }
+    }
+    decoded
+}

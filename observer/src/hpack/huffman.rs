@@ -51,7 +51,7 @@ fn tree() -> &'static Tree {
 
 /// Decodes a Huffman-coded string. Padding must be fewer than 8 bits, all ones (the EOS
 /// prefix), and EOS itself must not appear.
-pub(super) fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
+pub(crate) fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
     let tree = tree();
     let mut node = 0usize;
     let mut bits_since_symbol = 0u32;

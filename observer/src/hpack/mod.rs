@@ -8,13 +8,14 @@
 mod huffman;
 mod huffman_table;
 
+pub(crate) use huffman::decode as huffman_decode;
 #[cfg(test)]
 pub(crate) use huffman::encode as huffman_encode;
 
 use std::collections::VecDeque;
 
 /// RFC 7541 Section 4.1: each entry costs its name and value lengths plus 32.
-const ENTRY_OVERHEAD: usize = 32;
+pub(crate) const ENTRY_OVERHEAD: usize = 32;
 
 /// The size the dynamic table starts with before any update (SETTINGS_HEADER_TABLE_SIZE default).
 pub const DEFAULT_TABLE_SIZE: usize = 4096;
@@ -283,6 +284,15 @@ impl Reader<'_> {
         }
     }
 }
+
+/// The name of static table entry `index` (1-based, as on the wire).
+pub(crate) fn static_name(index: usize) -> Option<&'static [u8]> {
+    let (name, _) = STATIC_TABLE.get(index.checked_sub(1)?)?;
+    Some(name.as_bytes())
+}
+
+/// Entries of the static table; dynamic entries are numbered after them.
+pub(crate) const STATIC_TABLE_LEN: usize = STATIC_TABLE.len();
 
 /// RFC 7541 Appendix A.
 static STATIC_TABLE: [(&str, &str); 61] = [
