@@ -3,7 +3,8 @@
 //! `redis-server`, each fed only its node's share and linked exactly as `observer run
 //! --redis-url` links them ([`Node`]). Prints figures; asserts nothing about speed.
 //!
-//! Each mode replays the push phase twice, each time on fresh engines and a fresh Redis:
+//! Each mode runs twice, placements (flat out) then push calls at one of two paces, each time on
+//! fresh engines and a fresh Redis:
 //! - flat out: batches of [`BATCH`] events as fast as the engine takes them, to measure its
 //!   throughput. The push node waits for answers when [`MAX_OUTSTANDING`] lookups and claims are
 //!   in flight: the daemon does not wait, but the link answers lookups beyond its queue with
