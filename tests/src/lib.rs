@@ -11,9 +11,12 @@
 //! Entry points: [`Lab::start`], [`Lab::run_scenario`], [`Lab::push_flood`]; the `openim-lab`
 //! binary wraps them (`openim-lab run`, `openim-lab push-loop`). [`lab`] is the cluster stand-in
 //! and its parts; [`observed`] runs the real observer beside a lab and scores its alerts;
-//! [`demo`] is `cargo xtask demo`; [`bench`](mod@bench) is `cargo xtask bench` (what watching costs).
+//! [`demo`] is `cargo xtask demo`; [`bench`](mod@bench) is `cargo xtask bench` (what watching
+//! costs); [`cluster_node`] is one cluster-mode observer at the engine, without a kernel, for the
+//! cluster tests and `benches/cluster.rs`.
 
 pub mod bench;
+pub mod cluster_node;
 pub mod demo;
 pub mod lab;
 pub mod memory_load;

@@ -58,14 +58,30 @@ pub fn can_run_stack(stack: ClientStack) -> bool {
 /// Says why the calling test cannot run and returns false, or panics under
 /// `OBSERVER_REQUIRE_EBPF`.
 fn skip(reason: &str) -> bool {
-    let current = std::thread::current();
-    let test = current
-        .name()
-        .filter(|name| *name != "main")
-        .unwrap_or("test");
+    let test = caller_name();
     if std::env::var_os("OBSERVER_REQUIRE_EBPF").is_some() {
         panic!("{test} cannot run: {reason} (OBSERVER_REQUIRE_EBPF is set)");
     }
     let _ = writeln!(std::io::stderr(), "skipped {test}: {reason}");
     false
+}
+
+/// Who is skipped: a test's thread bears the test's name; a harness-less bench runs on `main`,
+/// so it is named after its executable, without the hash cargo appends (`cluster-<16 hex>`).
+fn caller_name() -> String {
+    if let Some(name) = std::thread::current().name().filter(|name| *name != "main") {
+        return name.to_owned();
+    }
+    let executable = std::env::current_exe().ok();
+    let stem = executable
+        .as_deref()
+        .and_then(std::path::Path::file_stem)
+        .and_then(|stem| stem.to_str())
+        .unwrap_or("test");
+    match stem.rsplit_once('-') {
+        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            name.to_owned()
+        }
+        _ => stem.to_owned(),
+    }
 }

@@ -3,6 +3,7 @@
 //! persistence, and removed when dropped. Tests kill and restart it to play Redis faults.
 
 use std::{
+    collections::BTreeMap,
     io::{Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     path::PathBuf,
@@ -152,6 +153,24 @@ impl RedisServer {
     pub fn client(&self) -> Result<redis::Connection> {
         let client = redis::Client::open(self.url())?;
         Ok(client.get_connection_with_timeout(Duration::from_secs(2))?)
+    }
+
+    /// One section of `INFO` (`memory`, `stats`, `commandstats`, …) as its `name:value` lines.
+    pub fn info(&self, section: &str) -> Result<BTreeMap<String, String>> {
+        let text: String = redis::cmd("INFO").arg(section).query(&mut self.client()?)?;
+        Ok(text
+            .lines()
+            .filter_map(|line| line.split_once(':'))
+            .map(|(name, value)| (name.to_owned(), value.trim().to_owned()))
+            .collect())
+    }
+
+    /// Zeroes the server's statistics (`CONFIG RESETSTAT`), so `INFO stats` and
+    /// `INFO commandstats` count from here.
+    pub fn reset_stats(&self) -> Result<()> {
+        Ok(redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut self.client()?)?)
     }
 
     /// Every key with its remaining TTL in milliseconds (-1: none) and its whole content as

@@ -1,7 +1,8 @@
 //! Cluster mode at the engine: two or three engines ("nodes") sharing one real `redis-server`,
 //! each fed only the traffic its node's kernel would show (the proxy's WebSockets on one, push's
-//! gRPC calls on another), linked exactly as `observer run --redis-url` links them. No kernel
-//! and no root needed. The oracle is one single-node engine fed all of the traffic.
+//! gRPC calls on another), linked exactly as `observer run --redis-url` links them
+//! ([`tests::cluster_node::Node`]). No kernel and no root needed. The oracle is one single-node
+//! engine fed all of the traffic.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -11,108 +12,17 @@ use std::{
 
 use observer::{
     alert::{Alert, AlertBody, DegradedState},
-    cluster::{ClusterArgs, ClusterLink, keys::DEFAULT_PREFIX},
     correlate::{Engine, EngineConfig},
-    model::{ConnectionKey, Event, EventKind, NANOS_PER_SEC, PortClass, TcpState},
+    model::{ConnectionKey, Event, EventKind, PortClass, TcpState},
 };
 use openim_test_kit::synthetic::{Scenario, Traffic, generate};
+use tests::cluster_node::Node;
 use tests::privileges::{Needs, can_run};
 use tests::redis_server::RedisServer;
 
 const TOKEN_CANARY: &str = "TOKENCANARY";
 const CONTENT_CANARY: &str = "CONTENTCANARY";
 const PATIENCE: Duration = Duration::from_secs(10);
-
-/// One node: its engine, its link, and what it printed.
-struct Node {
-    engine: Engine,
-    link: ClusterLink,
-    printed: Vec<Alert>,
-    now_ns: u64,
-}
-
-impl Node {
-    async fn start(url: &str, name: &str) -> Self {
-        let config = ClusterArgs {
-            redis_url: Some(url.to_owned()),
-            redis_url_file: None,
-            redis_prefix: DEFAULT_PREFIX.to_owned(),
-            node_name: Some(name.to_owned()),
-            redis_queue: 65_536,
-        }
-        .resolve()
-        .unwrap()
-        .unwrap();
-        let link = ClusterLink::start(&config, Duration::from_secs(60)).unwrap();
-        let node = Self {
-            engine: Engine::new(EngineConfig {
-                node: Some(name.to_owned()),
-                ..EngineConfig::default()
-            }),
-            link,
-            printed: Vec::new(),
-            now_ns: 0,
-        };
-        let started = std::time::Instant::now();
-        while !node.link.state().health().is_up() {
-            assert!(started.elapsed() < PATIENCE, "{name}: Redis never came up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        node
-    }
-
-    fn feed<'a>(&mut self, events: impl IntoIterator<Item = &'a Event>) {
-        let mut alerts = Vec::new();
-        for event in events {
-            self.now_ns = self.now_ns.max(event.ts_ns);
-            self.engine.on_event(event, &mut alerts);
-        }
-        self.print(alerts);
-    }
-
-    /// What the daemon does with alerts before printing them: claims through the link, and
-    /// the claims won come back without being claimed again.
-    fn print(&mut self, mut alerts: Vec<Alert>) {
-        self.link.forward(&mut self.engine, &mut alerts);
-        self.link.release_won(&mut alerts);
-        self.printed.append(&mut alerts);
-    }
-
-    /// Lets `seconds` of engine time pass (one tick a second, as the daemon does), answering
-    /// every lookup and claim on the way.
-    async fn pass(&mut self, seconds: u64) {
-        for _ in 0..seconds {
-            self.now_ns += NANOS_PER_SEC;
-            let mut alerts = Vec::new();
-            self.engine.tick(self.now_ns, &mut alerts);
-            self.link.tick(self.now_ns, &mut alerts);
-            self.print(alerts);
-            self.settle().await;
-        }
-    }
-
-    async fn settle(&mut self) {
-        while self.link.outstanding() > 0 {
-            let done = tokio::time::timeout(PATIENCE, self.link.next())
-                .await
-                .expect("the shared state answers");
-            let mut alerts = Vec::new();
-            self.link.apply(done, &mut self.engine, &mut alerts);
-            self.print(alerts);
-        }
-    }
-
-    async fn written(&self) {
-        let health = self.link.state().health();
-        let started = std::time::Instant::now();
-        while health.counters().queued > 0 || health.counters().facts_written == 0 {
-            assert!(started.elapsed() < PATIENCE, "facts never written");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        // The last batch may be in flight: one more writer round.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn traffic() -> Traffic {
     generate(&Scenario {

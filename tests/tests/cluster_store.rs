@@ -416,15 +416,7 @@ async fn measure_memory_per_placed_user() {
     }
     let redis = RedisServer::start().unwrap();
     let used = || -> u64 {
-        let mut connection = redis.client().unwrap();
-        let info: String = redis::cmd("INFO")
-            .arg("memory")
-            .query(&mut connection)
-            .unwrap();
-        info.lines()
-            .find_map(|line| line.strip_prefix("used_memory:"))
-            .unwrap()
-            .trim()
+        redis.info("memory").unwrap()["used_memory"]
             .parse()
             .unwrap()
     };
