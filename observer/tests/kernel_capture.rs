@@ -1339,8 +1339,8 @@ fn a_cgroup_scope_that_is_not_cgroup2_is_a_one_line_error_with_exit_code_two() {
 /// Issue 10's leaks, through the real kernel and every output: a token split across iovec
 /// entries of one `sendmsg` and a percent-encoded `tok%65n` on a WebSocket port, a 101 answered
 /// together with the first chat frame, and an upgrade to the gRPC port in two `send`s cut right
-/// after `token=`. Nothing of the canaries reaches `--events`, `--record` or the observer's own
-/// logs at trace level.
+/// after `token=`. Nothing of the canaries reaches `--events`, `--record`, `observer replay` of
+/// the recording, or the observer's own logs at trace level.
 #[test]
 fn split_and_encoded_tokens_reach_no_output_through_the_kernel() {
     if !can_run() {
@@ -1426,7 +1426,18 @@ fn split_and_encoded_tokens_reach_no_output_through_the_kernel() {
     assert!(sent.starts_with("GET /?sendID=1&token=*"), "{sent}");
     assert!(sent.contains("Host: gw-0:80\r\n"), "{sent}");
     let recorded = std::fs::read_to_string(&recording).unwrap();
-    let everything = format!("{lines:?}\n{stderr}\n{recorded}");
+    let replayed = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .arg("replay")
+        .arg(&recording)
+        .env("RUST_LOG", "observer=trace")
+        .output()
+        .expect("observer replay");
+    assert!(replayed.status.success(), "{replayed:?}");
+    let everything = format!(
+        "{lines:?}\n{stderr}\n{recorded}\n{}\n{}",
+        String::from_utf8_lossy(&replayed.stdout),
+        String::from_utf8_lossy(&replayed.stderr)
+    );
     // The token's middle part, in the clear and as base64 of any alignment.
     for canary in ["S1BMSVQtQ0FOQVJZ", CHAT] {
         assert!(!everything.contains(canary), "{canary} leaked");

@@ -90,20 +90,39 @@ pub async fn garbage_flood(port: u16, hold: Duration) -> anyhow::Result<usize> {
     Ok(written)
 }
 
-/// Places `users` users: one WebSocket upgrade each to `port` (answered 101), every connection
-/// held open for `hold`, as a proxy holds one per online user. Returns how many were answered.
-pub async fn placed_users(port: u16, users: usize, hold: Duration) -> anyhow::Result<usize> {
+/// Users placed by one process: both ends of each connection are in it, and its descriptor
+/// limit must hold them (20,000 on these machines, a hard limit that root cannot raise here).
+pub const USERS_PER_PROCESS: usize = 9_000;
+
+/// The connections of placed users and the server that answered them; dropping it closes all.
+pub struct PlacedUsers {
+    pub placed: usize,
+    _open: Vec<TcpStream>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PlacedUsers {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// Places the users numbered `users`: one WebSocket upgrade each to `port` (answered 101),
+/// held open as a proxy holds one per online user, until the result is dropped.
+pub async fn place_users(port: u16, users: std::ops::Range<usize>) -> anyhow::Result<PlacedUsers> {
     // Both ends are in this process: as many as its descriptor limit allows.
-    let limit = raise_descriptor_limit(2 * users as u64 + 1_024)?;
-    let users = users.min(usize::try_from(limit.saturating_sub(1_024) / 2).unwrap_or(users));
+    let wanted = users.len();
+    let limit = raise_descriptor_limit(2 * wanted as u64 + 1_024)?;
+    let room = usize::try_from(limit.saturating_sub(1_024) / 2).unwrap_or(wanted);
+    let users = users.start..users.start + wanted.min(room);
     let server = sink_server(
         port,
         Some(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"),
     )
     .await?;
-    let mut open = Vec::with_capacity(users);
+    let mut open = Vec::with_capacity(users.len());
     // In batches, so the listen backlog never overflows.
-    for batch in (0..users).collect::<Vec<_>>().chunks(1_000) {
+    for batch in users.collect::<Vec<_>>().chunks(1_000) {
         let clients: Vec<_> = batch
             .iter()
             .map(|&user| {
@@ -126,10 +145,57 @@ pub async fn placed_users(port: u16, users: usize, hold: Duration) -> anyhow::Re
             }
         }
     }
+    Ok(PlacedUsers {
+        placed: open.len(),
+        _open: open,
+        server,
+    })
+}
+
+/// Places `users` users from child processes (`lab place-users`) of `USERS_PER_PROCESS` each,
+/// the nth on port `first_port + n`, one process after the other, holds them all for `hold`
+/// once every child has placed its share, and returns how many were placed.
+pub async fn place_users_in_processes(
+    lab: &std::path::Path,
+    first_port: u16,
+    users: usize,
+    hold: Duration,
+) -> anyhow::Result<usize> {
+    use tokio::io::AsyncBufReadExt;
+    let mut children = Vec::new();
+    let mut placed = 0;
+    for (index, first) in (0..users).step_by(USERS_PER_PROCESS).enumerate() {
+        let count = USERS_PER_PROCESS.min(users - first);
+        let port = first_port + u16::try_from(index)?;
+        let mut child = tokio::process::Command::new(lab)
+            .arg("place-users")
+            .args(["--port", &port.to_string()])
+            .args(["--first", &first.to_string()])
+            .args(["--count", &count.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("start {} place-users", lab.display()))?;
+        let stdout = child.stdout.take().context("place-users stdout")?;
+        // One process places at a time, as users arrive over time rather than all at once.
+        let line = tokio::io::BufReader::new(stdout)
+            .lines()
+            .next_line()
+            .await?
+            .context("a place-users process ended before it reported")?;
+        placed += line
+            .trim()
+            .parse::<usize>()
+            .with_context(|| format!("place-users reported {line:?}"))?;
+        children.push(child);
+    }
     tokio::time::sleep(hold).await;
-    let placed = open.len();
-    drop(open);
-    server.abort();
+    for mut child in children {
+        // Its standard input closes: it lets its users go and exits.
+        drop(child.stdin.take());
+        child.wait().await?;
+    }
     Ok(placed)
 }
 
@@ -185,9 +251,12 @@ pub fn peak_resident_bytes(stop_line: &Value) -> anyhow::Result<u64> {
         .context("no resident_memory.peak_bytes in the stop line")
 }
 
-/// Ports of `cargo xtask bench`'s memory rounds, on loopback.
-const BENCH_GRPC_PORT: u16 = 47_288;
-const BENCH_WS_PORT: u16 = 47_280;
+/// Ports of `cargo xtask bench`'s memory rounds, on loopback, below the ephemeral range (a
+/// listener cannot take a port a client connection holds): one WebSocket port per placing
+/// process.
+const BENCH_GRPC_PORT: u16 = 27_288;
+const BENCH_FIRST_WS_PORT: u16 = 27_300;
+const BENCH_WS_PORTS: u16 = BENCH_USERS.div_ceil(USERS_PER_PROCESS) as u16;
 /// The 100k-user round.
 pub const BENCH_USERS: usize = 100_000;
 
@@ -195,12 +264,12 @@ pub const BENCH_USERS: usize = 100_000;
 /// garbage flood (with the default budget, and with a budget too large to bind, for
 /// reference) and with `BENCH_USERS` users placed. Returns the lines to print.
 pub async fn measure(observer: &std::path::Path) -> anyhow::Result<String> {
-    let ports = [
-        "--grpc-port".to_owned(),
-        BENCH_GRPC_PORT.to_string(),
-        "--ws-port".to_owned(),
-        BENCH_WS_PORT.to_string(),
-    ];
+    let mut ports = vec!["--grpc-port".to_owned(), BENCH_GRPC_PORT.to_string()];
+    for port in BENCH_FIRST_WS_PORT..BENCH_FIRST_WS_PORT + BENCH_WS_PORTS {
+        ports.extend(["--ws-port".to_owned(), port.to_string()]);
+    }
+    // The placing processes are this one's own binary (`openim-lab place-users`).
+    let lab = std::env::current_exe().context("this executable's path")?;
     let mut report = String::from("\nMemory (peak resident memory of the observer, VmHWM)\n");
     let unbounded = (1u64 << 40).to_string();
     let rounds: [(&str, Vec<&str>, bool); 3] = [
@@ -210,7 +279,7 @@ pub async fn measure(observer: &std::path::Path) -> anyhow::Result<String> {
             vec!["--memory-budget", &unbounded],
             true,
         ),
-        ("100k placed users (as the fd limit allows)", vec![], false),
+        ("100k placed users", vec![], false),
     ];
     for (label, extra, flood) in rounds {
         let args: Vec<&str> = ports.iter().map(String::as_str).chain(extra).collect();
@@ -218,7 +287,13 @@ pub async fn measure(observer: &std::path::Path) -> anyhow::Result<String> {
         let done = if flood {
             garbage_flood(BENCH_GRPC_PORT, Duration::from_secs(3)).await
         } else {
-            placed_users(BENCH_WS_PORT, BENCH_USERS, Duration::from_secs(3)).await
+            place_users_in_processes(
+                &lab,
+                BENCH_FIRST_WS_PORT,
+                BENCH_USERS,
+                Duration::from_secs(3),
+            )
+            .await
         };
         let output = process.stop()?;
         let done = done?;
@@ -228,7 +303,11 @@ pub async fn measure(observer: &std::path::Path) -> anyhow::Result<String> {
         let what = if flood {
             format!("{done} connections × {FLOOD_BYTES_PER_CONNECTION} bytes")
         } else {
-            format!("{done} users placed, {} tracked", engine["users_tracked"])
+            // Counted at the stop, after the users left: placements seen, not still held.
+            format!(
+                "{done} users placed, {} placements seen",
+                engine["routes"]["placements"]
+            )
         };
         report.push_str(&format!(
             "  {label:<40} peak {:>6.1} MiB  ({what}; shed {}, evicted {}, ring drops {})\n",

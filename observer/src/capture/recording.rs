@@ -199,7 +199,10 @@ pub fn to_json_line(event: &Event) -> String {
 /// connection's `OutputWhitelist` first (credentials, message content and every header value or
 /// field the engine does not read are masked).
 pub struct PrivateLines {
-    whitelists: HashMap<ConnectionId, OutputWhitelist>,
+    /// Each connection's whitelist, and whether its socket reached TCP_CLOSE: reads of what
+    /// arrived before a reset still follow, so it is kept until the descriptor's close, and is
+    /// the first to go when the table is full.
+    whitelists: HashMap<ConnectionId, (OutputWhitelist, bool)>,
     max_connections: usize,
 }
 
@@ -244,14 +247,18 @@ impl PrivateLines {
                 };
                 to_json_line(&filtered)
             }
-            EventKind::TcpConnect
-            | EventKind::Close
-            | EventKind::TcpState {
+            EventKind::TcpConnect | EventKind::Close => {
+                // A socket address is reused by a later connection: start it afresh.
+                self.whitelists.remove(&event.connection);
+                to_json_line(event)
+            }
+            EventKind::TcpState {
                 new: TcpState::Close,
                 ..
             } => {
-                // A socket address is reused by a later connection: start it afresh.
-                self.whitelists.remove(&event.connection);
+                if let Some((_, closed)) = self.whitelists.get_mut(&event.connection) {
+                    *closed = true;
+                }
                 to_json_line(event)
             }
             _ => to_json_line(event),
@@ -266,13 +273,17 @@ impl PrivateLines {
         if !self.whitelists.contains_key(&connection)
             && self.whitelists.len() >= self.max_connections
         {
-            return None;
+            let closed = self
+                .whitelists
+                .iter()
+                .find_map(|(id, (_, closed))| closed.then_some(*id))?;
+            self.whitelists.remove(&closed);
         }
-        Some(
-            self.whitelists
-                .entry(connection)
-                .or_insert_with(|| OutputWhitelist::new(port_class)),
-        )
+        let (whitelist, _) = self
+            .whitelists
+            .entry(connection)
+            .or_insert_with(|| (OutputWhitelist::new(port_class), false));
+        Some(whitelist)
     }
 }
 

@@ -4,15 +4,16 @@
 //! Kept: the request line's method and path, the query parameters the engine reads (`sendID`,
 //! `platformID`, `isBackground`, `operationID`, compared after percent-decoding as Go's
 //! `ParseQuery` does), the response's status line, header names, and the values of `Host`,
-//! `Upgrade` and `Connection`. Every other query value, the fragment, every other header value,
+//! `Upgrade`, `Connection` and `Sec-WebSocket-Version`. Every other query value, the fragment, every other header value,
 //! folded continuation lines and everything after the head (WebSocket frames, a chunked body, a
 //! pipelined request) is overwritten with `*` in place, so lengths and line structure stay and
 //! the decoders still read the head.
 
 /// Query parameters the engine reads (`decode::http1`).
 const KEPT_QUERY_KEYS: [&[u8]; 4] = [b"sendID", b"platformID", b"isBackground", b"operationID"];
-/// Header values the engine reads, compared case-insensitively.
-const KEPT_HEADERS: [&[u8]; 3] = [b"host", b"upgrade", b"connection"];
+/// Header values the engine reads, and the WebSocket version (a number), compared
+/// case-insensitively. Not `Sec-WebSocket-Protocol`, where applications put tokens, nor the key.
+const KEPT_HEADERS: [&[u8]; 4] = [b"host", b"upgrade", b"connection", b"sec-websocket-version"];
 /// Longer names are never a kept one: they are not buffered further.
 const MAX_NAME: usize = 32;
 const MASK: u8 = b'*';

@@ -41,6 +41,10 @@ enum Command {
     Bench(BenchArgs),
     #[command(hide = true)]
     Gateway(GatewayArgs),
+    /// Place users for the memory bench: print how many once placed, hold them until
+    /// standard input closes.
+    #[command(hide = true)]
+    PlaceUsers(PlaceUsersArgs),
     #[command(hide = true)]
     Proxy(ProxyArgs),
     #[command(hide = true)]
@@ -114,6 +118,17 @@ struct DemoArgs {
 }
 
 #[derive(clap::Args, Debug)]
+struct PlaceUsersArgs {
+    #[arg(long)]
+    port: u16,
+    /// The first user's number.
+    #[arg(long)]
+    first: usize,
+    #[arg(long)]
+    count: usize,
+}
+
+#[derive(clap::Args, Debug)]
 struct PushLoopArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
@@ -160,6 +175,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => run_lab(demo(args)),
         Command::PushLoop(args) => run_lab(push_loop(args)),
         Command::Bench(args) => run_lab(bench(args)),
+        Command::PlaceUsers(args) => run_lab(place_users(args)),
     };
     match outcome {
         Ok(code) => code,
@@ -291,6 +307,18 @@ async fn push_loop(args: PushLoopArgs) -> anyhow::Result<()> {
         report.errors
     );
     println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
+async fn place_users(args: PlaceUsersArgs) -> anyhow::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let users =
+        tests::memory_load::place_users(args.port, args.first..args.first + args.count).await?;
+    println!("{}", users.placed);
+    // Held until the bench closes our standard input.
+    let mut rest = Vec::new();
+    tokio::io::stdin().read_to_end(&mut rest).await?;
+    drop(users);
     Ok(())
 }
 
