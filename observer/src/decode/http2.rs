@@ -13,19 +13,15 @@
 
 use crate::model::{
     Direction,
-    wire::{CLIENT_PREFACE, FLAG_END_STREAM, FLAG_PADDED, FRAME_DATA, FRAME_HEADER_LEN},
+    wire::{
+        CLIENT_PREFACE, FLAG_END_HEADERS, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY,
+        FRAME_CONTINUATION, FRAME_DATA, FRAME_GOAWAY, FRAME_HEADER_LEN, FRAME_HEADERS, FRAME_PING,
+        FRAME_PRIORITY, FRAME_PUSH_PROMISE, FRAME_RST_STREAM, FRAME_SETTINGS, FRAME_WINDOW_UPDATE,
+    },
 };
 
 use super::Limits;
 use crate::hpack::{HeaderField, HpackDecoder, HpackError};
-
-const FRAME_HEADERS: u8 = 0x1;
-const FRAME_RST_STREAM: u8 = 0x3;
-const FRAME_PUSH_PROMISE: u8 = 0x5;
-const FRAME_CONTINUATION: u8 = 0x9;
-
-const FLAG_END_HEADERS: u8 = 0x4;
-const FLAG_PRIORITY: u8 = 0x20;
 
 /// Why a connection or one of its directions can't be (further) decoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -543,11 +539,6 @@ impl FrameHeader {
     /// Whether these 9 bytes could be a frame header of a gRPC connection: a known type whose
     /// flags, length and stream id (odd: streams are the client's) fit it.
     fn plausible(&self) -> bool {
-        const FRAME_PRIORITY: u8 = 0x2;
-        const FRAME_SETTINGS: u8 = 0x4;
-        const FRAME_PING: u8 = 0x6;
-        const FRAME_GOAWAY: u8 = 0x7;
-        const FRAME_WINDOW_UPDATE: u8 = 0x8;
         if self.length > DEFAULT_MAX_FRAME_SIZE {
             return false;
         }

@@ -11,8 +11,8 @@
 //! decoder evicts later, never earlier, and every reference the peer made still resolves to the
 //! same entry: replaying a recording decodes the same kept headers.
 //!
-//! What cannot be followed (an index past the table, an integer or string over the bounds, bad
-//! Huffman) loses the direction: every later header byte is zeroed.
+//! What cannot be followed (an index past the table, an integer, string or table size over the
+//! bounds, bad Huffman) loses the direction: every later header byte is zeroed.
 
 use std::collections::VecDeque;
 
@@ -22,6 +22,10 @@ use crate::hpack::{
 
 /// Bytes of a literal name or a Huffman value buffered to learn its decoded form.
 const MAX_STRING: usize = 8192;
+/// The largest dynamic table mirrored, which bounds its names' memory per direction: four times
+/// the protocol's default, which gRPC stacks keep. A peer's size update past it loses the
+/// direction.
+const MAX_TABLE_SIZE: usize = 4 * DEFAULT_TABLE_SIZE;
 const MAX_INTEGER: u64 = 1 << 24;
 const MASK: u8 = b'*';
 
@@ -214,17 +218,13 @@ impl HeaderWhitelist {
             IntegerOf::NameIndex if value == 0 => {
                 self.state = State::StringStart { of: StringOf::Name };
             }
-            IntegerOf::NameIndex => match self.name_of(value) {
-                Some(name) => {
-                    self.name = name;
-                    self.state = State::StringStart {
-                        of: StringOf::Value,
-                    };
-                }
-                None => {
-                    self.lose();
-                }
-            },
+            IntegerOf::NameIndex => {
+                let name = self.name_of(value);
+                self.name_known(name);
+            }
+            IntegerOf::TableSize if value as usize > MAX_TABLE_SIZE => {
+                self.lose();
+            }
             IntegerOf::TableSize => {
                 self.max_size = value as usize;
                 self.evict_to(self.max_size);
@@ -263,17 +263,7 @@ impl HeaderWhitelist {
             huffman_decode(bytes, &mut out).ok().map(|()| out)
         };
         match of {
-            StringOf::Name => match decoded(buffer) {
-                Some(name) => {
-                    self.name = name;
-                    self.state = State::StringStart {
-                        of: StringOf::Value,
-                    };
-                }
-                None => {
-                    self.lose();
-                }
-            },
+            StringOf::Name => self.name_known(decoded(buffer)),
             StringOf::Value => {
                 if self.indexing {
                     let value_len = if huffman {
@@ -291,6 +281,21 @@ impl HeaderWhitelist {
                     self.insert(name, value_len);
                 }
                 self.state = State::Start;
+            }
+        }
+    }
+
+    /// The field's name is read (`None`: it cannot be known); its value comes next.
+    fn name_known(&mut self, name: Option<Vec<u8>>) {
+        match name {
+            Some(name) => {
+                self.name = name;
+                self.state = State::StringStart {
+                    of: StringOf::Value,
+                };
+            }
+            None => {
+                self.lose();
             }
         }
     }

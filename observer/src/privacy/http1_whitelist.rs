@@ -5,8 +5,9 @@
 //! `platformID`, `isBackground`, `operationID`, compared after percent-decoding as Go's
 //! `ParseQuery` does), the response's status line, header names, and the values of `Host`,
 //! `Upgrade`, `Connection` and `Sec-WebSocket-Version`. Every other query value, the fragment, every other header value,
-//! folded continuation lines and everything after the head (WebSocket frames, a chunked body, a
-//! pipelined request) is overwritten with `*` in place, so lengths and line structure stay and
+//! folded continuation lines, everything after the head (WebSocket frames, a chunked body, a
+//! pipelined request) and everything from a byte that is not text on is overwritten with `*` in
+//! place, so lengths and line structure stay and
 //! the decoders still read the head.
 
 /// Query parameters the engine reads (`decode::http1`).
@@ -82,6 +83,12 @@ impl Http1Whitelist {
     }
 
     fn step(&mut self, byte: u8) -> u8 {
+        // A head is text: a byte that cannot be in one ends it (a binary stream on a WebSocket
+        // port is masked whole), and so does a method that is not one.
+        let text = byte.is_ascii_graphic() || matches!(byte, b' ' | b'\t' | b'\r' | b'\n');
+        if !text || (self.state == State::Method && !byte.is_ascii_uppercase() && byte != b' ') {
+            self.state = State::Body;
+        }
         match self.state {
             State::Method => {
                 if byte == b' ' {

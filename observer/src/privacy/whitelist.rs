@@ -25,7 +25,11 @@
 
 use crate::model::{
     Direction, PortClass,
-    wire::{CLIENT_PREFACE, FLAG_END_STREAM, FLAG_PADDED, FRAME_DATA, FRAME_HEADER_LEN},
+    wire::{
+        CLIENT_PREFACE, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY, FRAME_CONTINUATION,
+        FRAME_DATA, FRAME_GOAWAY, FRAME_HEADER_LEN, FRAME_HEADERS, FRAME_PING, FRAME_PRIORITY,
+        FRAME_RST_STREAM, FRAME_SETTINGS, FRAME_WINDOW_UPDATE,
+    },
 };
 
 use super::{header_whitelist::HeaderWhitelist, http1_whitelist::Http1Whitelist};
@@ -33,15 +37,6 @@ use super::{header_whitelist::HeaderWhitelist, http1_whitelist::Http1Whitelist};
 const GRPC_MESSAGE_HEADER_LEN: usize = 5;
 /// Streams followed at once; DATA of streams beyond it is zeroed. Push opens one per call.
 const MAX_STREAMS: usize = 64;
-const FRAME_HEADERS: u8 = 0x1;
-const FRAME_PRIORITY: u8 = 0x2;
-const FRAME_RST_STREAM: u8 = 0x3;
-const FRAME_SETTINGS: u8 = 0x4;
-const FRAME_PING: u8 = 0x6;
-const FRAME_GOAWAY: u8 = 0x7;
-const FRAME_WINDOW_UPDATE: u8 = 0x8;
-const FRAME_CONTINUATION: u8 = 0x9;
-const FLAG_PRIORITY: u8 = 0x20;
 /// GOAWAY's last stream id and error code, before its debug data.
 const GOAWAY_FIXED_LEN: usize = 8;
 

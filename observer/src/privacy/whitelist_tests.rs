@@ -381,3 +381,37 @@ fn a_stream_that_starts_as_something_else_is_not_openim_and_passes() {
     whitelist.filter(Direction::Send, 11, &mut later);
     assert_eq!(later, b"more bytes");
 }
+
+#[test]
+fn a_table_larger_than_the_mirror_zeroes_the_rest_of_the_headers() {
+    const TOKEN: &str = "CANARY-after-a-huge-table-e1f2a3";
+    let mut block = Vec::new();
+    hpack_integer(0x20, 5, 1 << 20, &mut block);
+    block.extend(header_block(&[Field::Literal {
+        name_index: 0,
+        name: "token",
+        value: TOKEN,
+    }]));
+    let stream = request_stream(1, &block, &[], 16_384);
+    for chunk_len in CHUNKINGS {
+        let filtered = filter_send(PortClass::Grpc, &stream, chunk_len);
+        assert_no_canary(
+            &filtered,
+            TOKEN.as_bytes(),
+            &format!("chunks of {chunk_len}"),
+        );
+    }
+}
+
+#[test]
+fn a_websocket_port_stream_that_is_not_a_head_is_masked_whole() {
+    for stream in [
+        &b"\x16\x03\x01\x02\x00CANARY-tls-client-hello-secret"[..],
+        b"hello CANARY-lowercase-is-no-method",
+    ] {
+        for chunk_len in CHUNKINGS {
+            let filtered = filter_send(PortClass::WebSocket, stream, chunk_len);
+            assert!(!contains(&filtered, b"CANARY"), "chunks of {chunk_len}");
+        }
+    }
+}
