@@ -73,7 +73,7 @@ fn try_sys_enter_connect(ctx: &TracePointContext) -> Result<(), i64> {
         port_class: *class,
         _reserved: [0; 3],
     };
-    insert_or_count(&PENDING_CONNECTS, &bpf_get_current_pid_tgid(), &pending)
+    insert_or_count(PENDING_CONNECTS.insert(bpf_get_current_pid_tgid(), pending, 0))
 }
 
 fn try_sys_exit_connect(ctx: &TracePointContext) -> Result<(), i64> {
@@ -108,7 +108,7 @@ fn try_sys_exit_connect(ctx: &TracePointContext) -> Result<(), i64> {
         ws_received_done: 0,
         _reserved: [0; 5],
     };
-    insert_or_count(&SOCKETS, &key, &state)?;
+    insert_or_count(SOCKETS.insert(key, state, 0))?;
     mark_watching(key.tgid);
     debug!(ctx, "watching fd {} of pid {}", key.fd, key.tgid);
     Ok(())
@@ -175,7 +175,7 @@ fn on_syn_sent(ctx: &TracePointContext, sock: u64) -> Result<(), i64> {
     read_tuple(ctx, &mut conn)?;
     let mut header = header_for(RecordKind::TcpConnect, sock, &conn);
     header.new_state = TcpState::SynSent as u32;
-    insert_or_count(&CONNECTIONS, &sock, &conn)?;
+    insert_or_count(CONNECTIONS.insert(sock, conn, 0))?;
     output_header(&header);
     Ok(())
 }

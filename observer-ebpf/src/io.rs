@@ -145,7 +145,7 @@ fn try_enter_io(ctx: &TracePointContext, direction: Direction, arguments: u8) ->
         layout,
         _reserved: [0; 2],
     };
-    insert_or_count(&IN_FLIGHT, &pid_tgid, &call)?;
+    insert_or_count(IN_FLIGHT.insert(pid_tgid, call, 0))?;
     add_claims(pid_tgid, 1);
     Ok(())
 }

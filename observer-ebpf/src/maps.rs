@@ -9,8 +9,8 @@ use aya_ebpf::{
 };
 pub use observer_records::{Budget, Connection, SocketKey, SocketState};
 use observer_records::{
-    CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, Counter, DataRecord, Direction, MAX_CGROUP_SCOPES,
-    MAX_WATCHED_PORTS, WATCHING_SLOTS, watching_slot,
+    CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, Counter, DEFAULT_MAX_WATCHED_CONNECTIONS, DataRecord,
+    Direction, MAX_CGROUP_SCOPES, MAX_WATCHED_PORTS, WATCHING_SLOTS, watching_slot,
 };
 
 use crate::copy::CopyState;
@@ -81,16 +81,21 @@ pub const COPY_CONTINUE: u32 = 0;
 pub static PENDING_CONNECTS: LruHashMap<u64, PendingConnect> =
     LruHashMap::with_max_entries(4096, 0);
 
-/// Watched kernel sockets (sock address → owner and 4-tuple). Removed at TCP_CLOSE; LRU for
-/// sockets whose close we miss. Bound: watched connections alive at once.
+/// Watched kernel sockets (sock address → owner and 4-tuple). Removed at TCP_CLOSE, which every
+/// TCP socket reaches. Bound: watched connections alive at once (`--max-watched-connections`,
+/// set by userspace). Not LRU: an LRU would silently forget live connections on a node that
+/// holds more (a proxy with more online users), and userspace ends what is not here; full, an
+/// insert fails and is counted (`MapInsertFailures`, which raises `capture_degraded`).
 #[map]
-pub static CONNECTIONS: LruHashMap<u64, Connection> = LruHashMap::with_max_entries(16384, 0);
+pub static CONNECTIONS: HashMap<u64, Connection> =
+    HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
-/// A process's descriptors of watched sockets ((tgid, fd) → capture state). Removed by
-/// `close`; a process that exits closes its fds without the syscall, hence LRU. Bound: watched
-/// descriptors open at once.
+/// A process's descriptors of watched sockets ((tgid, fd) → capture state). Removed by `close`;
+/// those of a process that exits without closing are removed by userspace once their
+/// connection is gone (`KernelCapture::reconcile`). Bound and fullness as `CONNECTIONS`.
 #[map]
-pub static SOCKETS: LruHashMap<SocketKey, SocketState> = LruHashMap::with_max_entries(16384, 0);
+pub static SOCKETS: HashMap<SocketKey, SocketState> =
+    HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
 /// Threads inside a read or write on a watched socket (pid_tgid → the call's arguments), from
 /// syscall entry to exit. LRU for threads killed mid-call. Bound: concurrent calls.
@@ -135,8 +140,9 @@ pub struct IoCall {
     pub _reserved: [u8; 2],
 }
 
-pub fn insert_or_count<K, V>(map: &LruHashMap<K, V>, key: &K, value: &V) -> Result<(), i64> {
-    map.insert(key, value, 0).map_err(|err| {
+/// An insert's result, its failure counted (`MapInsertFailures`): a full table, never silent.
+pub fn insert_or_count(inserted: Result<(), i32>) -> Result<(), i64> {
+    inserted.map_err(|err| {
         count(Counter::MapInsertFailures, 1);
         i64::from(err)
     })

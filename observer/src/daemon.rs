@@ -87,6 +87,12 @@ pub struct RunArgs {
     /// do not fit are counted as dropped.
     #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
     pub ring_bytes: u32,
+    /// Watched connections (and their descriptors) the kernel's tables hold at once: at least
+    /// the WebSockets of the busiest proxy node (one per online user there) plus push's
+    /// connections. Each costs about 350 bytes of kernel memory, charged to the pod. A full
+    /// table leaves new connections unwatched and says so (`capture_degraded`, `table_full`).
+    #[arg(long, value_name = "COUNT", default_value_t = observer_records::DEFAULT_MAX_WATCHED_CONNECTIONS, value_parser = clap::value_parser!(u32).range(64..=(1 << 22)))]
+    pub max_watched_connections: u32,
     /// Print every captured record as one JSON object per line (credentials scrubbed).
     #[arg(long)]
     pub events: bool,
@@ -242,6 +248,7 @@ impl RunArgs {
             grpc_budget: self.grpc_budget,
             grpc_budget_refill: self.grpc_budget_refill,
             ring_bytes: self.ring_bytes,
+            max_watched_connections: self.max_watched_connections,
             cgroup_scope: self.cgroup_scope.clone(),
             copy_walk: self.copy_walk,
         }
@@ -414,6 +421,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         },
         CaptureSettings {
             ring_bytes: options.ring_bytes,
+            max_watched_connections: options.max_watched_connections,
             grpc_budget: options.grpc_budget,
             memory_budget: args.engine.memory_budget,
         },
@@ -465,6 +473,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "grpc_budget": options.grpc_budget,
         "grpc_budget_refill": options.grpc_budget_refill,
         "ring_bytes": options.ring_bytes,
+        "max_watched_connections": options.max_watched_connections,
         "copy_walk": capture.copy_walk(),
         "memory_budget": args.engine.memory_budget,
         "version": env!("CARGO_PKG_VERSION"),

@@ -1448,3 +1448,51 @@ fn split_and_encoded_tokens_reach_no_output_through_the_kernel() {
         }
     }
 }
+
+/// More watched connections than the kernel's tables hold: the ones past it go unwatched, and
+/// the observer counts them and says so (`capture_degraded`, `table_full`) instead of silently
+/// forgetting live ones.
+#[test]
+fn a_full_table_of_watched_connections_is_counted_and_said() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    const TABLE: usize = 64;
+    const CONNECTIONS: usize = 100;
+    let port = 18911;
+    let listener = listen(port);
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port.to_string(),
+        "--max-watched-connections",
+        &TABLE.to_string(),
+    ]);
+    let server = thread::spawn(move || {
+        (0..CONNECTIONS)
+            .map(|_| listener.accept().unwrap().0)
+            .collect::<Vec<_>>()
+    });
+    let clients: Vec<TcpStream> = (0..CONNECTIONS)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let accepted = server.join().unwrap();
+    let said = observer
+        .wait_for(|line| line["kind"] == "capture_degraded" && line["reason"] == "table_full");
+    drop((clients, accepted));
+    let (_, stderr) = observer.stop();
+    let said = said.expect("capture_degraded table_full");
+    assert!(
+        said["diagnosis"]
+            .as_str()
+            .is_some_and(|text| text.contains("--max-watched-connections")),
+        "{said}"
+    );
+    let failures = stopped_line(&stderr)["kernel"]["map_insert_failures"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        failures >= (CONNECTIONS - TABLE) as u64,
+        "{failures} inserts failed"
+    );
+}

@@ -73,6 +73,10 @@ pub const MAX_CGROUP_SCOPES: u32 = 16;
 /// burst (the budget refills over time, `DEFAULT_GRPC_BUDGET_REFILL`).
 pub const DEFAULT_GRPC_BUDGET: u32 = 256 * 1024;
 
+/// Default size of the kernel's tables of watched connections and descriptors
+/// (`--max-watched-connections`).
+pub const DEFAULT_MAX_WATCHED_CONNECTIONS: u32 = 16_384;
+
 /// Slots of the `WATCHING` map, by tgid: a set slot means a process whose tgid falls there may
 /// own a watched descriptor (see `watching_slot`).
 pub const WATCHING_SLOTS: u32 = 1 << 14;

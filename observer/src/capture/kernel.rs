@@ -154,6 +154,8 @@ pub struct CaptureOptions {
     /// Bytes per second each direction's gRPC budget regains.
     pub grpc_budget_refill: u32,
     pub ring_bytes: u32,
+    /// Entries of the kernel's `CONNECTIONS` and `SOCKETS` tables.
+    pub max_watched_connections: u32,
     /// cgroup v2 directories whose processes alone are watched; empty: every process.
     pub cgroup_scope: Vec<PathBuf>,
     pub copy_walk: CopyWalk,
@@ -248,6 +250,8 @@ impl KernelCapture {
         };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", options.ring_bytes)
+            .map_max_entries("CONNECTIONS", options.max_watched_connections)
+            .map_max_entries("SOCKETS", options.max_watched_connections)
             .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
             .map_err(|err| classify_load_error(&err))?;

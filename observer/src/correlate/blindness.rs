@@ -137,9 +137,11 @@ impl Totals {
         let memory = &engine.memory;
         Self {
             ring_full_drops: kernel.map_or(0, |kernel| kernel[Counter::RingFullDrops]),
+            // A full kernel table leaves a new connection unwatched (its insert fails).
             connections_dropped: engine.connections.evicted
                 + memory.shed_undecoded_decoders
-                + memory.shed_decoders,
+                + memory.shed_decoders
+                + kernel.map_or(0, |kernel| kernel[Counter::MapInsertFailures]),
             users_dropped: routes.users_evicted + memory.shed_users,
             calls_dropped: routes.pending_calls_evicted,
         }

@@ -145,6 +145,7 @@ pub fn joined_mid_stream(recovered: bool) -> String {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CaptureSettings {
     pub ring_bytes: u32,
+    pub max_watched_connections: u32,
     pub grpc_budget: u32,
     pub memory_budget: usize,
 }
@@ -154,6 +155,7 @@ pub struct CaptureSettings {
 pub fn capture_degraded(reason: &str, recovered: bool, settings: &CaptureSettings) -> String {
     let CaptureSettings {
         ring_bytes,
+        max_watched_connections,
         grpc_budget,
         memory_budget,
     } = *settings;
@@ -167,7 +169,7 @@ pub fn capture_degraded(reason: &str, recovered: bool, settings: &CaptureSetting
         "undecodable" => "Traffic on a watched port is not what OpenIM sends there (not HTTP/2 from its start on a gRPC port, not an HTTP/1.1 upgrade on a WebSocket port, or a protocol error): those connections are not judged. Check that --grpc-port and --ws-port name the gateways' ports and nothing else; the processes listed are the ones writing it."
             .to_owned(),
         "table_full" => format!(
-            "A full table or the memory budget ({memory_budget} bytes) dropped state: the connections idle longest, then the users placed longest ago. Pushes for dropped users are not judged. Raise --memory-budget and the pod's memory limit with it (deploy/README.md gives the sizing rule), or --max-connections/--max-users if they are what bounds."
+            "A full table or the memory budget ({memory_budget} bytes) dropped state: the connections idle longest, then the users placed longest ago, or the kernel's table of watched connections ({max_watched_connections}) was full and new connections went unwatched. Pushes for dropped or unwatched users are not judged. Raise --memory-budget and the pod's memory limit with it (deploy/README.md gives the sizing rule), --max-connections/--max-users if they are what bounds, or --max-watched-connections if the kernel counts map_insert_failures (stop line, /metrics)."
         ),
         "budget_exhausted" => format!(
             "gRPC connections wrote more than the capture budget ({grpc_budget} bytes per direction): the bytes past it were counted, not copied, so push calls there are not seen. Raise --grpc-budget; long-lived pooled connections need the most."
