@@ -145,7 +145,13 @@ fn try_enter_io(ctx: &TracePointContext, direction: Direction, arguments: u8) ->
         layout,
         _reserved: [0; 2],
     };
-    insert_or_count(IN_FLIGHT.insert(pid_tgid, call, 0))?;
+    // By reference, as the connection tables' inserts (Linux 6.1's stack limit).
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "BPF stack size on Linux 6.1"
+    )]
+    let inserted = IN_FLIGHT.insert(&pid_tgid, &call, 0);
+    insert_or_count(inserted)?;
     add_claims(pid_tgid, 1);
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Every map of the programs, with the kernel-only values they hold. Every one is bounded;
-//! state that a dying process could leave behind lives in LRU maps.
+//! per-call state that a dying thread could leave behind lives in LRU maps, the connection and
+//! descriptor tables in plain ones that say when they are full (`CONNECTIONS`, `SOCKETS`).
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
