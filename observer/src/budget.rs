@@ -8,7 +8,9 @@
 //! only then the users placed longest ago. A full table evicts its least recently useful
 //! entries instead of refusing new ones. Everything shed is counted (`MemoryCounters`).
 
-use std::{collections::HashMap, hash::Hash};
+use std::hash::Hash;
+
+use hashbrown::HashMap;
 
 /// Default budget: the shipped DaemonSet's 256 MiB limit minus the binary and libraries
 /// (~30 MiB), the default 8 MiB ring and allocator slack. deploy/README.md gives the rule.

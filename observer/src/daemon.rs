@@ -375,7 +375,9 @@ impl EventSink {
             if let Some(pods) = &mut self.pods {
                 pods.enrich(&mut alert);
             }
-            writeln!(self.stdout, "{}", alert.to_json_line()).map_err(DaemonError::Output)?;
+            alert
+                .write_json_line(&mut self.stdout)
+                .map_err(DaemonError::Output)?;
             if let Some(metrics) = &self.metrics
                 && let Ok(metrics) = metrics.lock()
             {

@@ -2,7 +2,9 @@
 //! window are counted and emitted as one alert with the count when the window ends. Generic
 //! over what makes two alerts "the same"; every table is bounded.
 
-use std::{collections::HashMap, hash::Hash};
+use std::hash::Hash;
+
+use hashbrown::{Equivalent, HashMap};
 
 use super::{Alert, AlertBody, rfc3339};
 use crate::model::NANOS_PER_SEC;
@@ -10,10 +12,13 @@ use crate::model::NANOS_PER_SEC;
 #[derive(Debug)]
 struct Fold {
     window_start_ns: u64,
+    /// The latest repeat, the summary's time.
+    last_ns: u64,
     count: u64,
-    /// The window's first alert; repeats only update its count, time and merged lists, so a
-    /// repeat costs a lookup, not a new alert text.
-    summary: Alert,
+    /// The window's first alert; repeats only update the count and time beside it and its
+    /// merged lists, so a repeat costs a lookup, not a new alert text. Boxed, so that the
+    /// table's buckets stay small: a repeat or a sweep reads the bucket, not the alert.
+    summary: Box<Alert>,
 }
 
 /// The open windows, at most `max_keys`: a key that finds the table full is emitted unfolded,
@@ -54,7 +59,12 @@ impl<K: Clone + Eq + Hash + Ord> FoldWindows<K> {
     /// Counts a repeat of `key` inside its open window and lets `merge` fold the repeat's
     /// details into the window's summary; false when `key` has no open window, and the caller
     /// emits a first alert with `first`.
-    pub fn repeat(&mut self, key: &K, ts_ns: u64, merge: impl FnOnce(&mut AlertBody)) -> bool {
+    pub fn repeat<Q: Hash + Equivalent<K> + ?Sized>(
+        &mut self,
+        key: &Q,
+        ts_ns: u64,
+        merge: impl FnOnce(&mut AlertBody),
+    ) -> bool {
         let Some(fold) = self.folds.get_mut(key) else {
             return false;
         };
@@ -62,7 +72,7 @@ impl<K: Clone + Eq + Hash + Ord> FoldWindows<K> {
             return false;
         }
         fold.count += 1;
-        fold.summary.ts_ns = ts_ns;
+        fold.last_ns = ts_ns;
         merge(&mut fold.summary.body);
         true
     }
@@ -96,8 +106,9 @@ impl<K: Clone + Eq + Hash + Ord> FoldWindows<K> {
             key,
             Fold {
                 window_start_ns,
+                last_ns: window_start_ns,
                 count: 1,
-                summary: alert,
+                summary: Box::new(alert),
             },
         );
     }
@@ -133,7 +144,8 @@ fn emit_summary(fold: Fold, alerts: &mut Vec<Alert>) {
     if fold.count < 2 {
         return;
     }
-    let mut summary = fold.summary;
+    let mut summary = *fold.summary;
+    summary.ts_ns = fold.last_ns;
     summary.ts = rfc3339(summary.ts_ns);
     if let Some(count) = summary.body.fold_count_mut() {
         *count = fold.count;

@@ -290,6 +290,12 @@ impl Alert {
     pub fn to_json_line(&self) -> String {
         serde_json::to_string(self).expect("alerts contain only serialisable fields")
     }
+
+    /// Writes the alert's line, newline included, straight into `out` (no line built first).
+    pub fn write_json_line(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        serde_json::to_writer(&mut *out, self)?;
+        out.write_all(b"\n")
+    }
 }
 
 /// Unix nanoseconds as RFC 3339 with microseconds.

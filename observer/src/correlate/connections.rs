@@ -5,7 +5,7 @@
 //! - gRPC ports: HTTP/2 from the preface on, push calls and the gateway's answers. If the first
 //!   bytes are an HTTP/1 request instead, it is a WebSocket upgrade sent to the gRPC port.
 
-use std::collections::{HashMap, HashSet};
+use hashbrown::{HashMap, HashSet};
 
 use crate::{
     alert::DegradedReason,
@@ -310,7 +310,7 @@ impl ConnectionDecoders {
     /// its close had been seen: closes lost with dropped records end here.
     pub fn reconcile(
         &mut self,
-        alive: &HashSet<ConnectionId>,
+        alive: &std::collections::HashSet<ConnectionId>,
         ts_ns: u64,
         observations: &mut Vec<Observation>,
     ) {

@@ -8,10 +8,7 @@
 //!
 //! Every table has a cap; what a cap turns away is counted, never silently lost.
 
-use std::{
-    collections::{HashMap, HashSet},
-    net::IpAddr,
-};
+use std::collections::{HashMap, HashSet};
 
 use crate::{
     alert::{Alert, FoldWindows},
@@ -20,6 +17,7 @@ use crate::{
 };
 
 use super::{
+    FoldKey,
     churn::Churn,
     mid_stream::MidStream,
     observation::Observation,
@@ -78,21 +76,6 @@ pub struct RouteCounters {
     pub calls_without_answer: u64,
     pub connections_evicted: u64,
     pub fold_keys_evicted: u64,
-}
-
-/// What makes two alerts of the folding kinds "the same" within a fold window.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
-pub enum FoldKey {
-    Mismatch {
-        user: String,
-        placed: Vec<IpAddr>,
-        pushed: IpAddr,
-    },
-    UpgradeOnGrpc {
-        gateway: IpAddr,
-        port: u16,
-        proxy_pid: u32,
-    },
 }
 
 pub struct Detectors {

@@ -10,6 +10,7 @@ pub mod blindness;
 mod churn;
 pub mod connections;
 mod detectors;
+mod fold_key;
 #[cfg(test)]
 mod memory_tests;
 mod mid_stream;
@@ -31,8 +32,9 @@ use crate::{
 };
 
 use connections::{ConnectionCounters, ConnectionDecoders};
-use detectors::{Detectors, FoldKey};
+use detectors::Detectors;
 pub use detectors::{RouteCounters, RouteLimits};
+use fold_key::{FoldKey, MismatchKey};
 pub use observation::Observation;
 pub use shared::{
     JoinCounters, PlacementLookup, RemotePlacement, RingSide, SharedFact, SharedRingEvidence,

@@ -1,7 +1,9 @@
 //! Push calls waiting for the gateway's answer, and the judgment once it comes (or cannot):
 //! every recipient whose WebSocket is placed on another gateway is a `route_mismatch`.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::{collections::HashMap as StdHashMap, net::IpAddr};
+
+use hashbrown::HashMap;
 
 use crate::{
     alert::{Alert, AlertBody, FoldWindows, PushInfo},
@@ -14,7 +16,7 @@ use crate::{
 };
 
 use super::{
-    FoldKey, RouteLimits,
+    FoldKey, MismatchKey, RouteLimits,
     mid_stream::MidStream,
     placements::{self, Placement, Placements},
     ring_verdicts::RingVerdicts,
@@ -184,8 +186,9 @@ fn judge_call(
     let mut unseen = 0;
     // One lookup per recipient instead of a scan of every answer (a call to 40 users compared
     // 1,600 user ids); the first answer for a user wins, as the scan it replaces did.
-    let mut answers: HashMap<&str, &UserResult> = HashMap::new();
-    for answer in results.unwrap_or_default() {
+    let answered = results.unwrap_or_default();
+    let mut answers: HashMap<&str, &UserResult> = HashMap::with_capacity(answered.len());
+    for answer in answered {
         answers.entry(answer.user_id.as_str()).or_insert(answer);
     }
     for user in &call.recipients {
@@ -237,7 +240,7 @@ fn judge_call(
 /// Completes a parked judgment with the placements other nodes saw for its recipients.
 pub fn judge_joined(
     join: AwaitingJoin,
-    found: &HashMap<String, Vec<Placement>>,
+    found: &StdHashMap<String, Vec<Placement>>,
     judge: &mut Judge<'_>,
     alerts: &mut Vec<Alert>,
 ) {
@@ -296,21 +299,30 @@ fn judge_user(
     {
         return;
     }
-    let (gateway_answer, answer_platforms) = gateway_answer(answer);
-    let mut placed: Vec<IpAddr> = placements
-        .iter()
-        .map(|placement| placement.gateway.ip)
-        .collect();
-    placed.sort();
-    placed.dedup();
-    let key = FoldKey::Mismatch {
-        user: user.to_owned(),
+    // Nearly every user has one placement: its gateway is the sorted list, without a Vec.
+    let several: Vec<IpAddr>;
+    let placed = match placements {
+        [only] => std::slice::from_ref(&only.gateway.ip),
+        _ => {
+            let mut gateways: Vec<IpAddr> = placements
+                .iter()
+                .map(|placement| placement.gateway.ip)
+                .collect();
+            gateways.sort();
+            gateways.dedup();
+            several = gateways;
+            &several
+        }
+    };
+    let key = MismatchKey {
+        user,
         placed,
         pushed: call.gateway.ip,
     };
     if judge.folds.repeat(&key, ts_ns, |_| {}) {
         return;
     }
+    let (gateway_answer, answer_platforms) = gateway_answer(answer);
     let local_node = judge.cluster.as_deref().map(|cluster| &*cluster.node);
     let placed_on = placements::summarize(placements, local_node);
     let placed_gateways: Vec<&Gateway> =
@@ -341,7 +353,7 @@ fn judge_user(
             diagnosis,
         },
     );
-    judge.folds.first(key, alert, alerts);
+    judge.folds.first(key.to_owned_key(), alert, alerts);
 }
 
 #[cfg(test)]

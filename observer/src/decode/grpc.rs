@@ -4,9 +4,9 @@
 //!
 //! The calls are unary, so only the first message per direction and stream is read.
 
-use std::collections::BTreeMap;
-
 use crate::model::{Direction, UserResult};
+
+use super::open_streams::OpenStreams;
 
 use super::http2::{Http2Direction, MidStreamCounts, StreamEvent, Undecodable};
 use super::protobuf::{self, ProtobufError, PushCall, PushMethod};
@@ -97,7 +97,7 @@ pub struct GrpcConnectionDecoder {
     connection_undecodable: bool,
     /// Adopted after it was established (`joined_mid_stream`).
     joined_mid_stream: bool,
-    streams: BTreeMap<u32, StreamState>,
+    streams: OpenStreams<StreamState>,
     counters: DecodeCounters,
     events: Vec<StreamEvent>,
 }
@@ -124,7 +124,7 @@ impl GrpcConnectionDecoder {
             recv: Http2Direction::new(Direction::Recv, limits),
             connection_undecodable: false,
             joined_mid_stream: false,
-            streams: BTreeMap::new(),
+            streams: OpenStreams::default(),
             counters: DecodeCounters::default(),
             events: Vec::new(),
         }
@@ -200,8 +200,8 @@ impl GrpcConnectionDecoder {
     pub fn buffered_bytes(&self) -> usize {
         let streams: usize = self
             .streams
-            .values()
-            .map(|stream| {
+            .iter()
+            .map(|(_, stream)| {
                 stream.request.pending.capacity()
                     + stream.response.pending.capacity()
                     + stream.method.capacity()
@@ -221,7 +221,7 @@ impl GrpcConnectionDecoder {
             match (direction, event) {
                 (_, StreamEvent::Lost(reason)) => self.handle_lost(direction, reason, facts),
                 (_, StreamEvent::Reset { stream_id }) => {
-                    if let Some(mut stream) = self.streams.remove(&stream_id) {
+                    if let Some(mut stream) = self.streams.remove(stream_id) {
                         stream.report_request_at_end(stream_id, facts, &mut self.counters);
                     }
                 }
@@ -244,7 +244,7 @@ impl GrpcConnectionDecoder {
                     },
                 ) => {
                     self.handle_request_data(stream_id, &data, facts);
-                    if end_stream && let Some(stream) = self.streams.get_mut(&stream_id) {
+                    if end_stream && let Some(stream) = self.streams.get_mut(stream_id) {
                         stream.report_request_at_end(stream_id, facts, &mut self.counters);
                     }
                     self.remove_if_done(stream_id);
@@ -310,7 +310,7 @@ impl GrpcConnectionDecoder {
         end_stream: bool,
         facts: &mut Vec<GrpcFact>,
     ) {
-        if !self.streams.contains_key(&stream_id) {
+        if !self.streams.contains(stream_id) {
             let authority = header_value(fields, ":authority");
             let stream = match header_value(fields, ":path") {
                 Some(method) => StreamState::new(method, authority),
@@ -330,7 +330,7 @@ impl GrpcConnectionDecoder {
             }
             self.streams.insert(stream_id, stream);
         }
-        if end_stream && let Some(stream) = self.streams.get_mut(&stream_id) {
+        if end_stream && let Some(stream) = self.streams.get_mut(stream_id) {
             stream.report_request_at_end(stream_id, facts, &mut self.counters);
         }
         self.remove_if_done(stream_id);
@@ -338,7 +338,7 @@ impl GrpcConnectionDecoder {
 
     fn handle_request_data(&mut self, stream_id: u32, data: &[u8], facts: &mut Vec<GrpcFact>) {
         let cap = self.message_cap(Direction::Send, stream_id);
-        let Some(stream) = self.streams.get_mut(&stream_id) else {
+        let Some(stream) = self.streams.get_mut(stream_id) else {
             if self.joined_mid_stream {
                 // A call already under way when the connection was adopted.
                 self.counters.mid_stream_unattributed_frames += 1;
@@ -389,7 +389,7 @@ impl GrpcConnectionDecoder {
         end_stream: bool,
         facts: &mut Vec<GrpcFact>,
     ) {
-        let Some(stream) = self.streams.get_mut(&stream_id) else {
+        let Some(stream) = self.streams.get_mut(stream_id) else {
             return;
         };
         if let Some(status) = header_value(fields, ":status") {
@@ -417,7 +417,7 @@ impl GrpcConnectionDecoder {
 
     fn handle_response_data(&mut self, stream_id: u32, data: &[u8], facts: &mut Vec<GrpcFact>) {
         let cap = self.message_cap(Direction::Recv, stream_id);
-        let Some(stream) = self.streams.get_mut(&stream_id) else {
+        let Some(stream) = self.streams.get_mut(stream_id) else {
             return;
         };
         let Some(method) = stream.push_method else {
@@ -460,7 +460,7 @@ impl GrpcConnectionDecoder {
 
     /// The capture lost the rest of the send side: every request not yet reported is cut.
     fn report_cut_requests(&mut self, facts: &mut Vec<GrpcFact>) {
-        for (&stream_id, stream) in &mut self.streams {
+        for (stream_id, stream) in self.streams.iter_mut() {
             if !stream.request_reported {
                 stream.report_request_cut(stream_id, facts, &mut self.counters);
             }
@@ -468,7 +468,7 @@ impl GrpcConnectionDecoder {
     }
 
     fn report_cut_responses(&mut self, facts: &mut Vec<GrpcFact>) {
-        for (&stream_id, stream) in &mut self.streams {
+        for (stream_id, stream) in self.streams.iter_mut() {
             if stream.response.has_partial_message() {
                 stream.report_response_cut(stream_id, facts, &mut self.counters);
             }
@@ -479,10 +479,10 @@ impl GrpcConnectionDecoder {
     fn remove_if_done(&mut self, stream_id: u32) {
         if self
             .streams
-            .get(&stream_id)
+            .get(stream_id)
             .is_some_and(|stream| stream.request_reported && stream.response_ended)
         {
-            self.streams.remove(&stream_id);
+            self.streams.remove(stream_id);
         }
     }
 
@@ -492,7 +492,7 @@ impl GrpcConnectionDecoder {
         let others: usize = self
             .streams
             .iter()
-            .filter(|&(&id, _)| id != stream_id)
+            .filter(|(id, _)| *id != stream_id)
             .map(|(_, stream)| match direction {
                 Direction::Send => stream.request.pending.len(),
                 Direction::Recv => stream.response.pending.len(),

@@ -15,6 +15,7 @@ pub mod grpc;
 mod grpc_tests;
 pub mod http1;
 pub mod http2;
+mod open_streams;
 pub mod protobuf;
 #[cfg(test)]
 pub(crate) mod test_streams;

@@ -1,0 +1,95 @@
+//! A connection's open HTTP/2 streams by id, in id order: a handful at a time (at most
+//! `Limits::max_streams`).
+//!
+//! A sorted `Vec` rather than a `BTreeMap`: a push connection usually carries one call at a time,
+//! and a `BTreeMap` allocates a node for eleven streams each time it goes from empty to one
+//! stream and frees it when the call ends: once per push call, the decoder's largest allocation.
+//! The `Vec` keeps its capacity across calls.
+
+#[derive(Clone, Debug)]
+pub struct OpenStreams<T> {
+    by_id: Vec<(u32, T)>,
+}
+
+impl<T> Default for OpenStreams<T> {
+    fn default() -> Self {
+        Self { by_id: Vec::new() }
+    }
+}
+
+impl<T> OpenStreams<T> {
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.by_id.clear();
+    }
+
+    fn position(&self, stream_id: u32) -> Result<usize, usize> {
+        self.by_id.binary_search_by_key(&stream_id, |(id, _)| *id)
+    }
+
+    pub fn contains(&self, stream_id: u32) -> bool {
+        self.position(stream_id).is_ok()
+    }
+
+    pub fn get(&self, stream_id: u32) -> Option<&T> {
+        let index = self.position(stream_id).ok()?;
+        Some(&self.by_id[index].1)
+    }
+
+    pub fn get_mut(&mut self, stream_id: u32) -> Option<&mut T> {
+        let index = self.position(stream_id).ok()?;
+        Some(&mut self.by_id[index].1)
+    }
+
+    /// Opens `stream_id`, or replaces its state if it is open.
+    pub fn insert(&mut self, stream_id: u32, stream: T) {
+        match self.position(stream_id) {
+            Ok(index) => self.by_id[index].1 = stream,
+            Err(index) => self.by_id.insert(index, (stream_id, stream)),
+        }
+    }
+
+    pub fn remove(&mut self, stream_id: u32) -> Option<T> {
+        let index = self.position(stream_id).ok()?;
+        Some(self.by_id.remove(index).1)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.by_id.iter().map(|(id, stream)| (*id, stream))
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut T)> {
+        self.by_id.iter_mut().map(|(id, stream)| (*id, stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OpenStreams;
+
+    #[test]
+    fn streams_stay_in_id_order_whatever_order_they_open_in() {
+        let mut streams = OpenStreams::default();
+        for id in [7, 3, 5, 1] {
+            streams.insert(id, id * 10);
+        }
+        streams.insert(5, 55);
+        assert_eq!(
+            streams.iter().collect::<Vec<_>>(),
+            [(1, &10), (3, &30), (5, &55), (7, &70)]
+        );
+        assert_eq!(streams.remove(3), Some(30));
+        assert_eq!(streams.remove(3), None);
+        assert!(!streams.contains(3) && streams.contains(7));
+        *streams.get_mut(7).unwrap() += 1;
+        assert_eq!(streams.get(7), Some(&71));
+        assert_eq!(streams.len(), 3);
+    }
+}
