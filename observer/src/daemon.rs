@@ -18,7 +18,8 @@ use crate::{
     budget::MemoryBudget,
     capture::{
         kernel::{
-            CaptureError, CaptureOptions, CopyWalk, DRAIN_INTERVAL, KernelCapture, KernelCounters,
+            CaptureError, CaptureOptions, CopyWalk, DRAIN_INTERVAL, Drained, KernelCapture,
+            KernelCounters, READ_FOLLOW_UP,
         },
         recording::{self, PrivateLines, RecordingError},
     },
@@ -512,21 +513,33 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let mut clock = tokio::time::interval(Duration::from_secs(1));
     let mut reconcile_timer = tokio::time::interval(RECONCILE_INTERVAL);
     reconcile_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut drain_timer = tokio::time::interval(DRAIN_INTERVAL);
-    drain_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // Drains without a wakeup: soon after reading anything (the programs wake the reader at
+    // most once per READ_FOLLOW_UP, so records made just after a wakeup wake no one), else on
+    // the quiet interval.
+    let drain_timer = tokio::time::sleep(DRAIN_INTERVAL);
+    tokio::pin!(drain_timer);
     let mut batch = Vec::new();
     let mut malformed_records = 0;
     loop {
         tokio::select! {
             read = capture.read_batch(&mut batch) => {
-                malformed_records += read?.malformed;
+                let drained = read?;
+                malformed_records += drained.malformed;
                 sink.consume_batch(&mut batch)?;
                 sink.flush()?;
+                if drained.records > 0 {
+                    drain_timer
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + READ_FOLLOW_UP);
+                }
             }
-            _ = drain_timer.tick() => {
+            () = &mut drain_timer => {
                 // One batch: records left beyond it keep the ring readable for the branch above.
-                malformed_records += consume_ready(&mut capture, &mut sink, &mut batch, 1)?;
+                let drained = consume_ready(&mut capture, &mut sink, &mut batch, 1)?;
+                malformed_records += drained.malformed;
                 sink.flush()?;
+                let next = if drained.records > 0 { READ_FOLLOW_UP } else { DRAIN_INTERVAL };
+                drain_timer.as_mut().reset(tokio::time::Instant::now() + next);
             }
             _ = clock.tick() => {
                 let now_ns = unix_now_ns();
@@ -546,7 +559,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             _ = reconcile_timer.tick() => {
                 // The records already made first, so a close that did arrive is seen as one.
                 malformed_records +=
-                    consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_BEFORE_RECONCILE)?;
+                    consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_BEFORE_RECONCILE)?
+                        .malformed;
                 let alive = capture.reconcile();
                 sink.engine.reconcile(&alive, unix_now_ns(), &mut sink.alerts);
                 sink.flush()?;
@@ -560,7 +574,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             () = &mut deadline => break,
         }
     }
-    malformed_records += consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_AT_STOP)?;
+    malformed_records +=
+        consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_AT_STOP)?.malformed;
     let kernel = capture.counters()?;
     drop(capture);
     sink.finish();
@@ -584,23 +599,25 @@ const MAX_BATCHES_BEFORE_RECONCILE: usize = 8;
 const MAX_BATCHES_AT_STOP: usize = 64;
 
 /// Converts and consumes the records already in the ring, one bounded batch at a time, at most
-/// `max_batches` of them; returns how many records were malformed.
+/// `max_batches` of them; returns what the batches drained, together.
 fn consume_ready(
     capture: &mut KernelCapture,
     sink: &mut EventSink,
     batch: &mut Vec<Event>,
     max_batches: usize,
-) -> Result<usize, DaemonError> {
-    let mut malformed = 0;
+) -> Result<Drained, DaemonError> {
+    let mut total = Drained::default();
     for _ in 0..max_batches {
         let drained = capture.drain(batch);
-        malformed += drained.malformed;
+        total.malformed += drained.malformed;
+        total.records += drained.records;
+        total.more = drained.more;
         sink.consume_batch(batch)?;
         if !drained.more {
             break;
         }
     }
-    Ok(malformed)
+    Ok(total)
 }
 
 /// The final counters, on stderr so stdout stays machine-readable.

@@ -13,7 +13,8 @@
 //!    `cc`): `getppid` (not hooked), 64-byte writes to /dev/null (hooked, no socket), and 64-byte
 //!    writes on loopback TCP to an unwatched and to a watched port, under each watcher in
 //!    alternating rounds; the ratio to no watcher, per round, is what each call pays.
-//! 3. The observer's peak resident memory under issue 10's garbage flood and with 100k users
+//! 3. From traffic to alert line at low load (`alert_latency`).
+//! 4. The observer's peak resident memory under issue 10's garbage flood and with 100k users
 //!    placed (`memory_load`).
 //!
 //! Every watcher runs as a child that is stopped (SIGINT, then SIGKILL) when its handle drops,
@@ -73,6 +74,8 @@ pub struct BenchConfig {
     pub writes: usize,
     /// Only the memory section.
     pub memory_only: bool,
+    /// Only the alert latency section.
+    pub latency_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -116,6 +119,9 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
     if config.memory_only {
         return crate::memory_load::measure(&config.observer).await;
     }
+    if config.latency_only {
+        return crate::alert_latency::measure(&config.observer, config.replicas).await;
+    }
     let bpftrace = find_in_path("bpftrace");
     if bpftrace.is_none() {
         eprintln!(
@@ -125,8 +131,9 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let floods = measure_pushes(&config, bpftrace.as_deref()).await?;
     let syscalls = measure_syscalls(&config, bpftrace.as_deref()).await?;
+    let latency = crate::alert_latency::measure(&config.observer, config.replicas).await?;
     let memory = crate::memory_load::measure(&config.observer).await?;
-    Ok(render(&config, load_before.trim(), &floods, &syscalls) + &memory)
+    Ok(render(&config, load_before.trim(), &floods, &syscalls) + &latency + &memory)
 }
 
 // ---------------------------------------------------------------------------------------------

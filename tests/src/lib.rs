@@ -15,6 +15,7 @@
 //! costs); [`cluster_node`] is one cluster-mode observer at the engine, without a kernel, for the
 //! cluster tests and `benches/cluster.rs`.
 
+pub mod alert_latency;
 pub mod bench;
 pub mod cluster_node;
 pub mod demo;

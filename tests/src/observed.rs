@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
 use serde_json::Value;
@@ -68,7 +68,8 @@ pub fn metric_value(scraped: &str, name: &str) -> f64 {
 /// A live `observer run`, its stdout (JSON lines) collected on a thread.
 pub struct ObserverProcess {
     child: Child,
-    lines: Receiver<String>,
+    /// Each line with the time the reading thread got it.
+    lines: Receiver<(SystemTime, String)>,
     stdout: Vec<String>,
     /// Waited for: nothing left to kill on drop.
     exited: bool,
@@ -112,7 +113,7 @@ impl ObserverProcess {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if sender.send(line).is_err() {
+                if sender.send((SystemTime::now(), line)).is_err() {
                     break;
                 }
             }
@@ -127,7 +128,7 @@ impl ObserverProcess {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match observer.lines.recv_timeout(left) {
-                Ok(line) => {
+                Ok((_, line)) => {
                     let started = line.contains("\"observer_started\"");
                     observer.stdout.push(line);
                     if started {
@@ -155,7 +156,7 @@ impl ObserverProcess {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(line) = self.lines.recv_timeout(left) else {
+            let Ok((_, line)) = self.lines.recv_timeout(left) else {
                 bail!("no such observer line within {timeout:?}");
             };
             self.stdout.push(line.clone());
@@ -163,6 +164,20 @@ impl ObserverProcess {
                 return Ok(line);
             }
         }
+    }
+
+    /// The lines printed until `until`, each with the time it was read (kept for
+    /// [`ObserverProcess::stop`] too).
+    pub fn timed_lines_until(&mut self, until: Instant) -> Vec<(SystemTime, String)> {
+        let mut lines = Vec::new();
+        while let Ok((read_at, line)) = self
+            .lines
+            .recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
+            self.stdout.push(line.clone());
+            lines.push((read_at, line));
+        }
+        lines
     }
 
     /// Whether the process has not exited.
@@ -181,7 +196,7 @@ impl ObserverProcess {
             pipe.read_to_string(&mut stderr)
                 .context("read observer stderr")?;
         }
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
+        while let Ok((_, line)) = self.lines.recv_timeout(Duration::from_millis(500)) {
             self.stdout.push(line);
         }
         if !status.success() {

@@ -206,13 +206,18 @@ pub struct CaptureConfig {
     /// Bytes per second each bucket regains, up to `grpc_budget` (0: never, the budget then
     /// counts from the connection's first byte).
     pub grpc_budget_refill: u32,
-    /// Records are submitted without waking the reader until this many bytes wait in the ring;
-    /// the reader also drains on a short timer. A wakeup per record cost a busy pusher several
-    /// context switches per call.
+    /// Records are submitted without waking the reader until this many bytes wait in the ring,
+    /// or `wakeup_after_ns` passed since the last wakeup. A wakeup per record cost a busy pusher
+    /// several context switches per call.
     pub wakeup_bytes: u32,
     /// Slots filled in `CGROUP_SCOPE`, from index 0: only tasks inside one of those cgroups
     /// are watched. 0: no scope, every process is.
     pub cgroup_scopes: u32,
+    /// A record wakes the reader when the last wakeup is at least this old: the first record
+    /// after a quiet spell is read at once, and a busy ring wakes the reader at most once per
+    /// interval. The reader polls again this long after reading anything, which catches the
+    /// records made after a wakeup that woke no one (0: every record wakes it).
+    pub wakeup_after_ns: u64,
 }
 
 /// A watched connection (`CONNECTIONS` map value, keyed by the kernel's socket address or, for
@@ -390,7 +395,7 @@ const _: () = assert!(core::mem::size_of::<RecordHeader>().is_multiple_of(8));
 const _: () = assert!(
     core::mem::size_of::<DataRecord>() == core::mem::size_of::<RecordHeader>() + CHUNK_SIZE
 );
-const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 4 * 4);
+const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 4 * 4 + 8);
 const _: () = assert!(core::mem::size_of::<Connection>() == 8 + 4 + 3 * 2 + 1 + 5 + 3 * 16);
 const _: () = assert!(core::mem::size_of::<SocketKey>() == 8);
 const _: () = assert!(

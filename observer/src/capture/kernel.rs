@@ -48,9 +48,14 @@ const KERNEL_LOG_DEBUG: u8 = 4;
 /// `bpf_map_update_elem` flag (linux/bpf.h): insert only if the key is absent.
 const BPF_NOEXIST: u64 = 1;
 
-/// How often the reader drains the ring without being woken: the programs wake it only once
-/// `CaptureConfig::wakeup_bytes` wait, so this bounds how late a quiet connection's records are.
+/// How often the reader drains the ring without being woken while it is quiet: a safety net,
+/// since the first record after a quiet spell wakes it (`CaptureConfig::wakeup_after_ns`).
 pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The programs wake the reader at most once per this interval (besides a ring filling up),
+/// and the reader drains again this long after reading anything, so a record made right after
+/// a wakeup waits at most this long; and a busy ring costs at most this many wakeups a second.
+pub const READ_FOLLOW_UP: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Which program serves which tracepoints. One program may serve several syscalls whose
 /// arguments share a layout (write and sendto both start with fd, buf, len).
@@ -275,11 +280,11 @@ impl KernelCapture {
         let capture_config = CaptureConfig {
             grpc_budget: options.grpc_budget,
             grpc_budget_refill: options.grpc_budget_refill,
-            // An eighth of the ring: the reader wakes well before the ring fills, and drains
-            // on its timer (`DRAIN_INTERVAL`) in between.
+            // An eighth of the ring: the reader wakes well before the ring fills.
             wakeup_bytes: options.ring_bytes / 8,
             // `cgroup_scope::open` allows at most MAX_CGROUP_SCOPES.
             cgroup_scopes: scope.len() as u32,
+            wakeup_after_ns: READ_FOLLOW_UP.as_nanos() as u64,
         };
         let mut scope_map: CgroupArray<_> = take_map(&mut ebpf, "CGROUP_SCOPE")?;
         for (index, directory) in (0..).zip(&scope) {

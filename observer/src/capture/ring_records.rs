@@ -55,6 +55,8 @@ pub struct Drained {
     /// Records that could not be converted (never expected: the layout is shared with the
     /// kernel side).
     pub malformed: usize,
+    /// Records taken from the ring, malformed ones included.
+    pub records: usize,
     /// The batch filled up before the ring was empty: drain again once it is consumed.
     pub more: bool,
 }
@@ -71,6 +73,7 @@ pub(super) fn drain_ring(
         let Some(item) = ring.next() else {
             return drained;
         };
+        drained.records += 1;
         match event_from_record(&item, clock) {
             Some(event) => {
                 if let EventKind::Data { payload, .. } = &event.kind {

@@ -163,6 +163,9 @@ struct BenchArgs {
     /// Only the memory section (peak RSS under the garbage flood and with 100k users).
     #[arg(long)]
     memory_only: bool,
+    /// Only the alert latency section (from traffic to alert line at low load).
+    #[arg(long)]
+    latency_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -335,6 +338,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         users: args.users,
         writes: args.writes,
         memory_only: args.memory_only,
+        latency_only: args.latency_only,
     })
     .await?;
     println!("{text}");
