@@ -13,7 +13,7 @@
 //! left the socket tables.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     fs,
     net::{IpAddr, SocketAddr},
     os::unix::fs::MetadataExt,
@@ -215,14 +215,21 @@ fn cgroup_id(process: &Path) -> Option<u64> {
     fs::metadata(directory).ok().map(|metadata| metadata.ino())
 }
 
-/// The inodes of every TCP socket some descriptor still holds, in every network namespace:
-/// an adopted connection whose inode is not among them is gone.
-pub fn live_socket_inodes() -> HashSet<u64> {
-    table_sockets()
-        .into_iter()
-        .map(|socket| socket.inode)
-        .filter(|&inode| inode != 0)
-        .collect()
+/// Whether one of `descriptors` (`(tgid, fd)`, as adoption found them) still holds the socket
+/// `inode`: an adopted connection none of whose descriptors does is gone.
+///
+/// A readlink per descriptor rather than a read of every namespace's socket table: on a push
+/// node that makes a connection per call, those tables hold tens of thousands of TIME_WAIT
+/// sockets, and reading them every reconciliation cost the observer more CPU than all its
+/// decoding. A descriptor handed to another process after adoption is not followed: the
+/// connection then counts as gone and is no longer watched.
+pub fn holds_socket(descriptors: &[(u32, u32)], inode: u64) -> bool {
+    descriptors.iter().any(|&(tgid, fd)| {
+        fs::read_link(format!("/proc/{tgid}/fd/{fd}"))
+            .ok()
+            .and_then(|link| socket_inode(&link))
+            == Some(inode)
+    })
 }
 
 #[cfg(test)]
@@ -256,7 +263,9 @@ mod tests {
                 .contains(&(pid, client.as_raw_fd() as u32))
         );
         assert_eq!(mine[0].port_class, PortClass::Grpc);
-        assert!(live_socket_inodes().contains(&mine[0].inode));
+        assert!(holds_socket(&mine[0].descriptors, mine[0].inode));
+        let elsewhere = [(std::process::id(), u32::MAX - 1)];
+        assert!(!holds_socket(&elsewhere, mine[0].inode));
         let kernel = mine[0].kernel_connection();
         assert_eq!(kernel.dport, port);
         assert_eq!(kernel.family, AF_INET);

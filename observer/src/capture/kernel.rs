@@ -215,8 +215,9 @@ pub struct KernelCapture {
     /// The programs' filter of processes that may own a watched descriptor: adoption marks
     /// the processes whose descriptors it adds.
     watching: Array<MapData, u8>,
-    /// `CONNECTIONS` keys of the connections adopted at start and still alive.
-    adopted: HashSet<u64>,
+    /// `CONNECTIONS` keys of the connections adopted at start and still alive, with the
+    /// descriptors (`(tgid, fd)`) that held them then.
+    adopted: std::collections::HashMap<u64, Vec<(u32, u32)>>,
     clock: MonotonicToWall,
     copy_walk: CopyWalk,
     log_task: tokio::task::JoinHandle<()>,
@@ -322,7 +323,7 @@ impl KernelCapture {
             connections,
             sockets,
             watching,
-            adopted: HashSet::new(),
+            adopted: std::collections::HashMap::new(),
             clock: MonotonicToWall::now(),
             copy_walk,
             log_task,
@@ -391,7 +392,7 @@ impl KernelCapture {
             // Without its mark the programs would not look the descriptor up at all.
             self.watching.set(watching_slot(key.tgid), 1, 0)?;
         }
-        self.adopted.insert(id);
+        self.adopted.insert(id, connection.descriptors.clone());
         Ok(id)
     }
 
@@ -399,19 +400,19 @@ impl KernelCapture {
     /// `CONNECTIONS` keys still alive: a tracked connection not among them is gone, whether or
     /// not its close reached userspace (a full ring drops records, never map updates).
     ///
-    /// An adopted connection whose socket has left every socket table is removed (the
+    /// An adopted connection that none of its descriptors holds any more is removed (the
     /// programs only remove those they saw connecting), and so is every descriptor entry
     /// whose connection is gone (a process that exits closes its descriptors without `close`).
     pub fn reconcile(&mut self) -> HashSet<u64> {
         if !self.adopted.is_empty() {
-            let live = adopt::live_socket_inodes();
             let gone: Vec<u64> = self
                 .adopted
                 .iter()
-                .copied()
-                .filter(|&id| {
-                    !live.contains(&(id & (observer_records::ADOPTED_CONNECTION_BIT - 1)))
+                .filter(|&(&id, descriptors)| {
+                    let inode = id & (observer_records::ADOPTED_CONNECTION_BIT - 1);
+                    !adopt::holds_socket(descriptors, inode)
                 })
+                .map(|(&id, _)| id)
                 .collect();
             for id in gone {
                 let _ = self.connections.remove(&id);
