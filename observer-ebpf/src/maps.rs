@@ -47,11 +47,13 @@ pub const CLAIM_SLOTS: u32 = 1 << 14;
 #[map]
 pub static CONFIG: Array<CaptureConfig> = Array::with_max_entries(1, 0);
 
-/// Index 0: `bpf_ktime_get_ns` of the last record that woke the reader (see
-/// `CaptureConfig::wakeup_after_ns`). One entry, written at most once per interval, so CPUs
-/// rarely contend for its cache line; two CPUs racing to wake the reader only wake it twice.
+/// Index 0: when the reader is known to be reading (`bpf_ktime_get_ns` clock): the last record
+/// that woke it, or userspace's own stamp at each read while it polls; 0 once it said it waits
+/// for a wakeup. See `CaptureConfig::wakeup_after_ns`. One entry, written by the programs at
+/// most once per interval, so CPUs rarely contend for its cache line; two CPUs racing to wake
+/// the reader only wake it twice.
 #[map]
-pub static LAST_WAKEUP: Array<u64> = Array::with_max_entries(1, 0);
+pub static READER_AWAKE: Array<u64> = Array::with_max_entries(1, 0);
 
 /// cgroup v2 directories (written by userspace as directory fds) that bound what is watched:
 /// `CaptureConfig::cgroup_scopes` slots from index 0. Bound: `MAX_CGROUP_SCOPES`, the most

@@ -3,7 +3,7 @@
 use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_ns};
 use observer_records::{Counter, DataRecord, RecordHeader, RecordKind};
 
-use crate::maps::{CONFIG, Connection, EVENTS, LAST_WAKEUP, count};
+use crate::maps::{CONFIG, Connection, EVENTS, READER_AWAKE, count};
 
 // bpf_ringbuf_query / bpf_ringbuf_output flags (uapi/linux/bpf.h).
 const BPF_RB_AVAIL_DATA: u64 = 0;
@@ -70,22 +70,23 @@ pub fn output_data(record: &DataRecord) {
     }
 }
 
-/// Wakes the reader only once enough bytes wait, or when it was last woken long enough ago
-/// (`CaptureConfig::wakeup_bytes`, `wakeup_after_ns`); `now_ns` is the record's time.
+/// Wakes the reader only once enough bytes wait, or when it was not known to be reading for
+/// long enough (`CaptureConfig::wakeup_bytes`, `wakeup_after_ns`); `now_ns` is the record's
+/// time.
 fn wakeup_flags(now_ns: u64) -> u64 {
     let (threshold, wakeup_after_ns) = match CONFIG.get(0) {
         Some(config) => (u64::from(config.wakeup_bytes), config.wakeup_after_ns),
         None => (0, 0),
     };
-    let Some(last_wakeup) = LAST_WAKEUP.get_ptr_mut(0) else {
+    let Some(reader_awake) = READER_AWAKE.get_ptr_mut(0) else {
         return BPF_RB_FORCE_WAKEUP;
     };
     // SAFETY: the map's one slot; a racing write from another CPU only costs a second wakeup.
     // Saturating: a record stamped before another CPU's wakeup is not due.
-    let due = now_ns.saturating_sub(unsafe { *last_wakeup }) >= wakeup_after_ns;
+    let due = now_ns.saturating_sub(unsafe { *reader_awake }) >= wakeup_after_ns;
     if due || EVENTS.query(BPF_RB_AVAIL_DATA) >= threshold {
         // SAFETY: as above.
-        unsafe { *last_wakeup = now_ns };
+        unsafe { *reader_awake = now_ns };
         BPF_RB_FORCE_WAKEUP
     } else {
         BPF_RB_NO_WAKEUP

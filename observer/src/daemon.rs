@@ -513,9 +513,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let mut clock = tokio::time::interval(Duration::from_secs(1));
     let mut reconcile_timer = tokio::time::interval(RECONCILE_INTERVAL);
     reconcile_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // Drains without a wakeup: soon after reading anything (the programs wake the reader at
-    // most once per READ_FOLLOW_UP, so records made just after a wakeup wake no one), else on
-    // the quiet interval.
+    // Drains without a wakeup: soon after reading anything, telling the programs it polls so
+    // that records need not wake it; once a drain finds nothing it says it waits for wakeups,
+    // drains once more (a record made before that word reached the programs woke no one), and
+    // falls back to the quiet interval.
     let drain_timer = tokio::time::sleep(DRAIN_INTERVAL);
     tokio::pin!(drain_timer);
     let mut batch = Vec::new();
@@ -528,6 +529,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 sink.consume_batch(&mut batch)?;
                 sink.flush()?;
                 if drained.records > 0 {
+                    capture.reader_polling(true);
                     drain_timer
                         .as_mut()
                         .reset(tokio::time::Instant::now() + READ_FOLLOW_UP);
@@ -535,10 +537,19 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             }
             () = &mut drain_timer => {
                 // One batch: records left beyond it keep the ring readable for the branch above.
-                let drained = consume_ready(&mut capture, &mut sink, &mut batch, 1)?;
+                let mut drained = consume_ready(&mut capture, &mut sink, &mut batch, 1)?;
+                if drained.records == 0 {
+                    capture.reader_polling(false);
+                    drained = consume_ready(&mut capture, &mut sink, &mut batch, 1)?;
+                }
                 malformed_records += drained.malformed;
                 sink.flush()?;
-                let next = if drained.records > 0 { READ_FOLLOW_UP } else { DRAIN_INTERVAL };
+                let next = if drained.records > 0 {
+                    capture.reader_polling(true);
+                    READ_FOLLOW_UP
+                } else {
+                    DRAIN_INTERVAL
+                };
                 drain_timer.as_mut().reset(tokio::time::Instant::now() + next);
             }
             _ = clock.tick() => {

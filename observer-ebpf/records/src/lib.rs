@@ -213,10 +213,10 @@ pub struct CaptureConfig {
     /// Slots filled in `CGROUP_SCOPE`, from index 0: only tasks inside one of those cgroups
     /// are watched. 0: no scope, every process is.
     pub cgroup_scopes: u32,
-    /// A record wakes the reader when the last wakeup is at least this old: the first record
-    /// after a quiet spell is read at once, and a busy ring wakes the reader at most once per
-    /// interval. The reader polls again this long after reading anything, which catches the
-    /// records made after a wakeup that woke no one (0: every record wakes it).
+    /// A record wakes the reader unless it was known to be reading (woken, or polling: it
+    /// stamps `READER_AWAKE` at each read and clears it when it goes quiet) less than this long
+    /// ago. The first record after a quiet spell is read at once; while records keep coming
+    /// the reader polls and nothing wakes it (0: every record wakes it).
     pub wakeup_after_ns: u64,
 }
 

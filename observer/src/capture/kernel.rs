@@ -52,9 +52,10 @@ const BPF_NOEXIST: u64 = 1;
 /// since the first record after a quiet spell wakes it (`CaptureConfig::wakeup_after_ns`).
 pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
-/// The programs wake the reader at most once per this interval (besides a ring filling up),
-/// and the reader drains again this long after reading anything, so a record made right after
-/// a wakeup waits at most this long; and a busy ring costs at most this many wakeups a second.
+/// While records keep coming the reader drains again this long after reading anything, and
+/// tells the programs so (`KernelCapture::reader_polling`): they wake it only when its last
+/// read is more than twice this old (a timer fires up to a millisecond late), or the ring
+/// fills. A busy ring then costs no wakeups, and a record waits about this long at most.
 pub const READ_FOLLOW_UP: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Which program serves which tracepoints. One program may serve several syscalls whose
@@ -215,6 +216,8 @@ pub struct KernelCapture {
     /// The programs' filter of processes that may own a watched descriptor: adoption marks
     /// the processes whose descriptors it adds.
     watching: Array<MapData, u8>,
+    /// When the reader last said it reads (`reader_polling`).
+    reader_awake: Array<MapData, u64>,
     /// `CONNECTIONS` keys of the connections adopted at start and still alive, with the
     /// descriptors (`(tgid, fd)`) that held them then.
     adopted: std::collections::HashMap<u64, Vec<(u32, u32)>>,
@@ -285,7 +288,7 @@ impl KernelCapture {
             wakeup_bytes: options.ring_bytes / 8,
             // `cgroup_scope::open` allows at most MAX_CGROUP_SCOPES.
             cgroup_scopes: scope.len() as u32,
-            wakeup_after_ns: READ_FOLLOW_UP.as_nanos() as u64,
+            wakeup_after_ns: 2 * READ_FOLLOW_UP.as_nanos() as u64,
         };
         let mut scope_map: CgroupArray<_> = take_map(&mut ebpf, "CGROUP_SCOPE")?;
         for (index, directory) in (0..).zip(&scope) {
@@ -301,6 +304,7 @@ impl KernelCapture {
         let connections: HashMap<_, u64, Connection> = take_map(&mut ebpf, "CONNECTIONS")?;
         let sockets: HashMap<_, SocketKey, SocketState> = take_map(&mut ebpf, "SOCKETS")?;
         let watching: Array<_, u8> = take_map(&mut ebpf, "WATCHING")?;
+        let reader_awake: Array<_, u64> = take_map(&mut ebpf, "READER_AWAKE")?;
 
         let copy_walk = load_exit_program(&mut ebpf, options.copy_walk)?;
         let exit_program = match copy_walk {
@@ -323,6 +327,7 @@ impl KernelCapture {
             connections,
             sockets,
             watching,
+            reader_awake,
             adopted: std::collections::HashMap::new(),
             clock: MonotonicToWall::now(),
             copy_walk,
@@ -346,6 +351,16 @@ impl KernelCapture {
             guard.clear_ready();
         }
         Ok(drained)
+    }
+
+    /// Tells the programs whether the reader polls the ring (it will read again within
+    /// `READ_FOLLOW_UP`, so records need not wake it) or now waits for a wakeup. A failed
+    /// update only costs wakeups or a timer's delay, never records: logged, not returned.
+    pub fn reader_polling(&mut self, polling: bool) {
+        let stamp = if polling { monotonic_now_ns() } else { 0 };
+        if let Err(err) = self.reader_awake.set(0, stamp, 0) {
+            tracing::debug!("READER_AWAKE: {err}");
+        }
     }
 
     /// Converts up to one batch of the records already in the ring without waiting.
