@@ -434,16 +434,29 @@ impl KernelCapture {
                 self.adopted.remove(&id);
             }
         }
-        let alive: HashSet<u64> = self.connections.keys().flatten().collect();
-        let orphaned: Vec<SocketKey> = self
+        // Descriptors first, connections second: the programs add a connection (at SYN_SENT)
+        // before its descriptor (at connect's exit), so a descriptor read here whose connection
+        // is missing from the later read really lost it. The other order unwatched the
+        // descriptors of connections made between the two reads: on a table of 100,000 a
+        // burst of 1,000 connects lost a third of its upgrades, with nothing counted.
+        let descriptors: Vec<(SocketKey, u64)> = self
             .sockets
             .iter()
             .flatten()
-            .filter(|(_, state)| !alive.contains(&state.sock))
-            .map(|(key, _)| key)
+            .map(|(key, state)| (key, state.sock))
             .collect();
-        for key in orphaned {
-            let _ = self.sockets.remove(&key);
+        let alive: HashSet<u64> = self.connections.keys().flatten().collect();
+        for (key, sock) in descriptors {
+            // Only while the descriptor still names that connection: closed and reused since
+            // it was read, it belongs to a new one.
+            if !alive.contains(&sock)
+                && self
+                    .sockets
+                    .get(&key, 0)
+                    .is_ok_and(|state| state.sock == sock)
+            {
+                let _ = self.sockets.remove(&key);
+            }
         }
         alive
     }
