@@ -529,7 +529,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 sink.consume_batch(&mut batch)?;
                 sink.flush()?;
                 if drained.records > 0 {
-                    capture.reader_polling(true);
+                    capture.reader_polls();
                     drain_timer
                         .as_mut()
                         .reset(tokio::time::Instant::now() + READ_FOLLOW_UP);
@@ -538,14 +538,13 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             () = &mut drain_timer => {
                 // One batch: records left beyond it keep the ring readable for the branch above.
                 let mut drained = consume_ready(&mut capture, &mut sink, &mut batch, 1)?;
-                if drained.records == 0 {
-                    capture.reader_polling(false);
+                if drained.records == 0 && capture.reader_waits() {
                     drained = consume_ready(&mut capture, &mut sink, &mut batch, 1)?;
                 }
                 malformed_records += drained.malformed;
                 sink.flush()?;
                 let next = if drained.records > 0 {
-                    capture.reader_polling(true);
+                    capture.reader_polls();
                     READ_FOLLOW_UP
                 } else {
                     DRAIN_INTERVAL

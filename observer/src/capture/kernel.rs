@@ -53,7 +53,7 @@ const BPF_NOEXIST: u64 = 1;
 pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// While records keep coming the reader drains again this long after reading anything, and
-/// tells the programs so (`KernelCapture::reader_polling`): they wake it only when its last
+/// tells the programs so (`KernelCapture::reader_polls`): they wake it only when its last
 /// read is more than twice this old (a timer fires up to a millisecond late), or the ring
 /// fills. A busy ring then costs no wakeups, and a record waits about this long at most.
 pub const READ_FOLLOW_UP: std::time::Duration = std::time::Duration::from_millis(1);
@@ -216,8 +216,10 @@ pub struct KernelCapture {
     /// The programs' filter of processes that may own a watched descriptor: adoption marks
     /// the processes whose descriptors it adds.
     watching: Array<MapData, u8>,
-    /// When the reader last said it reads (`reader_polling`).
+    /// When the reader last said it reads (`reader_polls`), 0 once it waits.
     reader_awake: Array<MapData, u64>,
+    /// Whether `reader_awake` holds a stamp (so going quiet has something to clear).
+    reader_stamped: bool,
     /// `CONNECTIONS` keys of the connections adopted at start and still alive, with the
     /// descriptors (`(tgid, fd)`) that held them then.
     adopted: std::collections::HashMap<u64, Vec<(u32, u32)>>,
@@ -328,6 +330,7 @@ impl KernelCapture {
             sockets,
             watching,
             reader_awake,
+            reader_stamped: false,
             adopted: std::collections::HashMap::new(),
             clock: MonotonicToWall::now(),
             copy_walk,
@@ -353,11 +356,27 @@ impl KernelCapture {
         Ok(drained)
     }
 
-    /// Tells the programs whether the reader polls the ring (it will read again within
-    /// `READ_FOLLOW_UP`, so records need not wake it) or now waits for a wakeup. A failed
-    /// update only costs wakeups or a timer's delay, never records: logged, not returned.
-    pub fn reader_polling(&mut self, polling: bool) {
-        let stamp = if polling { monotonic_now_ns() } else { 0 };
+    /// Tells the programs the reader polls the ring: it reads again within `READ_FOLLOW_UP`,
+    /// so records need not wake it.
+    pub fn reader_polls(&mut self) {
+        self.set_reader_awake(monotonic_now_ns());
+        self.reader_stamped = true;
+    }
+
+    /// Tells the programs the reader now waits for a wakeup. False when it already did: then no
+    /// record can have been made without waking it, and there is nothing to drain again.
+    pub fn reader_waits(&mut self) -> bool {
+        if !self.reader_stamped {
+            return false;
+        }
+        self.set_reader_awake(0);
+        self.reader_stamped = false;
+        true
+    }
+
+    /// A failed update only costs wakeups or a timer's delay, never records: logged, not
+    /// returned.
+    fn set_reader_awake(&mut self, stamp: u64) {
         if let Err(err) = self.reader_awake.set(0, stamp, 0) {
             tracing::debug!("READER_AWAKE: {err}");
         }
