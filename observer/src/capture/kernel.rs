@@ -1,5 +1,6 @@
-//! Loads the kernel programs, attaches them, and reads their ring buffer (`ring_records`
-//! turns its records into `Event`s).
+//! Starts the kernel programs (`host` checks what they need, `programs` loads and attaches
+//! them), configures their maps, reads their ring buffer (`ring_records` turns its records into
+//! `Event`s) and keeps their tables in line with the kernel's sockets.
 
 use std::{
     collections::HashSet,
@@ -9,8 +10,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, ProgramArray, RingBuf},
-    programs::{ProgramError, TracePoint},
+    maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, RingBuf},
 };
 use observer_records::{
     COUNTER_COUNT, CaptureConfig, Connection, Counter, SocketKey, SocketState,
@@ -19,10 +19,13 @@ use observer_records::{
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
+pub use super::programs::{CopyWalk, program_names};
 pub use super::ring_records::Drained;
 use super::{
     adopt::{self, FoundConnection},
     cgroup_scope::{self, ScopeError},
+    host::{self, TRACEFS},
+    programs::{self, ATTACHMENTS},
     ring_records::{MonotonicToWall, drain_ring, monotonic_now_ns},
     tracepoint_format::{self, LayoutError},
 };
@@ -38,8 +41,6 @@ static EBPF_OBJECT: &[u8] = &[];
 /// Whether this build embeds the eBPF programs; without them `KernelCapture::start` fails with
 /// `CaptureError::BuiltWithoutPrograms`.
 pub const PROGRAMS_EMBEDDED: bool = cfg!(ebpf_programs);
-
-const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// aya-log levels (aya_log_common::Level) for the programs' `AYA_LOG_LEVEL`.
 const KERNEL_LOG_WARN: u8 = 2;
@@ -57,61 +58,6 @@ pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis
 /// read is more than twice this old (a timer fires up to a millisecond late), or the ring
 /// fills. A busy ring then costs no wakeups, and a record waits about this long at most.
 pub const READ_FOLLOW_UP: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// Which program serves which tracepoints. One program may serve several syscalls whose
-/// arguments share a layout (write and sendto both start with fd, buf, len).
-const ATTACHMENTS: &[(&str, &str, &str)] = &[
-    ("sys_enter_connect", "syscalls", "sys_enter_connect"),
-    ("sys_exit_connect", "syscalls", "sys_exit_connect"),
-    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
-    ("sys_enter_close", "syscalls", "sys_enter_close"),
-    ("sys_enter_send_buffer", "syscalls", "sys_enter_write"),
-    ("sys_enter_send_buffer", "syscalls", "sys_enter_sendto"),
-    ("sys_enter_recv_buffer", "syscalls", "sys_enter_read"),
-    ("sys_enter_recv_buffer", "syscalls", "sys_enter_recvfrom"),
-    ("sys_enter_send_iovec", "syscalls", "sys_enter_writev"),
-    ("sys_enter_recv_iovec", "syscalls", "sys_enter_readv"),
-    ("sys_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
-    ("sys_enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
-    ("sys_exit_io", "syscalls", "sys_exit_write"),
-    ("sys_exit_io", "syscalls", "sys_exit_sendto"),
-    ("sys_exit_io", "syscalls", "sys_exit_read"),
-    ("sys_exit_io", "syscalls", "sys_exit_recvfrom"),
-    ("sys_exit_io", "syscalls", "sys_exit_writev"),
-    ("sys_exit_io", "syscalls", "sys_exit_readv"),
-    ("sys_exit_io", "syscalls", "sys_exit_sendmsg"),
-    ("sys_exit_io", "syscalls", "sys_exit_recvmsg"),
-];
-
-/// The exit program of `ATTACHMENTS` stands for one of two, chosen at load (`CopyWalk`).
-const EXIT_PROGRAM: &str = "sys_exit_io";
-/// `EXIT_PROGRAM` for kernels without `bpf_loop`, and the program its copy continues in.
-const EXIT_PROGRAM_BOUNDED: &str = "sys_exit_io_bounded";
-const COPY_CONTINUE_PROGRAM: &str = "copy_continue";
-/// The slot of `COPY_CONTINUE_PROGRAM` in the `COPY_PROGRAMS` map (`maps::COPY_CONTINUE`).
-const COPY_CONTINUE_SLOT: u32 = 0;
-
-/// Names of our programs as the kernel lists them (truncated to 15 bytes by the kernel), so a
-/// check can tell whether any is still loaded.
-pub fn program_names() -> impl Iterator<Item = &'static str> {
-    let mut names: Vec<&str> = ATTACHMENTS.iter().map(|(program, _, _)| *program).collect();
-    names.dedup();
-    names.extend([EXIT_PROGRAM_BOUNDED, COPY_CONTINUE_PROGRAM]);
-    names.into_iter()
-}
-
-/// How the kernel walks a call's buffers (observer-ebpf/src/copy.rs). Both follow every iovec
-/// entry a call may have (`IOV_MAX`); they differ in what the kernel must offer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CopyWalk {
-    /// `bpf_loop` where the kernel has it (5.17+), else tail calls.
-    Auto,
-    /// The `bpf_loop` helper (Linux 5.17+); refuse to start without it.
-    BpfLoop,
-    /// Bounded loops chained by tail calls (any supported kernel).
-    TailCalls,
-}
 
 #[derive(Debug, Error)]
 pub enum CaptureError {
@@ -245,11 +191,11 @@ impl KernelCapture {
         }
         // User input first: a mistyped directory is named whatever else is missing.
         let scope = cgroup_scope::open(&options.cgroup_scope)?;
-        check_privileges()?;
-        ensure_tracefs()?;
+        host::check_privileges()?;
+        host::ensure_tracefs()?;
         tracepoint_format::check(Path::new(TRACEFS), ATTACHMENTS)?;
         validate_options(options)?;
-        raise_memlock_limit();
+        host::raise_memlock_limit();
 
         // The programs' own log statements are filtered in the kernel, before they cost a
         // ring-buffer record and a reader wakeup: a debug line per watched connect cost a
@@ -265,8 +211,8 @@ impl KernelCapture {
             .map_max_entries("SOCKETS", options.max_watched_connections)
             .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
-            .map_err(|err| classify_load_error(&err))?;
-        let log_task = spawn_kernel_log_reader(&mut ebpf)?;
+            .map_err(|err| programs::classify_load_error(&err))?;
+        let log_task = programs::spawn_kernel_log_reader(&mut ebpf)?;
 
         let mut watched: HashMap<_, u16, u8> = take_map(&mut ebpf, "WATCHED_PORTS")?;
         for (ports, class) in [
@@ -308,19 +254,7 @@ impl KernelCapture {
         let watching: Array<_, u8> = take_map(&mut ebpf, "WATCHING")?;
         let reader_awake: Array<_, u64> = take_map(&mut ebpf, "READER_AWAKE")?;
 
-        let copy_walk = load_exit_program(&mut ebpf, options.copy_walk)?;
-        let exit_program = match copy_walk {
-            CopyWalk::TailCalls => EXIT_PROGRAM_BOUNDED,
-            _ => EXIT_PROGRAM,
-        };
-        for (program_name, category, tracepoint) in ATTACHMENTS {
-            let program_name = if *program_name == EXIT_PROGRAM {
-                exit_program
-            } else {
-                program_name
-            };
-            attach(&mut ebpf, program_name, category, tracepoint)?;
-        }
+        let copy_walk = programs::attach_all(&mut ebpf, options.copy_walk)?;
         Ok(Self {
             // SAFETY: the ring owns its map fd and keeps it open while the AsyncFd holds it.
             ring: unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
@@ -529,213 +463,6 @@ where
         .take_map(name)
         .ok_or_else(|| CaptureError::Setup(format!("map {name} is missing from the object")))?;
     M::try_from(map).map_err(|err| CaptureError::Setup(format!("map {name}: {err}")))
-}
-
-/// Loads the exit program `wanted` asks for; with `CopyWalk::Auto`, the `bpf_loop` one if this
-/// kernel's verifier accepts it (5.17+), else the bounded one. Returns the walk loaded.
-fn load_exit_program(ebpf: &mut Ebpf, wanted: CopyWalk) -> Result<CopyWalk, CaptureError> {
-    if wanted != CopyWalk::TailCalls {
-        match load_program(ebpf, EXIT_PROGRAM) {
-            Ok(()) => return Ok(CopyWalk::BpfLoop),
-            Err(err) if wanted == CopyWalk::BpfLoop => return Err(err),
-            Err(err) => tracing::info!("copying in tail calls: no bpf_loop here ({err})"),
-        }
-    }
-    load_program(ebpf, EXIT_PROGRAM_BOUNDED)?;
-    load_program(ebpf, COPY_CONTINUE_PROGRAM)?;
-    let continuation = tracepoint_program(ebpf, COPY_CONTINUE_PROGRAM)?
-        .fd()
-        .map_err(|err| CaptureError::Setup(format!("{COPY_CONTINUE_PROGRAM}: {err}")))?
-        .try_clone()
-        .map_err(|err| CaptureError::Setup(format!("{COPY_CONTINUE_PROGRAM}: {err}")))?;
-    // Borrowed, not taken: the map stays with `Ebpf`, whose fd keeps its entries (the kernel
-    // empties a program array once userspace closes it).
-    let map = ebpf
-        .map_mut("COPY_PROGRAMS")
-        .ok_or_else(|| CaptureError::Setup("map COPY_PROGRAMS is missing".to_owned()))?;
-    let mut programs = ProgramArray::try_from(map)
-        .map_err(|err| CaptureError::Setup(format!("map COPY_PROGRAMS: {err}")))?;
-    programs
-        .set(COPY_CONTINUE_SLOT, &continuation, 0)
-        .map_err(|err| CaptureError::Setup(format!("COPY_PROGRAMS: {err}")))?;
-    Ok(CopyWalk::TailCalls)
-}
-
-fn tracepoint_program<'a>(
-    ebpf: &'a mut Ebpf,
-    program_name: &str,
-) -> Result<&'a mut TracePoint, CaptureError> {
-    ebpf.program_mut(program_name)
-        .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
-        .try_into()
-        .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))
-}
-
-/// Loads a program into the kernel once (one program may serve several tracepoints).
-fn load_program(ebpf: &mut Ebpf, program_name: &str) -> Result<(), CaptureError> {
-    let program = tracepoint_program(ebpf, program_name)?;
-    if program.fd().is_ok() {
-        return Ok(());
-    }
-    program
-        .load()
-        .map_err(|err| CaptureError::ProgramRejected {
-            program: program_name.to_owned(),
-            reason: verifier_summary(&err),
-        })?;
-    // The verifier's work (5.16+), against its limit of 1 000 000 instructions.
-    if let Some(verified) = program
-        .info()
-        .ok()
-        .and_then(|info| info.verified_instruction_count())
-    {
-        tracing::debug!(program = program_name, verified, "program loaded");
-    }
-    Ok(())
-}
-
-fn attach(
-    ebpf: &mut Ebpf,
-    program_name: &str,
-    category: &str,
-    tracepoint: &str,
-) -> Result<(), CaptureError> {
-    load_program(ebpf, program_name)?;
-    tracepoint_program(ebpf, program_name)?
-        .attach(category, tracepoint)
-        .map_err(|err| CaptureError::MissingTracepoint {
-            category: category.to_owned(),
-            name: tracepoint.to_owned(),
-            reason: err.to_string(),
-        })?;
-    Ok(())
-}
-
-/// The verifier log can run to thousands of lines: a feature this kernel lacks is named as
-/// such, otherwise the log's last lines say what went wrong. The statistics the verifier
-/// appends ("processed N insns", "verification time", stack depth) are left out: they would
-/// push the refusal itself out of the summary.
-fn verifier_summary(err: &ProgramError) -> String {
-    let text = match err {
-        ProgramError::LoadError { verifier_log, .. } => verifier_log.to_string(),
-        other => other.to_string(),
-    };
-    if let Some(feature) = super::kernel_features::missing_feature(&text) {
-        return feature;
-    }
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|line| !line.trim().is_empty() && !is_verifier_statistics(line))
-        .collect();
-    let tail = &lines[lines.len().saturating_sub(3)..];
-    tail.join(" | ")
-}
-
-fn is_verifier_statistics(line: &str) -> bool {
-    let line = line.trim_start();
-    line.starts_with("processed ")
-        || line.starts_with("verification time")
-        || line.starts_with("stack depth")
-}
-
-fn classify_load_error(err: &aya::EbpfError) -> CaptureError {
-    let mut text = err.to_string();
-    // aya's messages leave out the system call's answer, which is what tells a seccomp filter
-    // or security module refusing bpf() ("Operation not permitted") from anything else. The
-    // errors between hold no more than their Display already says.
-    let mut cause: &dyn std::error::Error = err;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-        text = format!("{text}: {io}");
-    }
-    if let aya::EbpfError::MapError(MapError::CreateError { name, .. }) = err
-        && name == "EVENTS"
-    {
-        return CaptureError::NoRingBuffer(text);
-    }
-    CaptureError::Setup(text)
-}
-
-/// Forwards the programs' aya-log records (debug-level, off unless RUST_LOG asks) to `log`,
-/// which the tracing subscriber bridges to stderr. The logger owns the map the programs write
-/// to: it must stay alive as long as they run, so the task keeps it.
-fn spawn_kernel_log_reader(ebpf: &mut Ebpf) -> Result<tokio::task::JoinHandle<()>, CaptureError> {
-    let logger = aya_log::EbpfLogger::init(ebpf)
-        .map_err(|err| CaptureError::Setup(format!("aya-log: {err}")))?;
-    // SAFETY: the logger owns its ring fd and keeps it open while the AsyncFd holds it.
-    let mut logger =
-        unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) }
-            .map_err(|err| CaptureError::Read(err.into()))?;
-    Ok(tokio::spawn(async move {
-        while let Ok(mut guard) = logger.readable_mut().await {
-            guard.get_inner_mut().flush();
-            guard.clear_ready();
-        }
-    }))
-}
-
-/// Capabilities from /proc/self/status (`CapEff`); bit numbers from linux/capability.h.
-fn check_privileges() -> Result<(), CaptureError> {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let effective = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status.lines().find_map(|line| {
-                line.strip_prefix("CapEff:")
-                    .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-            })
-        })
-        .unwrap_or(0);
-    let has = |cap: u32| effective & (1u64 << cap) != 0;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
-        return Ok(());
-    }
-    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
-        .into_iter()
-        .filter(|(cap, _)| !has(*cap))
-        .map(|(_, name)| name)
-        .collect();
-    Err(CaptureError::MissingPrivileges {
-        missing: missing.join(", "),
-    })
-}
-
-/// Tracepoint attachment reads ids from tracefs. Hosts and containers often have it
-/// unmounted; as root we can mount it ourselves.
-fn ensure_tracefs() -> Result<(), CaptureError> {
-    if Path::new(TRACEFS).join("events").is_dir() {
-        return Ok(());
-    }
-    let status = std::process::Command::new("mount")
-        .args(["-t", "tracefs", "tracefs", TRACEFS])
-        .stderr(std::process::Stdio::piped())
-        .output();
-    match status {
-        Ok(output) if output.status.success() => Ok(()),
-        Ok(output) => Err(CaptureError::TracefsUnavailable {
-            reason: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        }),
-        Err(err) => Err(CaptureError::TracefsUnavailable {
-            reason: err.to_string(),
-        }),
-    }
-}
-
-/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK, whose default is far too small for
-/// the ring buffer. Newer kernels ignore it, so a failure here is not an error.
-fn raise_memlock_limit() {
-    let unlimited = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit reads the struct we pass and nothing else.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
-        tracing::debug!("could not raise RLIMIT_MEMLOCK; fine on Linux 5.11+");
-    }
 }
 
 /// What the engine learns of an adopted connection: it exists, established, from now on.

@@ -3,8 +3,10 @@
 
 pub mod adopt;
 pub mod cgroup_scope;
+mod host;
 pub mod kernel;
 mod kernel_features;
+mod programs;
 pub mod recording;
 mod ring_records;
 pub mod socket_tables;

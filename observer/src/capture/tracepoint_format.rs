@@ -71,7 +71,7 @@ const INET_SOCK_SET_STATE: &[Expected] = &{
     fields
 };
 
-/// What each program (by name, see `kernel::ATTACHMENTS`) reads from its tracepoint record.
+/// What each program (by name, see `programs::ATTACHMENTS`) reads from its tracepoint record.
 fn reads_of(program: &str) -> &'static [Expected] {
     const ARGUMENTS_0: &[Expected] = &[syscall_argument(0)];
     const ARGUMENTS_0_1: &[Expected] = &[syscall_argument(0), syscall_argument(1)];
@@ -303,7 +303,7 @@ format:
 
     #[test]
     fn every_attached_program_reads_something_checked() {
-        for program in super::super::kernel::program_names() {
+        for program in super::super::programs::program_names() {
             assert!(
                 !reads_of(program).is_empty(),
                 "{program} has no layout to check"

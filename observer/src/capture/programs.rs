@@ -1,0 +1,235 @@
+//! The programs' side of start-up: which program serves which tracepoint, loading them (and
+//! naming what the verifier refused), attaching them, and forwarding their log.
+
+use aya::{
+    Ebpf,
+    maps::{MapError, ProgramArray},
+    programs::{ProgramError, TracePoint},
+};
+use tokio::io::unix::AsyncFd;
+
+use super::kernel::CaptureError;
+
+/// Which program serves which tracepoints. One program may serve several syscalls whose
+/// arguments share a layout (write and sendto both start with fd, buf, len).
+pub(super) const ATTACHMENTS: &[(&str, &str, &str)] = &[
+    ("sys_enter_connect", "syscalls", "sys_enter_connect"),
+    ("sys_exit_connect", "syscalls", "sys_exit_connect"),
+    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
+    ("sys_enter_close", "syscalls", "sys_enter_close"),
+    ("sys_enter_send_buffer", "syscalls", "sys_enter_write"),
+    ("sys_enter_send_buffer", "syscalls", "sys_enter_sendto"),
+    ("sys_enter_recv_buffer", "syscalls", "sys_enter_read"),
+    ("sys_enter_recv_buffer", "syscalls", "sys_enter_recvfrom"),
+    ("sys_enter_send_iovec", "syscalls", "sys_enter_writev"),
+    ("sys_enter_recv_iovec", "syscalls", "sys_enter_readv"),
+    ("sys_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
+    ("sys_enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
+    ("sys_exit_io", "syscalls", "sys_exit_write"),
+    ("sys_exit_io", "syscalls", "sys_exit_sendto"),
+    ("sys_exit_io", "syscalls", "sys_exit_read"),
+    ("sys_exit_io", "syscalls", "sys_exit_recvfrom"),
+    ("sys_exit_io", "syscalls", "sys_exit_writev"),
+    ("sys_exit_io", "syscalls", "sys_exit_readv"),
+    ("sys_exit_io", "syscalls", "sys_exit_sendmsg"),
+    ("sys_exit_io", "syscalls", "sys_exit_recvmsg"),
+];
+
+/// The exit program of `ATTACHMENTS` stands for one of two, chosen at load (`CopyWalk`).
+const EXIT_PROGRAM: &str = "sys_exit_io";
+
+/// `EXIT_PROGRAM` for kernels without `bpf_loop`, and the program its copy continues in.
+const EXIT_PROGRAM_BOUNDED: &str = "sys_exit_io_bounded";
+
+const COPY_CONTINUE_PROGRAM: &str = "copy_continue";
+
+/// The slot of `COPY_CONTINUE_PROGRAM` in the `COPY_PROGRAMS` map (`maps::COPY_CONTINUE`).
+const COPY_CONTINUE_SLOT: u32 = 0;
+
+/// Names of our programs as the kernel lists them (truncated to 15 bytes by the kernel), so a
+/// check can tell whether any is still loaded.
+pub fn program_names() -> impl Iterator<Item = &'static str> {
+    let mut names: Vec<&str> = ATTACHMENTS.iter().map(|(program, _, _)| *program).collect();
+    names.dedup();
+    names.extend([EXIT_PROGRAM_BOUNDED, COPY_CONTINUE_PROGRAM]);
+    names.into_iter()
+}
+
+/// How the kernel walks a call's buffers (observer-ebpf/src/copy.rs). Both follow every iovec
+/// entry a call may have (`IOV_MAX`); they differ in what the kernel must offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyWalk {
+    /// `bpf_loop` where the kernel has it (5.17+), else tail calls.
+    Auto,
+    /// The `bpf_loop` helper (Linux 5.17+); refuse to start without it.
+    BpfLoop,
+    /// Bounded loops chained by tail calls (any supported kernel).
+    TailCalls,
+}
+
+/// Loads the exit program `wanted` asks for, then every program, and attaches each to its
+/// tracepoints. Returns the walk loaded.
+pub(super) fn attach_all(ebpf: &mut Ebpf, wanted: CopyWalk) -> Result<CopyWalk, CaptureError> {
+    let copy_walk = load_exit_program(ebpf, wanted)?;
+    let exit_program = match copy_walk {
+        CopyWalk::TailCalls => EXIT_PROGRAM_BOUNDED,
+        _ => EXIT_PROGRAM,
+    };
+    for (program_name, category, tracepoint) in ATTACHMENTS {
+        let program_name = if *program_name == EXIT_PROGRAM {
+            exit_program
+        } else {
+            program_name
+        };
+        attach(ebpf, program_name, category, tracepoint)?;
+    }
+    Ok(copy_walk)
+}
+
+/// Loads the exit program `wanted` asks for; with `CopyWalk::Auto`, the `bpf_loop` one if this
+/// kernel's verifier accepts it (5.17+), else the bounded one. Returns the walk loaded.
+fn load_exit_program(ebpf: &mut Ebpf, wanted: CopyWalk) -> Result<CopyWalk, CaptureError> {
+    if wanted != CopyWalk::TailCalls {
+        match load_program(ebpf, EXIT_PROGRAM) {
+            Ok(()) => return Ok(CopyWalk::BpfLoop),
+            Err(err) if wanted == CopyWalk::BpfLoop => return Err(err),
+            Err(err) => tracing::info!("copying in tail calls: no bpf_loop here ({err})"),
+        }
+    }
+    load_program(ebpf, EXIT_PROGRAM_BOUNDED)?;
+    load_program(ebpf, COPY_CONTINUE_PROGRAM)?;
+    let continuation = tracepoint_program(ebpf, COPY_CONTINUE_PROGRAM)?
+        .fd()
+        .map_err(|err| CaptureError::Setup(format!("{COPY_CONTINUE_PROGRAM}: {err}")))?
+        .try_clone()
+        .map_err(|err| CaptureError::Setup(format!("{COPY_CONTINUE_PROGRAM}: {err}")))?;
+    // Borrowed, not taken: the map stays with `Ebpf`, whose fd keeps its entries (the kernel
+    // empties a program array once userspace closes it).
+    let map = ebpf
+        .map_mut("COPY_PROGRAMS")
+        .ok_or_else(|| CaptureError::Setup("map COPY_PROGRAMS is missing".to_owned()))?;
+    let mut programs = ProgramArray::try_from(map)
+        .map_err(|err| CaptureError::Setup(format!("map COPY_PROGRAMS: {err}")))?;
+    programs
+        .set(COPY_CONTINUE_SLOT, &continuation, 0)
+        .map_err(|err| CaptureError::Setup(format!("COPY_PROGRAMS: {err}")))?;
+    Ok(CopyWalk::TailCalls)
+}
+
+fn tracepoint_program<'a>(
+    ebpf: &'a mut Ebpf,
+    program_name: &str,
+) -> Result<&'a mut TracePoint, CaptureError> {
+    ebpf.program_mut(program_name)
+        .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
+        .try_into()
+        .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))
+}
+
+/// Loads a program into the kernel once (one program may serve several tracepoints).
+fn load_program(ebpf: &mut Ebpf, program_name: &str) -> Result<(), CaptureError> {
+    let program = tracepoint_program(ebpf, program_name)?;
+    if program.fd().is_ok() {
+        return Ok(());
+    }
+    program
+        .load()
+        .map_err(|err| CaptureError::ProgramRejected {
+            program: program_name.to_owned(),
+            reason: verifier_summary(&err),
+        })?;
+    // The verifier's work (5.16+), against its limit of 1 000 000 instructions.
+    if let Some(verified) = program
+        .info()
+        .ok()
+        .and_then(|info| info.verified_instruction_count())
+    {
+        tracing::debug!(program = program_name, verified, "program loaded");
+    }
+    Ok(())
+}
+
+fn attach(
+    ebpf: &mut Ebpf,
+    program_name: &str,
+    category: &str,
+    tracepoint: &str,
+) -> Result<(), CaptureError> {
+    load_program(ebpf, program_name)?;
+    tracepoint_program(ebpf, program_name)?
+        .attach(category, tracepoint)
+        .map_err(|err| CaptureError::MissingTracepoint {
+            category: category.to_owned(),
+            name: tracepoint.to_owned(),
+            reason: err.to_string(),
+        })?;
+    Ok(())
+}
+
+/// The verifier log can run to thousands of lines: a feature this kernel lacks is named as
+/// such, otherwise the log's last lines say what went wrong. The statistics the verifier
+/// appends ("processed N insns", "verification time", stack depth) are left out: they would
+/// push the refusal itself out of the summary.
+fn verifier_summary(err: &ProgramError) -> String {
+    let text = match err {
+        ProgramError::LoadError { verifier_log, .. } => verifier_log.to_string(),
+        other => other.to_string(),
+    };
+    if let Some(feature) = super::kernel_features::missing_feature(&text) {
+        return feature;
+    }
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !is_verifier_statistics(line))
+        .collect();
+    let tail = &lines[lines.len().saturating_sub(3)..];
+    tail.join(" | ")
+}
+
+fn is_verifier_statistics(line: &str) -> bool {
+    let line = line.trim_start();
+    line.starts_with("processed ")
+        || line.starts_with("verification time")
+        || line.starts_with("stack depth")
+}
+
+pub(super) fn classify_load_error(err: &aya::EbpfError) -> CaptureError {
+    let mut text = err.to_string();
+    // aya's messages leave out the system call's answer, which is what tells a seccomp filter
+    // or security module refusing bpf() ("Operation not permitted") from anything else. The
+    // errors between hold no more than their Display already says.
+    let mut cause: &dyn std::error::Error = err;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+        text = format!("{text}: {io}");
+    }
+    if let aya::EbpfError::MapError(MapError::CreateError { name, .. }) = err
+        && name == "EVENTS"
+    {
+        return CaptureError::NoRingBuffer(text);
+    }
+    CaptureError::Setup(text)
+}
+
+/// Forwards the programs' aya-log records (debug-level, off unless RUST_LOG asks) to `log`,
+/// which the tracing subscriber bridges to stderr. The logger owns the map the programs write
+/// to: it must stay alive as long as they run, so the task keeps it.
+pub(super) fn spawn_kernel_log_reader(
+    ebpf: &mut Ebpf,
+) -> Result<tokio::task::JoinHandle<()>, CaptureError> {
+    let logger = aya_log::EbpfLogger::init(ebpf)
+        .map_err(|err| CaptureError::Setup(format!("aya-log: {err}")))?;
+    // SAFETY: the logger owns its ring fd and keeps it open while the AsyncFd holds it.
+    let mut logger =
+        unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) }
+            .map_err(|err| CaptureError::Read(err.into()))?;
+    Ok(tokio::spawn(async move {
+        while let Ok(mut guard) = logger.readable_mut().await {
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    }))
+}
