@@ -1,0 +1,191 @@
+//! The flags of `observer run` and `observer replay`, and what they make of them: the capture's
+//! options and the engine's configuration.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::{
+    budget::MemoryBudget,
+    capture::kernel::{CaptureOptions, CopyWalk},
+    cluster::ClusterArgs,
+    correlate::{EngineConfig, RouteLimits},
+    tools::in_range,
+};
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Remote port of the gateways' gRPC server (push → gateway). Repeat for several.
+    /// Default: 88.
+    #[arg(long = "grpc-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub grpc_ports: Vec<u16>,
+    /// Remote port of the gateways' WebSocket server (proxy → gateway). Repeat for several.
+    /// Default: 80.
+    #[arg(long = "ws-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub websocket_ports: Vec<u16>,
+    /// Bytes captured per direction of each gRPC connection in a burst; the budget refills
+    /// at --grpc-budget-refill, and what it cuts is counted (`bytes_over_budget`), not copied.
+    #[arg(long, value_name = "BYTES", default_value_t = observer_records::DEFAULT_GRPC_BUDGET)]
+    pub grpc_budget: u32,
+    /// Bytes per second each direction's --grpc-budget regains, so long-lived connections stay
+    /// watched while bulk transfers are copied at this rate at most; 0: never (the budget then
+    /// counts from a connection's first byte).
+    #[arg(long, value_name = "BYTES_PER_SEC", default_value_t = observer_records::DEFAULT_GRPC_BUDGET_REFILL, value_parser = clap::value_parser!(u32).range(0..=i64::from(observer_records::MAX_GRPC_BUDGET_REFILL)))]
+    pub grpc_budget_refill: u32,
+    /// How the kernel follows a call's iovec entries: `bpf_loop` where the kernel has it
+    /// (5.17+), else tail calls. For tests of either on any kernel.
+    #[arg(long, value_enum, default_value_t = CopyWalk::Auto, hide = true)]
+    pub copy_walk: CopyWalk,
+    /// Size of the kernel→userspace ring buffer (power of two, at least a page). Records that
+    /// do not fit are counted as dropped.
+    #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
+    pub ring_bytes: u32,
+    /// Watched connections (and their descriptors) the kernel's tables hold at once: at least
+    /// the WebSockets of the busiest proxy node (one per online user there) plus push's
+    /// connections. Each costs about 350 bytes of kernel memory, charged to the pod. A full
+    /// table leaves new connections unwatched and says so (`capture_degraded`, `table_full`).
+    #[arg(long, value_name = "COUNT", default_value_t = observer_records::DEFAULT_MAX_WATCHED_CONNECTIONS, value_parser = clap::value_parser!(u32).range(64..=(1 << 22)))]
+    pub max_watched_connections: u32,
+    /// Print every captured record as one JSON object per line (credentials scrubbed).
+    #[arg(long)]
+    pub events: bool,
+    /// Also write every captured record to FILE, for `observer replay FILE` later. Created
+    /// mode 0600 once the observer is attached; never through a symbolic link, never over an
+    /// existing file unless --overwrite.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// Let --record replace an existing file.
+    #[arg(long, requires = "record")]
+    pub overwrite: bool,
+    /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<u64>,
+    /// Serve Prometheus metrics on this address (`GET /metrics`; `/healthz` for probes).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Name the pods behind gateway IPs and processes in alerts (`"pod":{"namespace","name"}`),
+    /// from a watch on the Kubernetes API: the in-cluster service account, else the kubeconfig.
+    #[arg(long)]
+    pub kube: bool,
+    /// Watch only processes inside this cgroup v2 directory (or below it), e.g. the node's
+    /// `kubepods`; enforced in the kernel. Repeat for several (at most 16). Default: every
+    /// process.
+    #[arg(long = "cgroup-scope", value_name = "DIR")]
+    pub cgroup_scope: Vec<PathBuf>,
+    /// With --kube, the node's cgroup v2 hierarchy, where a process's cgroup leads to its pod.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+    /// With --kube, pods remembered at most (the Kubernetes limit for one cluster is 150000);
+    /// pods beyond it stay unnamed.
+    #[arg(long, value_name = "N", default_value_t = 150_000)]
+    pub kube_max_pods: usize,
+    /// With --kube, watch the pods of this namespace only (repeat for several; default: every
+    /// namespace). The namespaces OpenIM runs in are enough, and need only a namespaced Role.
+    #[arg(long = "kube-namespace", value_name = "NS", requires = "kube")]
+    pub kube_namespaces: Vec<String>,
+    /// `capture_degraded`: how much a loss (dropped records, lost or undecodable connections,
+    /// evictions, bytes past the capture budget) must grow within one second to be raised.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub degraded_min_events: u64,
+    /// `capture_degraded`: seconds without further loss before it is `recovered`.
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub degraded_quiet_secs: u64,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// A file written by `observer run --record`.
+    pub file: PathBuf,
+    /// Print the recorded events themselves, one JSON object per line, besides the alerts.
+    #[arg(long)]
+    pub events: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Bounds and windows of the correlation engine.
+#[derive(Args, Debug, Clone)]
+pub struct EngineArgs {
+    /// Bytes every table and buffer together may hold (estimated: decoder buffers, connections,
+    /// users, pending calls, fold windows). Past it the least useful state is shed and counted.
+    /// The default fits the shipped 256 MiB pod limit; deploy/README.md gives the sizing rule.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::budget::DEFAULT_MEMORY_BUDGET, value_parser = in_range(1 << 20, 1 << 40))]
+    pub memory_budget: usize,
+    /// Users with a live WebSocket placement tracked at once (also bounded by
+    /// --memory-budget); a full table evicts the users placed longest ago, counted.
+    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = in_range(1, 100_000_000))]
+    pub max_users: usize,
+    /// Connections decoded at once (also bounded by --memory-budget); a full table evicts the
+    /// connections idle longest, counted.
+    #[arg(long, value_name = "N", default_value_t = 65_536, value_parser = in_range(1, 1 << 24))]
+    pub max_connections: usize,
+    /// Bytes one connection's decoder buffers per direction at most.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20, value_parser = in_range(1 << 10, 1 << 30))]
+    pub max_buffered_bytes: usize,
+    /// Repeats of one alert (same user and gateways) within this window fold into a count.
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub fold_window: u64,
+    /// Learned ring membership must hold this long before a divergence is reported.
+    #[arg(long, value_name = "SECS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub ring_settle: u64,
+    /// New gRPC connections by one pusher within 10 s that count as churn.
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub churn_min_connections: u64,
+}
+
+impl EngineArgs {
+    /// `node`: this node's name in cluster mode.
+    pub(super) fn config(&self, node: Option<String>) -> EngineConfig {
+        let defaults = EngineConfig::default();
+        let memory = MemoryBudget::new(self.memory_budget);
+        let max_connections = self.max_connections.min(memory.max_connections());
+        EngineConfig {
+            routes: RouteLimits {
+                max_users: self.max_users.min(memory.max_users()),
+                max_tracked_connections: max_connections.saturating_mul(4),
+                max_pending_calls: defaults
+                    .routes
+                    .max_pending_calls
+                    .min(memory.max_pending_calls()),
+                max_fold_keys: defaults.routes.max_fold_keys.min(memory.max_fold_windows()),
+                fold_window_secs: self.fold_window,
+                ring_settle_secs: self.ring_settle,
+                churn_min_new_connections: self.churn_min_connections,
+                ..defaults.routes
+            },
+            decode: crate::decode::Limits {
+                max_buffered_bytes: self.max_buffered_bytes,
+                ..defaults.decode
+            },
+            max_connections,
+            memory,
+            node,
+        }
+    }
+}
+
+impl RunArgs {
+    pub(super) fn capture_options(&self) -> CaptureOptions {
+        let or_default = |ports: &[u16], default: u16| {
+            if ports.is_empty() {
+                vec![default]
+            } else {
+                ports.to_vec()
+            }
+        };
+        CaptureOptions {
+            grpc_ports: or_default(&self.grpc_ports, 88),
+            websocket_ports: or_default(&self.websocket_ports, 80),
+            grpc_budget: self.grpc_budget,
+            grpc_budget_refill: self.grpc_budget_refill,
+            ring_bytes: self.ring_bytes,
+            max_watched_connections: self.max_watched_connections,
+            cgroup_scope: self.cgroup_scope.clone(),
+            copy_walk: self.copy_walk,
+        }
+    }
+}
