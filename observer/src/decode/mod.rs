@@ -11,6 +11,7 @@
 //! guessed.
 
 pub mod grpc;
+mod grpc_stream;
 #[cfg(test)]
 mod grpc_tests;
 pub mod http1;

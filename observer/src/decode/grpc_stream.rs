@@ -1,0 +1,259 @@
+//! One stream of a gRPC connection: its call, and the first message of each direction as
+//! it is reassembled (`MessageReader`) and reported as a `GrpcFact`.
+
+use super::DecodeCounters;
+use super::grpc::{BodyError, GrpcFact, RequestBody, ResponseBody};
+use super::protobuf::{self, PushMethod};
+
+/// 1 byte compressed flag and 4 bytes big-endian length.
+const MESSAGE_HEADER_LEN: usize = 5;
+
+pub(super) fn request_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> RequestBody {
+    match flag {
+        0 => RequestBody::OtherMethod,
+        1 => {
+            counters.compressed_messages += 1;
+            RequestBody::Compressed
+        }
+        other => {
+            counters.grpc_failures += 1;
+            RequestBody::Malformed(BodyError::InvalidCompressedFlag(other))
+        }
+    }
+}
+
+pub(super) fn response_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> ResponseBody {
+    if flag == 1 {
+        counters.compressed_messages += 1;
+        ResponseBody::Compressed
+    } else {
+        counters.grpc_failures += 1;
+        ResponseBody::Malformed(BodyError::InvalidCompressedFlag(flag))
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct StreamState {
+    pub(super) method: String,
+    pub(super) authority: Option<String>,
+    pub(super) push_method: Option<PushMethod>,
+    pub(super) request: MessageReader,
+    pub(super) request_reported: bool,
+    pub(super) http_status: Option<u16>,
+    pub(super) response: MessageReader,
+    pub(super) response_ended: bool,
+}
+
+impl StreamState {
+    pub(super) fn new(method: String, authority: Option<String>) -> Self {
+        let push_method = PushMethod::from_path(&method);
+        Self {
+            push_method,
+            request_reported: push_method.is_none(),
+            response: MessageReader {
+                done: push_method.is_none(),
+                ..MessageReader::default()
+            },
+            method,
+            authority,
+            request: MessageReader::default(),
+            http_status: None,
+            response_ended: false,
+        }
+    }
+
+    /// A call on a connection joined mid-stream whose `:path` is unknown: its first request
+    /// message decides (`push_by_shape`).
+    pub(super) fn unnamed(authority: Option<String>) -> Self {
+        Self {
+            method: String::new(),
+            authority,
+            push_method: None,
+            request: MessageReader::default(),
+            request_reported: false,
+            http_status: None,
+            response: MessageReader::default(),
+            response_ended: false,
+        }
+    }
+
+    pub(super) fn request_fact(&self, stream_id: u32, body: RequestBody) -> GrpcFact {
+        GrpcFact::Request {
+            stream_id,
+            method: self.method.clone(),
+            authority: self.authority.clone(),
+            body,
+        }
+    }
+
+    pub(super) fn report_request(
+        &mut self,
+        stream_id: u32,
+        body: RequestBody,
+        facts: &mut Vec<GrpcFact>,
+    ) {
+        self.request_reported = true;
+        self.request.done = true;
+        self.request.pending = Vec::new();
+        facts.push(self.request_fact(stream_id, body));
+    }
+
+    /// The request stream ended (END_STREAM or RST_STREAM) before its first message was whole.
+    pub(super) fn report_request_at_end(
+        &mut self,
+        stream_id: u32,
+        facts: &mut Vec<GrpcFact>,
+        counters: &mut DecodeCounters,
+    ) {
+        if self.request_reported {
+            return;
+        }
+        let body = if self.request.pending.is_empty() {
+            RequestBody::Missing
+        } else {
+            counters.grpc_failures += 1;
+            RequestBody::Malformed(BodyError::EndedInsideMessage)
+        };
+        self.report_request(stream_id, body, facts);
+    }
+
+    /// The capture ended inside the request: say what its captured prefix says for sure.
+    pub(super) fn report_request_cut(
+        &mut self,
+        stream_id: u32,
+        facts: &mut Vec<GrpcFact>,
+        counters: &mut DecodeCounters,
+    ) {
+        let Some(method) = self.push_method else {
+            return;
+        };
+        let body = match self.request.header() {
+            Some((1, _)) => request_body_for_flag(1, counters),
+            Some((0, _)) | None => {
+                match protobuf::decode_request_prefix(method, self.request.body()) {
+                    Ok(call) => {
+                        counters.truncated_calls += 1;
+                        RequestBody::Push(call)
+                    }
+                    Err(error) => {
+                        counters.protobuf_failures += 1;
+                        RequestBody::Malformed(error.into())
+                    }
+                }
+            }
+            Some((flag, _)) => request_body_for_flag(flag, counters),
+        };
+        self.report_request(stream_id, body, facts);
+    }
+
+    pub(super) fn report_response(
+        &mut self,
+        stream_id: u32,
+        body: ResponseBody,
+        facts: &mut Vec<GrpcFact>,
+    ) {
+        self.response.done = true;
+        self.response.pending = Vec::new();
+        facts.push(GrpcFact::Response {
+            stream_id,
+            http_status: self.http_status,
+            body,
+        });
+    }
+
+    pub(super) fn report_response_cut(
+        &mut self,
+        stream_id: u32,
+        facts: &mut Vec<GrpcFact>,
+        counters: &mut DecodeCounters,
+    ) {
+        let Some(method) = self.push_method else {
+            return;
+        };
+        let body = match self.response.header() {
+            Some((0, _)) | None => {
+                match protobuf::decode_response_prefix(method, self.response.body()) {
+                    Ok(results) => ResponseBody::Push {
+                        results,
+                        truncated: true,
+                    },
+                    Err(error) => {
+                        counters.protobuf_failures += 1;
+                        ResponseBody::Malformed(error.into())
+                    }
+                }
+            }
+            Some((flag, _)) => response_body_for_flag(flag, counters),
+        };
+        self.report_response(stream_id, body, facts);
+    }
+}
+
+pub(super) enum ReadMessage {
+    Complete {
+        flag: u8,
+        body: Vec<u8>,
+    },
+    /// The message outgrew the byte budget: read what `pending` holds as a cut message.
+    Cut,
+}
+
+/// Reassembles the first gRPC message of one direction of a stream.
+#[derive(Clone, Default)]
+pub(super) struct MessageReader {
+    /// The message header and body bytes read so far.
+    pub(super) pending: Vec<u8>,
+    /// The first message was reported (or is not wanted): later bytes are ignored.
+    pub(super) done: bool,
+}
+
+impl MessageReader {
+    pub(super) fn push(&mut self, mut data: &[u8], cap: usize) -> Option<ReadMessage> {
+        if self.done {
+            return None;
+        }
+        loop {
+            if let Some((flag, length)) = self.header()
+                && self.body().len() >= length
+            {
+                self.done = true;
+                let body = self.body().get(..length).unwrap_or_default().to_vec();
+                self.pending = Vec::new();
+                return Some(ReadMessage::Complete { flag, body });
+            }
+            if data.is_empty() {
+                return None;
+            }
+            let target = match self.header() {
+                Some((_, length)) => MESSAGE_HEADER_LEN.saturating_add(length),
+                None => MESSAGE_HEADER_LEN,
+            };
+            let room = cap.saturating_sub(self.pending.len());
+            if room == 0 {
+                self.done = true;
+                return Some(ReadMessage::Cut);
+            }
+            let take = target
+                .saturating_sub(self.pending.len())
+                .min(data.len())
+                .min(room);
+            let (taken, rest) = data.split_at(take);
+            self.pending.extend_from_slice(taken);
+            data = rest;
+        }
+    }
+
+    pub(super) fn header(&self) -> Option<(u8, usize)> {
+        let [flag, l0, l1, l2, l3] = *self.pending.first_chunk::<MESSAGE_HEADER_LEN>()?;
+        let length = usize::try_from(u32::from_be_bytes([l0, l1, l2, l3])).ok()?;
+        Some((flag, length))
+    }
+
+    pub(super) fn body(&self) -> &[u8] {
+        self.pending.get(MESSAGE_HEADER_LEN..).unwrap_or_default()
+    }
+
+    pub(super) fn has_partial_message(&self) -> bool {
+        !self.done && !self.pending.is_empty()
+    }
+}
