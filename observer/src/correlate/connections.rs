@@ -10,18 +10,22 @@ use hashbrown::{HashMap, HashSet};
 use crate::{
     alert::DegradedReason,
     budget::{self, CONNECTION_BYTES, UPGRADED_CONNECTION_BYTES},
-    decode::{
-        DecodeCounters, GrpcConnectionDecoder, GrpcFact, Http1Error, Limits, RequestBody,
-        ResponseBody, Undecodable, WebSocketDecoder, WebSocketFact,
-    },
+    decode::{DecodeCounters, GrpcConnectionDecoder, Limits, WebSocketDecoder},
     model::{
-        ConnectionId, ConnectionKey, Direction, Event, EventKind, Gateway, PortClass, Process,
-        TcpState, wire::starts_like_http1_request,
+        ConnectionId, Direction, Event, EventKind, Gateway, PortClass, Process, TcpState,
+        wire::starts_like_http1_request,
     },
 };
 use observer_records::is_adopted_connection;
 
-use super::{Observation, blindness::BlindSpots};
+use super::{
+    Observation,
+    blindness::BlindSpots,
+    fact_observations::{
+        ConnectionView, grpc_observation, note_http1_loss, note_http2_loss,
+        upgrade_on_grpc_observation, websocket_observation,
+    },
+};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConnectionCounters {
@@ -483,176 +487,11 @@ impl ConnectionDecoders {
     }
 }
 
-/// A decoder that stopped seeing its connection is a blind spot. Joining mid-stream is not
-/// counted here: every connection open when the observer starts does it.
-fn note_http2_loss(
-    spots: &mut BlindSpots,
-    fact: &GrpcFact,
-    connection: ConnectionId,
-    process: &Process,
-) {
-    let GrpcFact::Undecodable(reason) = fact else {
-        return;
-    };
-    match reason {
-        Undecodable::JoinedMidStream { .. } => {}
-        Undecodable::Gap { missing, .. } => {
-            spots.record(DegradedReason::LostSync, connection, process, *missing);
-        }
-        Undecodable::NoClientPreface
-        | Undecodable::BufferOverflow { .. }
-        | Undecodable::Framing { .. }
-        | Undecodable::Hpack { .. } => {
-            spots.record(DegradedReason::Undecodable, connection, process, 0);
-        }
-    }
-}
-
-fn note_http1_loss(
-    spots: &mut BlindSpots,
-    fact: &WebSocketFact,
-    connection: ConnectionId,
-    process: &Process,
-) {
-    let WebSocketFact::Undecodable { reason, .. } = fact else {
-        return;
-    };
-    match reason {
-        Http1Error::JoinedMidStream(_) => {}
-        Http1Error::Gap { .. } => spots.record(DegradedReason::LostSync, connection, process, 0),
-        Http1Error::HeadTooLarge(_) | Http1Error::Parse(_) => {
-            spots.record(DegradedReason::Undecodable, connection, process, 0);
-        }
-    }
-}
-
-/// What the observation builders need of a connection, borrowed apart from its decoder.
-struct ConnectionView<'a> {
-    process: &'a Process,
-    gateway: &'a Gateway,
-}
-
 fn process_of(event: &Event) -> Process {
     Process {
         pid: event.pid,
         comm: event.comm.clone(),
         cgroup_id: event.cgroup_id,
-    }
-}
-
-fn named_gateway(gateway: &Gateway, name: Option<String>) -> Gateway {
-    Gateway {
-        ip: gateway.ip,
-        port: gateway.port,
-        name,
-    }
-}
-
-fn websocket_observation(
-    event: &Event,
-    view: &ConnectionView<'_>,
-    fact: WebSocketFact,
-    counters: &mut ConnectionCounters,
-) -> Option<Observation> {
-    match fact {
-        WebSocketFact::UpgradeRequest(request) => {
-            let Some(user) = request.send_id.filter(|user| !user.is_empty()) else {
-                counters.upgrades_without_user += 1;
-                return None;
-            };
-            Some(Observation::UpgradeRequested {
-                connection: event.connection,
-                endpoints: ConnectionKey::of(event),
-                ts_ns: event.ts_ns,
-                user,
-                platform: request.platform_id,
-                gateway: named_gateway(view.gateway, request.host),
-                proxy: view.process.clone(),
-            })
-        }
-        WebSocketFact::UpgradeResponse { status } => Some(Observation::UpgradeAnswered {
-            connection: event.connection,
-            ts_ns: event.ts_ns,
-            status,
-        }),
-        // Counted by the decoder.
-        WebSocketFact::Undecodable { .. } => None,
-    }
-}
-
-fn upgrade_on_grpc_observation(
-    event: &Event,
-    view: &ConnectionView<'_>,
-    fact: WebSocketFact,
-) -> Option<Observation> {
-    match fact {
-        WebSocketFact::UpgradeRequest(request) => Some(Observation::UpgradeOnGrpcPort {
-            connection: event.connection,
-            ts_ns: event.ts_ns,
-            user: request.send_id.filter(|user| !user.is_empty()),
-            gateway: named_gateway(view.gateway, request.host),
-            proxy: view.process.clone(),
-        }),
-        WebSocketFact::UpgradeResponse { status } => Some(Observation::UpgradeOnGrpcPortAnswered {
-            connection: event.connection,
-            status,
-        }),
-        WebSocketFact::Undecodable { .. } => None,
-    }
-}
-
-fn grpc_observation(
-    ts_ns: u64,
-    connection: ConnectionId,
-    view: &ConnectionView<'_>,
-    fact: GrpcFact,
-    counters: &mut ConnectionCounters,
-) -> Option<Observation> {
-    match fact {
-        GrpcFact::Request {
-            stream_id,
-            method,
-            authority,
-            body,
-        } => match body {
-            RequestBody::Push(call) => Some(Observation::PushCalled {
-                connection,
-                stream_id,
-                ts_ns,
-                method: method.rsplit('/').next().unwrap_or(&method).to_owned(),
-                gateway: named_gateway(view.gateway, authority),
-                pusher: view.process.clone(),
-                message: call.message,
-                recipients: call.recipients,
-            }),
-            RequestBody::OtherMethod => {
-                counters.calls_not_push += 1;
-                None
-            }
-            RequestBody::Compressed => {
-                counters.calls_compressed += 1;
-                None
-            }
-            RequestBody::Missing | RequestBody::Malformed(_) => {
-                counters.calls_malformed += 1;
-                None
-            }
-        },
-        GrpcFact::Response {
-            stream_id, body, ..
-        } => match body {
-            ResponseBody::Push { results, .. } => Some(Observation::PushAnswered {
-                connection,
-                stream_id,
-                ts_ns,
-                results,
-            }),
-            ResponseBody::Compressed | ResponseBody::Malformed(_) => {
-                counters.answers_unreadable += 1;
-                None
-            }
-        },
-        GrpcFact::Trailers { .. } | GrpcFact::Undecodable(_) => None,
     }
 }
 

@@ -10,6 +10,7 @@ pub mod blindness;
 mod churn;
 pub mod connections;
 mod detectors;
+mod fact_observations;
 mod fold_key;
 #[cfg(test)]
 mod memory_tests;
