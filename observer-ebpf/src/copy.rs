@@ -14,7 +14,7 @@
 //!   tail calls (33 from 5.17), so 33 programs of 40 steps cover `MAX_COPY_STEPS` (1057).
 //!
 //! Userspace loads the `bpf_loop` exit program and falls back to the bounded one when the
-//! verifier refuses it (`observer/src/capture/kernel.rs`, `CopyWalk`).
+//! verifier refuses it (`observer/src/capture/programs.rs`, `CopyWalk`).
 //!
 //! Verifier: with the walk's state in registers, every iteration forked the paths of the
 //! previous one (min of two unknowns, error exits, …) and the verifier gave up at "processed

@@ -37,7 +37,7 @@ fn canary_traffic() -> synthetic::Traffic {
 }
 
 /// What `observer run --record` writes: WebSocket payloads redacted by the capture layer
-/// (kernel.rs does it before events exist), then every event through `PrivateLines`, the
+/// (ring_records.rs does it before events exist), then every event through `PrivateLines`, the
 /// daemon's writer, which scrubs gRPC payloads.
 fn recordable(events: &[Event]) -> Vec<Event> {
     let mut writer = PrivateLines::new(1024);

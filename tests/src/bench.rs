@@ -622,7 +622,7 @@ async fn measure_pushes(
 
 /// The timing program, shipped as source and built with the system's `cc` at run time.
 const SYSCALL_COST_SOURCE: &str = include_str!("../bench/syscall_cost.c");
-/// The observer's hooks, as the syscall table names them (observer/src/capture/kernel.rs).
+/// The observer's hooks, as the syscall table names them (`ATTACHMENTS` in observer/src/capture/programs.rs).
 const HOOK_STRATEGY: &str = "per-syscall tracepoints (syscalls:sys_enter_*/sys_exit_* of connect, close and the read/write family), perf tracepoint path; array filters (WATCHING, CLAIMS) ahead of the hash lookups";
 /// The cheap syscalls run this many times more calls than a TCP loop, for a similar duration.
 const CHEAP_CALLS_FACTOR: usize = 5;
