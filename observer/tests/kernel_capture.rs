@@ -20,6 +20,7 @@ use std::{
 };
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
+use observer_records::{SocketKey, SocketState};
 use serde_json::Value;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -1495,4 +1496,161 @@ fn a_full_table_of_watched_connections_is_counted_and_said() {
         failures >= (CONNECTIONS - TABLE) as u64,
         "{failures} inserts failed"
     );
+}
+
+/// The running observer's `SOCKETS` table (the only one of that size loaded), to stuff it.
+fn observer_sockets_table(
+    max_entries: u32,
+) -> aya::maps::HashMap<aya::maps::MapData, SocketKey, SocketState> {
+    let info = aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .filter(|info| info.name_as_str() == Some("SOCKETS") && info.max_entries() == max_entries)
+        .max_by_key(aya::maps::MapInfo::id)
+        .expect("the observer's SOCKETS map is loaded");
+    let data = aya::maps::MapData::from_id(info.id()).expect("open SOCKETS by id");
+    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).expect("SOCKETS is a hash map")
+}
+
+/// The 5-second reconciliation reads the programs' descriptor table, then their connection
+/// table, and removes the descriptors whose connection is gone. Read the other way round, it
+/// unwatched the descriptors of connections made between the two reads, nothing counted (on a
+/// node with 100,000 watched, a third of a burst of connects lost their upgrades). Here the
+/// descriptor table is stuffed with orphans (no connection, as a process that exited without
+/// closing leaves them) so that reading it takes long enough for connections made at a steady
+/// pace to land between the two reads; every connection must still be watched afterwards.
+#[test]
+fn connections_made_while_a_reconciliation_reads_the_tables_stay_watched() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    const TABLE: u32 = 1 << 18;
+    const ORPHANS: u32 = 150_000;
+    /// No such process: pids stop at 2^22.
+    const ORPHAN_TGID: u32 = 1 << 30;
+    /// Two descriptors each, within the 20,000 this machine allows a process.
+    const MAX_CONNECTIONS: usize = 9_000;
+    const PACE: Duration = Duration::from_millis(2);
+    raise_descriptor_limit();
+    let port = 18921;
+    let listener = listen(port);
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port.to_string(),
+        "--max-watched-connections",
+        &TABLE.to_string(),
+    ]);
+    let mut sockets = observer_sockets_table(TABLE);
+    // SAFETY: SocketState is plain integers; all zero names no connection (`sock` 0).
+    let orphan: SocketState = unsafe { std::mem::zeroed() };
+    let orphan_key = |fd| SocketKey {
+        tgid: ORPHAN_TGID,
+        fd,
+    };
+    for fd in 0..ORPHANS {
+        sockets
+            .insert(orphan_key(fd), orphan, 0)
+            .expect("insert an orphaned descriptor");
+    }
+    let (accepted_sender, accepted) = mpsc::channel();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            if accepted_sender.send(stream).is_err() {
+                break;
+            }
+        }
+    });
+
+    // Connect at a steady pace until a reconciliation has removed every orphan (one interval
+    // away, or two if one ran during the inserts), and a little longer: its reads then had
+    // connections made all through them. A sample of orphans is checked as it goes, all of
+    // them before stopping.
+    // Every `step`-th orphan is gone.
+    let gone = |step: usize| {
+        (0..ORPHANS)
+            .step_by(step)
+            .all(|fd| sockets.get(&orphan_key(fd), 0).is_err())
+    };
+    let mut clients = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut reconciled_at = None;
+    while clients.len() < MAX_CONNECTIONS && Instant::now() < deadline {
+        clients.push(TcpStream::connect(("127.0.0.1", port)).expect("connect"));
+        thread::sleep(PACE);
+        if reconciled_at.is_none()
+            && clients.len() % 25 == 0
+            && gone(ORPHANS as usize / 16)
+            && gone(1)
+        {
+            reconciled_at = Some(clients.len());
+        }
+        if reconciled_at.is_some_and(|at| clients.len() >= at + 200) {
+            break;
+        }
+    }
+    let reconciled_at = reconciled_at.unwrap_or_else(|| {
+        panic!(
+            "no reconciliation removed the orphans within {} connections",
+            clients.len()
+        )
+    });
+    let server_ends: Vec<TcpStream> = (0..clients.len())
+        .map(|_| accepted.recv().expect("accepted").expect("accept"))
+        .collect();
+
+    let tags: Vec<String> = (0..clients.len())
+        .map(|index| format!("tag-{index:06}"))
+        .collect();
+    for (client, tag) in clients.iter_mut().zip(&tags) {
+        client.write_all(tag.as_bytes()).expect("write a tag");
+    }
+    let mut captured = std::collections::HashSet::new();
+    observer.wait_for(|line| {
+        if line["kind"] == "data"
+            && line["dport"] == u64::from(port)
+            && let Some(payload) = line["payload_b64"].as_str()
+            && let Ok(bytes) = BASE64.decode(payload)
+        {
+            captured.insert(String::from_utf8_lossy(&bytes).into_owned());
+        }
+        captured.len() == tags.len()
+    });
+    drop((clients, server_ends));
+    let (_, stderr) = observer.stop();
+    let missed: Vec<&String> = tags.iter().filter(|tag| !captured.contains(*tag)).collect();
+    report(&format!(
+        "reconciliation over {ORPHANS} orphans ran by connection {reconciled_at} of {}; {} tags missed",
+        tags.len(),
+        missed.len()
+    ));
+    assert!(
+        missed.is_empty(),
+        "{} of {} connections were unwatched (first: {:?}); {}",
+        missed.len(),
+        tags.len(),
+        missed.first(),
+        stopped_line(&stderr)["kernel"]
+    );
+}
+
+/// Raises this process's descriptor limit to its hard limit (the tests that hold thousands of
+/// connections need more than the usual soft 1,024).
+fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the one struct we pass.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        // Root may raise the hard limit too (a guest kernel's init starts at 4,096).
+        let wanted = libc::rlimit {
+            rlim_cur: limit.rlim_max.max(1 << 16),
+            rlim_max: limit.rlim_max.max(1 << 16),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
+            limit.rlim_cur = limit.rlim_max;
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
 }
