@@ -159,28 +159,28 @@ async fn what_one_node_writes_another_reads() {
         .mismatch_claim("1001", &[first.gateway_ip], outcome_gateway());
     assert!(
         push_node
-            .claim(&key, Duration::from_millis(300))
+            .claims(&[(&key, Duration::from_millis(300))])
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     assert!(
         !proxy_node
-            .claim(&key, Duration::from_millis(300))
+            .claims(&[(&key, Duration::from_millis(300))])
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     assert!(
         !push_node
-            .claim(&key, Duration::from_millis(300))
+            .claims(&[(&key, Duration::from_millis(300))])
             .await
-            .unwrap()
+            .unwrap()[0]
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
         proxy_node
-            .claim(&key, Duration::from_millis(300))
+            .claims(&[(&key, Duration::from_millis(300))])
             .await
-            .unwrap()
+            .unwrap()[0]
     );
 }
 
@@ -225,23 +225,19 @@ async fn every_key_expires() {
     }));
     written(&state, 5).await;
     let keys = state.keys().clone();
-    assert!(
+    // Two claims in one pipeline, each answered in its place.
+    let mismatch = keys.mismatch_claim("2001", &[placed.gateway_ip], outcome_gateway());
+    let divergence = keys.divergence_claim(&["gw-1".to_owned()], &["gw-1:88".to_owned()]);
+    assert_eq!(
         state
-            .claim(
-                &keys.mismatch_claim("2001", &[placed.gateway_ip], outcome_gateway()),
-                Duration::from_secs(60)
-            )
+            .claims(&[
+                (&mismatch, Duration::from_secs(60)),
+                (&divergence, Duration::from_secs(3600)),
+                (&mismatch, Duration::from_secs(60)),
+            ])
             .await
-            .unwrap()
-    );
-    assert!(
-        state
-            .claim(
-                &keys.divergence_claim(&["gw-1".to_owned()], &["gw-1:88".to_owned()]),
-                Duration::from_secs(3600)
-            )
-            .await
-            .unwrap()
+            .unwrap(),
+        [true, true, false]
     );
     let dump = redis.dump().unwrap();
     let names: Vec<&str> = dump.iter().map(|key| key.key.as_str()).collect();
@@ -357,14 +353,15 @@ async fn an_acl_user_limited_to_the_prefix_is_enough() {
         state.placements_of(&["5001".to_owned()]).await.unwrap()["5001"],
         vec![placed]
     );
-    assert!(
+    assert_eq!(
         state
-            .claim(
+            .claims(&[(
                 &state.keys().divergence_claim(&[], &[]),
                 Duration::from_secs(5)
-            )
+            )])
             .await
-            .unwrap()
+            .unwrap(),
+        [true]
     );
 
     let wrong = redis.url().replace(&acl.password, "not-the-password");

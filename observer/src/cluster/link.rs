@@ -28,7 +28,7 @@ use crate::{
 /// Jobs waiting for the worker at most; a lookup that finds the queue full is answered with
 /// nothing at once, a claim is printed unclaimed (both counted).
 const MAX_JOBS: usize = 4_096;
-/// Jobs the worker takes at once: their lookups share one pipeline.
+/// Jobs the worker takes at once: their lookups share one pipeline, their claims another.
 const MAX_JOBS_PER_ROUND: usize = 256;
 /// The shared ring evidence is merged this often (a fraction of the ring settle time, so every
 /// node reaches the same verdict before it is claimed).
@@ -450,26 +450,18 @@ fn remote_placement(placement: &SharedPlacement) -> RemotePlacement {
     }
 }
 
-/// Answers jobs in rounds: the lookups of one round share one pipelined round trip.
+/// Answers jobs in rounds: the lookups of one round share one pipelined round trip, and so do
+/// its claims.
 async fn work(state: Arc<SharedState>, mut jobs: mpsc::Receiver<Job>, done: mpsc::Sender<Done>) {
     let mut round = Vec::with_capacity(MAX_JOBS_PER_ROUND);
     while jobs.recv_many(&mut round, MAX_JOBS_PER_ROUND).await > 0 {
         let mut lookups = Vec::new();
+        let mut claims = Vec::new();
         let mut answers = Vec::new();
         for job in round.drain(..) {
             match job {
                 Job::Lookup(lookup) => lookups.push(lookup),
-                Job::Claim { key, ttl, alert } => {
-                    let won = match state.claim(&key, ttl).await {
-                        Ok(won) => Some(won),
-                        Err(error) => {
-                            tracing::debug!(%error, "shared state: claim failed");
-                            state.health().count(LinkEvent::ClaimFailed);
-                            None
-                        }
-                    };
-                    answers.push(Done::Claimed { key, won, alert });
-                }
+                Job::Claim { key, ttl, alert } => claims.push((key, ttl, alert)),
                 Job::RingEvidence => match state.ring_evidence().await {
                     Ok(evidence) => answers.push(Done::RingEvidence(Some(SharedRingEvidence {
                         proxy: evidence
@@ -491,6 +483,9 @@ async fn work(state: Arc<SharedState>, mut jobs: mpsc::Receiver<Job>, done: mpsc
                 },
             }
         }
+        if !claims.is_empty() {
+            answers.extend(claim(&state, claims).await);
+        }
         if !lookups.is_empty() {
             answers.extend(look_up(&state, lookups).await);
         }
@@ -500,6 +495,30 @@ async fn work(state: Arc<SharedState>, mut jobs: mpsc::Receiver<Job>, done: mpsc
             }
         }
     }
+}
+
+/// A round's claims in one pipeline; unanswered, every one of them is printed unclaimed (and
+/// counted).
+async fn claim(state: &SharedState, claims: Vec<(String, Duration, Box<Alert>)>) -> Vec<Done> {
+    let keys: Vec<(&str, Duration)> = claims
+        .iter()
+        .map(|(key, ttl, _)| (key.as_str(), *ttl))
+        .collect();
+    let won: Vec<Option<bool>> = match state.claims(&keys).await {
+        Ok(won) => won.into_iter().map(Some).collect(),
+        Err(error) => {
+            tracing::debug!(%error, claims = claims.len(), "shared state: claims failed");
+            for _ in &claims {
+                state.health().count(LinkEvent::ClaimFailed);
+            }
+            vec![None; claims.len()]
+        }
+    };
+    claims
+        .into_iter()
+        .zip(won)
+        .map(|((key, _, alert), won)| Done::Claimed { key, won, alert })
+        .collect()
 }
 
 /// One pipelined read for every user of `lookups`; each lookup gets its users' placements on

@@ -484,20 +484,24 @@ impl SharedState {
         })
     }
 
-    /// Claims `key` for this node for `ttl` (`SET key node NX PX ttl`): true for exactly one
-    /// claimant cluster-wide until it expires.
-    pub async fn claim(&self, key: &str, ttl: Duration) -> Result<bool, StoreError> {
-        let answer: Option<String> = self
-            .query(
-                redis::cmd("SET")
-                    .arg(key)
-                    .arg(&self.node)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(millis(ttl).max(1)),
-            )
-            .await?;
-        Ok(answer.is_some())
+    /// Claims each key for this node for its time to live (`SET key node NX PX ttl`), in one
+    /// pipelined round trip: true, in order, where this node is the one claimant cluster-wide
+    /// until the key expires.
+    pub async fn claims(&self, claims: &[(&str, Duration)]) -> Result<Vec<bool>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (key, ttl) in claims {
+            pipe.cmd("SET")
+                .arg(*key)
+                .arg(&self.node)
+                .arg("NX")
+                .arg("PX")
+                .arg(millis(*ttl).max(1));
+        }
+        let answers: Vec<Option<String>> = self.query(&pipe).await?;
+        Ok(answers.iter().map(Option::is_some).collect())
     }
 
     async fn query<T: redis::FromRedisValue>(
