@@ -8,6 +8,8 @@ use super::protobuf::{self, PushMethod};
 /// 1 byte compressed flag and 4 bytes big-endian length.
 const MESSAGE_HEADER_LEN: usize = 5;
 
+/// A first request message that is not decoded as a push call, by its compressed flag: an
+/// uncompressed one (0) belongs to another method, 1 is compressed, anything else malformed.
 pub(super) fn request_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> RequestBody {
     match flag {
         0 => RequestBody::OtherMethod,
@@ -22,6 +24,8 @@ pub(super) fn request_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> 
     }
 }
 
+/// A first response message that is not decoded, by its compressed flag: 1 is compressed,
+/// anything else malformed (an uncompressed answer to a push call is decoded instead).
 pub(super) fn response_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> ResponseBody {
     if flag == 1 {
         counters.compressed_messages += 1;
