@@ -1553,9 +1553,8 @@ fn connections_made_while_a_reconciliation_reads_the_tables_stay_watched() {
 
     // Connect at a steady pace until a reconciliation has removed every orphan (one interval
     // away, or two if one ran during the inserts), and a little longer: its reads then had
-    // connections made all through them. A sample of orphans is checked as it goes, all of
-    // them before stopping.
-    // Every `step`-th orphan is gone.
+    // connections made all through them. `gone(step)`: every `step`-th orphan is gone; a
+    // sample is checked as it goes, all of them before stopping.
     let gone = |step: usize| {
         (0..ORPHANS)
             .step_by(step)
@@ -1623,8 +1622,9 @@ fn connections_made_while_a_reconciliation_reads_the_tables_stay_watched() {
     );
 }
 
-/// Raises this process's descriptor limit to its hard limit (the tests that hold thousands of
-/// connections need more than the usual soft 1,024).
+/// Raises this process's descriptor limit to at least 65,536, or to its hard limit where that
+/// cannot be raised (the tests that hold thousands of connections need more than the usual soft
+/// 1,024).
 fn raise_descriptor_limit() {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
