@@ -25,11 +25,11 @@ const SETTLE_AT_STOP: Duration = Duration::from_secs(2);
 
 /// Where events go once captured or replayed: the engine, and optionally stdout and a file.
 pub(super) struct EventSink {
-    pub(super) stdout: BufWriter<io::Stdout>,
-    pub(super) print_events: bool,
+    stdout: BufWriter<io::Stdout>,
+    print_events: bool,
     /// `--record`, opened once the capture is attached.
     pub(super) record: Option<(PathBuf, BufWriter<File>)>,
-    pub(super) private_lines: PrivateLines,
+    private_lines: PrivateLines,
     pub(super) engine: Engine,
     pub(super) alerts: Vec<Alert>,
     pub(super) metrics: Option<Arc<Mutex<Metrics>>>,

@@ -247,13 +247,13 @@ impl MessageReader {
         }
     }
 
-    pub(super) fn header(&self) -> Option<(u8, usize)> {
+    fn header(&self) -> Option<(u8, usize)> {
         let [flag, l0, l1, l2, l3] = *self.pending.first_chunk::<MESSAGE_HEADER_LEN>()?;
         let length = usize::try_from(u32::from_be_bytes([l0, l1, l2, l3])).ok()?;
         Some((flag, length))
     }
 
-    pub(super) fn body(&self) -> &[u8] {
+    fn body(&self) -> &[u8] {
         self.pending.get(MESSAGE_HEADER_LEN..).unwrap_or_default()
     }
 
