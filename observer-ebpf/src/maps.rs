@@ -1,6 +1,7 @@
 //! Every map of the programs, with the kernel-only values they hold. Every one is bounded;
-//! per-call state that a dying thread could leave behind lives in LRU maps, the connection and
-//! descriptor tables in plain ones that say when they are full (`CONNECTIONS`, `SOCKETS`).
+//! pending connects, which a dying thread could leave behind, live in an LRU map, the
+//! connection, descriptor and in-flight call tables in plain ones that say when they are full
+//! (`CONNECTIONS`, `SOCKETS`, `IN_FLIGHT`).
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
@@ -107,9 +108,17 @@ pub static SOCKETS: HashMap<SocketKey, SocketState> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
 /// Threads inside a read or write on a watched socket (pid_tgid → the call's arguments), from
-/// syscall entry to exit. LRU for threads killed mid-call. Bound: concurrent calls.
+/// syscall entry to exit. Bound: calls in flight at once, sized as the connection tables
+/// (`--max-watched-connections`). Not LRU: an LRU silently evicted the claims of threads
+/// blocked in reads once more than its size were, and their bytes went uncaptured and
+/// uncounted; full, an insert fails and is counted (`MapInsertFailures`). Nothing leaks: every
+/// syscall whose entry claimed a call reaches the exit tracepoint, a thread killed mid-call
+/// included (the interrupted call returns through the syscall exit work before the signal
+/// ends the thread; `kernel_capture` pins it), and the programs claim nothing before
+/// userspace adds descriptors to `SOCKETS`, which it does only once both are attached.
 #[map]
-pub static IN_FLIGHT: LruHashMap<u64, IoCall> = LruHashMap::with_max_entries(8192, 0);
+pub static IN_FLIGHT: HashMap<u64, IoCall> =
+    HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
 // Kernel-only values (never read by userspace, so not in `observer-records`).
 

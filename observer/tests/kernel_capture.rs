@@ -1488,6 +1488,131 @@ fn a_full_table_of_watched_connections_is_counted_and_said() {
     );
 }
 
+/// Threads blocked in reads on one watched connection, more of them than the kernel's table
+/// of calls in flight holds: the calls it cannot hold are counted and said (`table_full`)
+/// instead of silently evicting others, as the LRU table did. The table is not LRU, so it must
+/// not leak either: the process is killed with its threads inside their reads, and every claim
+/// must be gone with it (the interrupted calls still reach the syscall exit).
+#[test]
+fn calls_in_flight_past_the_table_are_counted_and_none_outlive_a_killed_process() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    const TABLE: usize = 64;
+    const READERS: usize = 100;
+    let port = 18931;
+    let listener = listen(port);
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port.to_string(),
+        "--max-watched-connections",
+        &TABLE.to_string(),
+    ]);
+    let mut readers = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "blocked_readers_process",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(BLOCKED_READERS_PORT, port.to_string())
+        .env(BLOCKED_READERS, READERS.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the blocked readers");
+    let (_accepted, _) = listener.accept().unwrap();
+    let in_flight = observer_in_flight_table(TABLE as u32);
+    let claims = || in_flight.keys().filter(Result::is_ok).count();
+    let filled = wait_until(|| claims() >= TABLE);
+    let said = observer
+        .wait_for(|line| line["kind"] == "capture_degraded" && line["reason"] == "table_full");
+    let held = claims();
+    readers.kill().unwrap();
+    readers.wait().unwrap();
+    let emptied = wait_until(|| claims() == 0);
+    let left = claims();
+    let (_, stderr) = observer.stop();
+    assert!(filled, "{held} of {TABLE} calls in flight held");
+    said.expect("capture_degraded table_full");
+    assert!(emptied, "{left} claims outlived the killed process");
+    let failures = stopped_line(&stderr)["kernel"]["map_insert_failures"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        failures >= (READERS - TABLE) as u64,
+        "{failures} inserts failed"
+    );
+}
+
+const BLOCKED_READERS_PORT: &str = "OBSERVER_TEST_BLOCKED_READERS_PORT";
+const BLOCKED_READERS: &str = "OBSERVER_TEST_BLOCKED_READERS";
+
+/// Not a test of its own: the process the test above starts (this binary again, with
+/// `BLOCKED_READERS_PORT` set) to hold threads blocked in reads on one watched connection
+/// until it is killed.
+#[test]
+#[ignore = "a helper process of calls_in_flight_past_the_table_are_counted_and_none_outlive_a_killed_process"]
+fn blocked_readers_process() {
+    let (Ok(port), Ok(readers)) = (
+        std::env::var(BLOCKED_READERS_PORT),
+        std::env::var(BLOCKED_READERS),
+    ) else {
+        return;
+    };
+    let port: u16 = port.parse().unwrap();
+    let readers: usize = readers.parse().unwrap();
+    // One descriptor, the watched one, shared by every reader (a clone would be a new,
+    // unwatched descriptor).
+    let stream = std::sync::Arc::new(TcpStream::connect(("127.0.0.1", port)).unwrap());
+    for _ in 0..readers {
+        let stream = stream.clone();
+        thread::spawn(move || {
+            let mut byte = [0u8; 1];
+            let _ = (&*stream).read(&mut byte);
+        });
+    }
+    loop {
+        thread::park();
+    }
+}
+
+/// The running observer's `IN_FLIGHT` table (the only one of that size loaded), to count its
+/// claims.
+fn observer_in_flight_table(
+    max_entries: u32,
+) -> aya::maps::HashMap<aya::maps::MapData, u64, [u8; IN_FLIGHT_VALUE_SIZE]> {
+    let info = aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .filter(|info| info.name_as_str() == Some("IN_FLIGHT") && info.max_entries() == max_entries)
+        .max_by_key(aya::maps::MapInfo::id)
+        .expect("the observer's IN_FLIGHT map is loaded");
+    assert_eq!(
+        info.value_size() as usize,
+        IN_FLIGHT_VALUE_SIZE,
+        "the programs' IoCall changed size"
+    );
+    let data = aya::maps::MapData::from_id(info.id()).expect("open IN_FLIGHT by id");
+    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).expect("IN_FLIGHT is a hash map")
+}
+
+/// Bytes of the programs' `IoCall` (observer-ebpf/src/maps.rs), a kernel-only value: the test
+/// counts keys and never reads one.
+const IN_FLIGHT_VALUE_SIZE: usize = 24;
+
+/// Polls `condition` every 10 ms for up to `WAIT`; whether it became true.
+fn wait_until(mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    condition()
+}
+
 /// The running observer's `SOCKETS` table (the only one of that size loaded), to stuff it.
 fn observer_sockets_table(
     max_entries: u32,

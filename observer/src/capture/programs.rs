@@ -11,20 +11,11 @@ use tokio::io::unix::AsyncFd;
 use super::kernel::CaptureError;
 
 /// Which program serves which tracepoints. One program may serve several syscalls whose
-/// arguments share a layout (write and sendto both start with fd, buf, len).
+/// arguments share a layout (write and sendto both start with fd, buf, len). Attached in this
+/// order, each syscall's exit before its entry: an entry's claim (`PENDING_CONNECTS`,
+/// `IN_FLIGHT`) is removed by its exit, and a claim made while the exit was not yet attached
+/// would stay in `IN_FLIGHT`, which is not LRU.
 pub(super) const ATTACHMENTS: &[(&str, &str, &str)] = &[
-    ("sys_enter_connect", "syscalls", "sys_enter_connect"),
-    ("sys_exit_connect", "syscalls", "sys_exit_connect"),
-    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
-    ("sys_enter_close", "syscalls", "sys_enter_close"),
-    ("sys_enter_send_buffer", "syscalls", "sys_enter_write"),
-    ("sys_enter_send_buffer", "syscalls", "sys_enter_sendto"),
-    ("sys_enter_recv_buffer", "syscalls", "sys_enter_read"),
-    ("sys_enter_recv_buffer", "syscalls", "sys_enter_recvfrom"),
-    ("sys_enter_send_iovec", "syscalls", "sys_enter_writev"),
-    ("sys_enter_recv_iovec", "syscalls", "sys_enter_readv"),
-    ("sys_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
-    ("sys_enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
     ("sys_exit_io", "syscalls", "sys_exit_write"),
     ("sys_exit_io", "syscalls", "sys_exit_sendto"),
     ("sys_exit_io", "syscalls", "sys_exit_read"),
@@ -33,6 +24,18 @@ pub(super) const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("sys_exit_io", "syscalls", "sys_exit_readv"),
     ("sys_exit_io", "syscalls", "sys_exit_sendmsg"),
     ("sys_exit_io", "syscalls", "sys_exit_recvmsg"),
+    ("sys_enter_send_buffer", "syscalls", "sys_enter_write"),
+    ("sys_enter_send_buffer", "syscalls", "sys_enter_sendto"),
+    ("sys_enter_recv_buffer", "syscalls", "sys_enter_read"),
+    ("sys_enter_recv_buffer", "syscalls", "sys_enter_recvfrom"),
+    ("sys_enter_send_iovec", "syscalls", "sys_enter_writev"),
+    ("sys_enter_recv_iovec", "syscalls", "sys_enter_readv"),
+    ("sys_enter_sendmsg", "syscalls", "sys_enter_sendmsg"),
+    ("sys_enter_recvmsg", "syscalls", "sys_enter_recvmsg"),
+    ("sys_enter_close", "syscalls", "sys_enter_close"),
+    ("inet_sock_set_state", "sock", "inet_sock_set_state"),
+    ("sys_exit_connect", "syscalls", "sys_exit_connect"),
+    ("sys_enter_connect", "syscalls", "sys_enter_connect"),
 ];
 
 /// The exit program of `ATTACHMENTS` stands for one of two, chosen at load (`CopyWalk`).
