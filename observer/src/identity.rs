@@ -390,7 +390,7 @@ impl PodDirectory {
 
     /// Puts the pod next to every gateway IP and process of `alert` that it can name.
     pub fn enrich(&mut self, alert: &mut Alert) {
-        match &mut alert.body {
+        match alert.body_mut() {
             AlertBody::RouteMismatch {
                 placed_on,
                 pushed_to,

@@ -360,7 +360,7 @@ async fn pod_names_follow_the_watch_and_reach_the_alerts() {
 
     // Without a pod for them, IPs and processes print as before: no `pod` key.
     let mut unknown = route_mismatch(1, 2);
-    if let AlertBody::RouteMismatch { pushed_to, .. } = &mut unknown.body {
+    if let AlertBody::RouteMismatch { pushed_to, .. } = unknown.body_mut() {
         pushed_to.gateway.gateway.ip = ip("10.9.9.9");
     }
     directory.enrich(&mut unknown);

@@ -49,7 +49,7 @@ fn mismatches(alerts: &[Alert]) -> BTreeMap<MismatchKey, Vec<&Alert>> {
             pushed_to,
             count: 1,
             ..
-        } = &alert.body
+        } = &*alert.body
         {
             let placed = placed_on
                 .iter()
@@ -144,7 +144,7 @@ async fn a_placement_on_one_node_and_a_push_on_another_make_one_mismatch() {
         .filter(|alert| alert.kind() == "ring_divergence")
         .collect();
     assert_eq!(divergences.len(), 1, "one ring_divergence cluster-wide");
-    let AlertBody::RingDivergence { difference, .. } = &divergences[0].body else {
+    let AlertBody::RingDivergence { difference, .. } = &*divergences[0].body else {
         unreachable!()
     };
     assert_eq!(difference, "push members carry ':88', proxy members do not");
@@ -252,7 +252,7 @@ async fn losing_redis_is_said_and_local_detection_continues() {
         node.link.tick(node.now_ns, &mut alerts);
         node.printed.append(&mut alerts);
         if let Some(AlertBody::CaptureDegraded { state, .. }) =
-            node.printed.last().map(|alert| &alert.body)
+            node.printed.last().map(|alert| &*alert.body)
             && *state == DegradedState::Recovered
         {
             break;

@@ -56,15 +56,10 @@ impl<K: Clone + Eq + Hash + Ord> FoldWindows<K> {
         self.folds.len()
     }
 
-    /// Counts a repeat of `key` inside its open window and lets `merge` fold the repeat's
-    /// details into the window's summary; false when `key` has no open window, and the caller
-    /// emits a first alert with `first`.
-    pub fn repeat<Q: Hash + Equivalent<K> + ?Sized>(
-        &mut self,
-        key: &Q,
-        ts_ns: u64,
-        merge: impl FnOnce(&mut AlertBody),
-    ) -> bool {
+    /// Counts a repeat of `key` inside its open window; false when `key` has no open window,
+    /// and the caller emits a first alert with `first`. A repeat whose details belong in the
+    /// summary adds them through `summary_mut`.
+    pub fn repeat<Q: Hash + Equivalent<K> + ?Sized>(&mut self, key: &Q, ts_ns: u64) -> bool {
         let Some(fold) = self.folds.get_mut(key) else {
             return false;
         };
@@ -73,13 +68,15 @@ impl<K: Clone + Eq + Hash + Ord> FoldWindows<K> {
         }
         fold.count += 1;
         fold.last_ns = ts_ns;
-        merge(&mut fold.summary.body);
         true
     }
 
     /// The summary `key`'s window will emit, for details learnt after its first alert.
-    pub fn summary_mut(&mut self, key: &K) -> Option<&mut AlertBody> {
-        self.folds.get_mut(key).map(|fold| &mut fold.summary.body)
+    pub fn summary_mut<Q: Hash + Equivalent<K> + ?Sized>(
+        &mut self,
+        key: &Q,
+    ) -> Option<&mut AlertBody> {
+        self.folds.get_mut(key).map(|fold| fold.summary.body_mut())
     }
 
     /// Emits the first alert of a window for `key` and opens the window.
@@ -147,7 +144,7 @@ fn emit_summary(fold: Fold, alerts: &mut Vec<Alert>) {
     let mut summary = *fold.summary;
     summary.ts_ns = fold.last_ns;
     summary.ts = rfc3339(summary.ts_ns);
-    if let Some(count) = summary.body.fold_count_mut() {
+    if let Some(count) = summary.body_mut().fold_count_mut() {
         *count = fold.count;
     }
     alerts.push(summary);

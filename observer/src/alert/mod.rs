@@ -4,6 +4,8 @@
 //! The alert is an envelope around model types (`GatewayInfo`, `ProcessInfo` add the pods
 //! `--kube` names); `fold` turns repeats of one alert into one count per window.
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 mod fold;
@@ -259,8 +261,10 @@ pub struct Alert {
     /// The same time in Unix nanoseconds, for measuring how long the alert took.
     #[serde(skip)]
     pub ts_ns: u64,
+    /// Shared, so that the copy a fold window keeps of its first alert costs a count, not a
+    /// deep clone of every string in it; `body_mut` copies it only while both are alive.
     #[serde(flatten)]
-    pub body: AlertBody,
+    pub body: Arc<AlertBody>,
     /// Cluster mode: the node whose observer printed the alert.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
@@ -272,13 +276,18 @@ impl Alert {
             schema_version: SCHEMA_VERSION,
             ts: rfc3339(ts_ns),
             ts_ns,
-            body,
+            body: Arc::new(body),
             node: None,
         }
     }
 
+    /// The body to change, copied first if a fold window still shares it.
+    pub fn body_mut(&mut self) -> &mut AlertBody {
+        Arc::make_mut(&mut self.body)
+    }
+
     pub fn kind(&self) -> &'static str {
-        match self.body {
+        match *self.body {
             AlertBody::RouteMismatch { .. } => "route_mismatch",
             AlertBody::RingDivergence { .. } => "ring_divergence",
             AlertBody::WsUpgradeOnGrpcPort { .. } => "ws_upgrade_on_grpc_port",

@@ -235,7 +235,7 @@ impl ClusterLink {
     /// claimed again).
     fn claim_key(&self, alert: &Alert) -> Option<(String, Duration, bool)> {
         let keys = self.state.keys();
-        match &alert.body {
+        match &*alert.body {
             AlertBody::RouteMismatch {
                 user,
                 placed_on,
@@ -311,7 +311,7 @@ impl ClusterLink {
         match done {
             Done::Joined { id, found } => engine.joined(id, found, &mut raised),
             Done::Claimed { key, won, alert } => {
-                let is_mismatch = matches!(alert.body, AlertBody::RouteMismatch { .. });
+                let is_mismatch = matches!(*alert.body, AlertBody::RouteMismatch { .. });
                 match won {
                     Some(false) => self.state.health().count(if is_mismatch {
                         LinkEvent::MismatchDeduplicated

@@ -377,7 +377,7 @@ mod tests {
     fn states(alerts: &[Alert]) -> Vec<(DegradedReason, DegradedState)> {
         alerts
             .iter()
-            .filter_map(|alert| match &alert.body {
+            .filter_map(|alert| match &*alert.body {
                 AlertBody::CaptureDegraded { reason, state, .. } => Some((*reason, *state)),
                 _ => None,
             })

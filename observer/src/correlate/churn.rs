@@ -194,7 +194,7 @@ mod tests {
             open_connections,
             calls_per_connection,
             ..
-        } = &alerts[0].body
+        } = &*alerts[0].body
         else {
             unreachable!()
         };

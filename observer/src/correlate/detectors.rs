@@ -692,7 +692,7 @@ mod tests {
         assert_eq!(alerts.len(), 1, "first one at once");
         table.tick(70 * SEC, &mut alerts);
         assert_eq!(alerts.len(), 2, "the window's summary");
-        let AlertBody::RouteMismatch { count, .. } = &alerts[1].body else {
+        let AlertBody::RouteMismatch { count, .. } = &*alerts[1].body else {
             panic!("{:?}", alerts[1]);
         };
         assert_eq!(*count, 10);

@@ -186,7 +186,7 @@ mod tests {
             push_members,
             sample_split_share,
             ..
-        } = &alerts[0].body
+        } = &*alerts[0].body
         else {
             unreachable!()
         };

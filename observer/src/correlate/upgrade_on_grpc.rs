@@ -50,16 +50,14 @@ impl UpgradesOnGrpc {
             port: gateway.port,
             proxy_pid: proxy.pid,
         };
-        let merged = folds.repeat(&key, ts_ns, |body| {
-            if let AlertBody::WsUpgradeOnGrpcPort { users, .. } = body
-                && let Some(user) = &user
-                && !users.contains(user)
+        if folds.repeat(&key, ts_ns) {
+            if let Some(AlertBody::WsUpgradeOnGrpcPort { users, .. }) = folds.summary_mut(&key)
+                && let Some(user) = user
+                && !users.contains(&user)
                 && users.len() < MAX_USERS_NAMED
             {
-                users.push(user.clone());
+                users.push(user);
             }
-        });
-        if merged {
             return;
         }
         let diagnosis =
@@ -132,7 +130,7 @@ mod tests {
         }
         assert_eq!(kinds(&alerts), ["ws_upgrade_on_grpc_port"]);
         table.finish(2 * SEC, &mut alerts);
-        let AlertBody::WsUpgradeOnGrpcPort { users, count, .. } = &alerts[1].body else {
+        let AlertBody::WsUpgradeOnGrpcPort { users, count, .. } = &*alerts[1].body else {
             panic!("{alerts:?}");
         };
         assert_eq!(users, &["a", "b"]);

@@ -2,7 +2,7 @@
 //! it costs OpenIM's users, the fix) and the offline tools' explanations. The texts quote
 //! facts; deciding that something happened is the detectors' and the tools' job.
 
-use std::net::IpAddr;
+use std::{fmt::Write, net::IpAddr};
 
 use serde::Serialize;
 
@@ -34,7 +34,6 @@ pub fn route_mismatch(
     answer: GatewayAnswer,
     spelling_difference: Option<&str>,
 ) -> String {
-    let placed_names: Vec<String> = placed_on.iter().map(|gateway| describe(gateway)).collect();
     let consequence = match answer {
         GatewayAnswer::NotOnlineHere => {
             "that gateway answered that the user is not online there, so the message missed real time (offline push instead)"
@@ -47,17 +46,34 @@ pub fn route_mismatch(
             "the gateway's answer was not seen; the user's connection is not on that gateway, so real-time delivery most likely failed"
         }
     };
-    let cause = match spelling_difference {
-        Some(difference) => format!(
+    // Written into one string: one alert is built per first mismatch, the engine's hottest
+    // path under a misrouting (writes to a String cannot fail).
+    let mut text = String::with_capacity(384);
+    let _ = write!(text, "user {user} holds its WebSocket on ");
+    for (index, gateway) in placed_on.iter().enumerate() {
+        if index > 0 {
+            text.push_str(" and ");
+        }
+        write_gateway(&mut text, gateway);
+    }
+    text.push_str(" but push delivered to ");
+    write_gateway(&mut text, pushed_to);
+    let _ = write!(text, ": {consequence}");
+    if let Some(difference) = spelling_difference {
+        let _ = write!(
+            text,
             "; the proxy's and push's rings spell gateways differently ({difference}), so they hash user {user} to different gateways"
-        ),
-        None => String::new(),
+        );
+    }
+    text
+}
+
+/// A gateway by its member string and IP, or its IP alone.
+fn write_gateway(text: &mut String, gateway: &Gateway) {
+    let _ = match &gateway.name {
+        Some(name) => write!(text, "{name} ({})", gateway.ip),
+        None => write!(text, "{}", gateway.ip),
     };
-    format!(
-        "user {user} holds its WebSocket on {} but push delivered to {}: {consequence}{cause}",
-        placed_names.join(" and "),
-        describe(pushed_to),
-    )
 }
 
 /// The proxy sent a WebSocket upgrade (for `user`, when it named one) to a gRPC port.
@@ -261,11 +277,4 @@ pub fn explanation(explanation: &Explanation, spellings_differ: bool) -> String 
     };
     text.push_str(&verdict);
     text
-}
-
-fn describe(gateway: &Gateway) -> String {
-    match &gateway.name {
-        Some(name) => format!("{name} ({})", gateway.ip),
-        None => gateway.ip.to_string(),
-    }
 }
