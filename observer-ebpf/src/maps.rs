@@ -1,13 +1,13 @@
-//! Every map of the programs, with the kernel-only values they hold. Every one is bounded;
-//! pending connects, which a dying thread could leave behind, live in an LRU map, the
-//! connection, descriptor and in-flight call tables in plain ones that say when they are full
-//! (`CONNECTIONS`, `SOCKETS`, `IN_FLIGHT`).
+//! Every map of the programs, with the kernel-only values they hold. Every one is bounded; the
+//! tables of connections, descriptors, connects in progress and calls in flight are plain hash
+//! maps that say when they are full (`CONNECTIONS`, `SOCKETS`, `PENDING_CONNECTS`,
+//! `IN_FLIGHT`), never LRU maps that would forget an entry silently.
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, CgroupArray, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, CgroupArray, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 pub use observer_records::{Budget, Connection, SocketKey, SocketState};
 use observer_records::{
@@ -37,8 +37,8 @@ pub static WATCHING: Array<u8> = Array::with_max_entries(WATCHING_SLOTS, 0);
 /// Calls claimed at syscall entry (`IN_FLIGHT`) and not yet finished at exit, counted per
 /// thread-id slot (`claim_slot`): the exit of every read and write nobody claimed stops at this
 /// one array read instead of an `IN_FLIGHT` lookup. Counts, not flags, so two threads sharing a
-/// slot cannot hide each other's claim; a claim whose entry the LRU map dropped stays counted
-/// and only costs its slot's threads that lookup. Bound: `CLAIM_SLOTS`.
+/// slot cannot hide each other's claim; a call whose claim `IN_FLIGHT` could not hold is not
+/// counted. Bound: `CLAIM_SLOTS`.
 #[map]
 pub static CLAIMS: Array<u64> = Array::with_max_entries(CLAIM_SLOTS, 0);
 
@@ -85,11 +85,13 @@ pub static COPY_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// `COPY_PROGRAMS` index of `copy::copy_continue`.
 pub const COPY_CONTINUE: u32 = 0;
 
-/// Threads inside `connect` to a watched port (pid_tgid → pending connect). An entry lives for
-/// one syscall; LRU so a thread killed mid-call leaks nothing. Bound: concurrent connects.
+/// Threads inside `connect` to a watched port (pid_tgid → pending connect), from syscall entry
+/// to exit. Bound: connects in progress at once, sized as the connection tables
+/// (`--max-watched-connections`). Not LRU, for the reasons `IN_FLIGHT` gives: an evicted entry
+/// left its connection unwatched and nothing counted; full, an insert fails and is counted.
 #[map]
-pub static PENDING_CONNECTS: LruHashMap<u64, PendingConnect> =
-    LruHashMap::with_max_entries(4096, 0);
+pub static PENDING_CONNECTS: HashMap<u64, PendingConnect> =
+    HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
 /// Watched kernel sockets (sock address → owner and 4-tuple). Removed at TCP_CLOSE, which every
 /// TCP socket reaches. Bound: watched connections alive at once (`--max-watched-connections`,
@@ -110,8 +112,8 @@ pub static SOCKETS: HashMap<SocketKey, SocketState> =
 /// Threads inside a read or write on a watched socket (pid_tgid → the call's arguments), from
 /// syscall entry to exit. Bound: calls in flight at once, sized as the connection tables
 /// (`--max-watched-connections`). Not LRU: an LRU silently evicted the claims of threads
-/// blocked in reads once more than its size were, and their bytes went uncaptured and
-/// uncounted; full, an insert fails and is counted (`MapInsertFailures`). Nothing leaks: every
+/// blocked in reads, before it was even full, and their bytes went uncaptured and uncounted;
+/// full, an insert fails and is counted (`MapInsertFailures`). Nothing leaks: every
 /// syscall whose entry claimed a call reaches the exit tracepoint, a thread killed mid-call
 /// included (the interrupted call returns through the syscall exit work before the signal
 /// ends the thread; `kernel_capture` pins it), and the programs claim nothing before

@@ -1499,107 +1499,231 @@ fn calls_in_flight_past_the_table_are_counted_and_none_outlive_a_killed_process(
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    const TABLE: usize = 64;
-    const READERS: usize = 100;
     let port = 18931;
     let listener = listen(port);
+    blocked_threads_fill_a_table::<IN_FLIGHT_VALUE_SIZE, _>(
+        port,
+        Blocked::Read,
+        "IN_FLIGHT",
+        || {
+            let (accepted, _) = listener.accept().unwrap();
+            accepted
+        },
+    );
+}
+
+/// The same for connects in progress (`PENDING_CONNECTS`): threads blocked in `connect` to a
+/// listener whose accept queue is full (its SYNs are dropped, so each connect waits).
+#[test]
+fn connects_in_progress_past_the_table_are_counted_and_none_outlive_a_killed_process() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let port = 18941;
+    let listener = listen_with_full_queue(port);
+    blocked_threads_fill_a_table::<PENDING_CONNECTS_VALUE_SIZE, _>(
+        port,
+        Blocked::Connect,
+        "PENDING_CONNECTS",
+        || listener,
+    );
+}
+
+/// Where the helper process's threads block.
+#[derive(Clone, Copy, Debug)]
+enum Blocked {
+    /// In `read` on the one watched connection the process makes.
+    Read,
+    /// In `connect` to the watched port.
+    Connect,
+}
+
+/// Starts an observer whose kernel tables hold 64 entries, and a process (this binary again,
+/// `blocked_threads_process`) whose 100 threads block in `blocked` calls on `port`; requires
+/// `table` to fill, the calls it could not hold to be counted and said as `table_full`, and,
+/// once the process is killed inside those calls, every entry it held to be gone.
+/// `accept` takes what the server side must keep open while the threads block.
+fn blocked_threads_fill_a_table<const VALUE_SIZE: usize, T>(
+    port: u16,
+    blocked: Blocked,
+    table: &str,
+    accept: impl FnOnce() -> T,
+) {
+    const TABLE: usize = 64;
+    const THREADS: usize = 100;
     let mut observer = Observer::start(&[
         "--grpc-port",
         &port.to_string(),
         "--max-watched-connections",
         &TABLE.to_string(),
     ]);
-    let mut readers = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "blocked_readers_process",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env(BLOCKED_READERS_PORT, port.to_string())
-        .env(BLOCKED_READERS, READERS.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the blocked readers");
-    let (_accepted, _) = listener.accept().unwrap();
-    let in_flight = observer_in_flight_table(TABLE as u32);
-    let claims = || in_flight.keys().filter(Result::is_ok).count();
-    let filled = wait_until(|| claims() >= TABLE);
+    let mut process = KilledOnDrop(
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "blocked_threads_process",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(BLOCKED_CALLS, format!("{blocked:?}"))
+            .env(BLOCKED_PORT, port.to_string())
+            .env(BLOCKED_THREADS, THREADS.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the blocked threads"),
+    );
+    let _server_side = accept();
+    let entries = observer_table::<VALUE_SIZE>(table, TABLE as u32);
+    let entries = || entries.keys().filter(Result::is_ok).count();
+    let filled = wait_until(|| entries() >= TABLE);
     let said = observer
         .wait_for(|line| line["kind"] == "capture_degraded" && line["reason"] == "table_full");
-    let held = claims();
-    readers.kill().unwrap();
-    readers.wait().unwrap();
-    let emptied = wait_until(|| claims() == 0);
-    let left = claims();
+    let held = entries();
+    process.0.kill().unwrap();
+    process.0.wait().unwrap();
+    let emptied = wait_until(|| entries() == 0);
+    let left = entries();
     let (_, stderr) = observer.stop();
-    assert!(filled, "{held} of {TABLE} calls in flight held");
+    assert!(filled, "{table}: {held} of {TABLE} entries held");
     said.expect("capture_degraded table_full");
-    assert!(emptied, "{left} claims outlived the killed process");
+    assert!(
+        emptied,
+        "{table}: {left} entries outlived the killed process"
+    );
     let failures = stopped_line(&stderr)["kernel"]["map_insert_failures"]
         .as_u64()
         .unwrap();
     assert!(
-        failures >= (READERS - TABLE) as u64,
+        failures >= (THREADS - TABLE) as u64,
         "{failures} inserts failed"
     );
 }
 
-const BLOCKED_READERS_PORT: &str = "OBSERVER_TEST_BLOCKED_READERS_PORT";
-const BLOCKED_READERS: &str = "OBSERVER_TEST_BLOCKED_READERS";
+/// A helper process, killed if the test fails before it does.
+struct KilledOnDrop(Child);
 
-/// Not a test of its own: the process the test above starts (this binary again, with
-/// `BLOCKED_READERS_PORT` set) to hold threads blocked in reads on one watched connection
-/// until it is killed.
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const BLOCKED_CALLS: &str = "OBSERVER_TEST_BLOCKED_CALLS";
+const BLOCKED_PORT: &str = "OBSERVER_TEST_BLOCKED_PORT";
+const BLOCKED_THREADS: &str = "OBSERVER_TEST_BLOCKED_THREADS";
+
+/// Not a test of its own: the process `blocked_threads_fill_a_table` starts (this binary again,
+/// with `BLOCKED_CALLS` set) to hold threads blocked in reads or connects until it is killed.
 #[test]
-#[ignore = "a helper process of calls_in_flight_past_the_table_are_counted_and_none_outlive_a_killed_process"]
-fn blocked_readers_process() {
-    let (Ok(port), Ok(readers)) = (
-        std::env::var(BLOCKED_READERS_PORT),
-        std::env::var(BLOCKED_READERS),
+#[ignore = "a helper process of the tests that fill the kernel's tables with blocked threads"]
+fn blocked_threads_process() {
+    let (Ok(calls), Ok(port), Ok(threads)) = (
+        std::env::var(BLOCKED_CALLS),
+        std::env::var(BLOCKED_PORT),
+        std::env::var(BLOCKED_THREADS),
     ) else {
         return;
     };
     let port: u16 = port.parse().unwrap();
-    let readers: usize = readers.parse().unwrap();
-    // One descriptor, the watched one, shared by every reader (a clone would be a new,
-    // unwatched descriptor).
-    let stream = std::sync::Arc::new(TcpStream::connect(("127.0.0.1", port)).unwrap());
-    for _ in 0..readers {
-        let stream = stream.clone();
-        thread::spawn(move || {
-            let mut byte = [0u8; 1];
-            let _ = (&*stream).read(&mut byte);
-        });
+    let threads: usize = threads.parse().unwrap();
+    if calls == format!("{:?}", Blocked::Connect) {
+        for _ in 0..threads {
+            thread::spawn(move || TcpStream::connect(("127.0.0.1", port)));
+        }
+    } else {
+        // One descriptor, the watched one, shared by every reader (a clone would be a new,
+        // unwatched descriptor).
+        let stream = std::sync::Arc::new(TcpStream::connect(("127.0.0.1", port)).unwrap());
+        for _ in 0..threads {
+            let stream = stream.clone();
+            thread::spawn(move || {
+                let mut byte = [0u8; 1];
+                let _ = (&*stream).read(&mut byte);
+            });
+        }
     }
     loop {
         thread::park();
     }
 }
 
-/// The running observer's `IN_FLIGHT` table (the only one of that size loaded), to count its
-/// claims.
-fn observer_in_flight_table(
-    max_entries: u32,
-) -> aya::maps::HashMap<aya::maps::MapData, u64, [u8; IN_FLIGHT_VALUE_SIZE]> {
-    let info = aya::maps::loaded_maps()
-        .filter_map(Result::ok)
-        .filter(|info| info.name_as_str() == Some("IN_FLIGHT") && info.max_entries() == max_entries)
-        .max_by_key(aya::maps::MapInfo::id)
-        .expect("the observer's IN_FLIGHT map is loaded");
-    assert_eq!(
-        info.value_size() as usize,
-        IN_FLIGHT_VALUE_SIZE,
-        "the programs' IoCall changed size"
-    );
-    let data = aya::maps::MapData::from_id(info.id()).expect("open IN_FLIGHT by id");
-    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).expect("IN_FLIGHT is a hash map")
+/// A listener on `port` whose accept queue is full: backlog 0 holds the one connection made
+/// here, never accepted, so the kernel drops the SYNs of every later connect, which then waits.
+fn listen_with_full_queue(port: u16) -> (std::os::fd::OwnedFd, TcpStream) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns from creation; the address
+    // is a fully initialised sockaddr_in.
+    let listener = unsafe {
+        let fd = check(
+            // Close-on-exec, as std's sockets: the helper process must not inherit it.
+            libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) as isize,
+            "socket",
+        );
+        let listener = std::os::fd::OwnedFd::from_raw_fd(fd as i32);
+        let reuse: libc::c_int = 1;
+        check(
+            libc::setsockopt(
+                fd as i32,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEADDR,
+                (&reuse as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            ) as isize,
+            "setsockopt",
+        );
+        let address = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        check(
+            libc::bind(
+                fd as i32,
+                (&address as *const libc::sockaddr_in).cast(),
+                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ) as isize,
+            &format!("bind {port}"),
+        );
+        check(libc::listen(fd as i32, 0) as isize, "listen");
+        listener
+    };
+    let queued = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    (listener, queued)
 }
 
-/// Bytes of the programs' `IoCall` (observer-ebpf/src/maps.rs), a kernel-only value: the test
-/// counts keys and never reads one.
+/// The running observer's table `name` (the only one of that size loaded), to count its
+/// entries; `VALUE_SIZE` is its value's size, a kernel-only type the test never reads.
+fn observer_table<const VALUE_SIZE: usize>(
+    name: &str,
+    max_entries: u32,
+) -> aya::maps::HashMap<aya::maps::MapData, u64, [u8; VALUE_SIZE]> {
+    // The kernel keeps 15 bytes of a map's name (`PENDING_CONNECT`).
+    let kernel_name = &name[..name.len().min(15)];
+    let info = aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .filter(|info| info.name_as_str() == Some(kernel_name) && info.max_entries() == max_entries)
+        .max_by_key(aya::maps::MapInfo::id)
+        .unwrap_or_else(|| panic!("the observer's {name} map is loaded"));
+    assert_eq!(
+        info.value_size() as usize,
+        VALUE_SIZE,
+        "the programs' {name} value changed size"
+    );
+    let data = aya::maps::MapData::from_id(info.id())
+        .unwrap_or_else(|err| panic!("open {name} by id: {err}"));
+    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data))
+        .unwrap_or_else(|err| panic!("{name} is a hash map: {err}"))
+}
+
+/// Bytes of the programs' `IoCall` and `PendingConnect` (observer-ebpf/src/maps.rs).
 const IN_FLIGHT_VALUE_SIZE: usize = 24;
+const PENDING_CONNECTS_VALUE_SIZE: usize = 16;
 
 /// Polls `condition` every 10 ms for up to `WAIT`; whether it became true.
 fn wait_until(mut condition: impl FnMut() -> bool) -> bool {

@@ -210,6 +210,7 @@ impl KernelCapture {
             .map_max_entries("CONNECTIONS", options.max_watched_connections)
             .map_max_entries("SOCKETS", options.max_watched_connections)
             .map_max_entries("IN_FLIGHT", options.max_watched_connections)
+            .map_max_entries("PENDING_CONNECTS", options.max_watched_connections)
             .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
             .map_err(|err| programs::classify_load_error(&err))?;

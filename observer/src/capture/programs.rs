@@ -14,7 +14,7 @@ use super::kernel::CaptureError;
 /// arguments share a layout (write and sendto both start with fd, buf, len). Attached in this
 /// order, each syscall's exit before its entry: an entry's claim (`PENDING_CONNECTS`,
 /// `IN_FLIGHT`) is removed by its exit, and a claim made while the exit was not yet attached
-/// would stay in `IN_FLIGHT`, which is not LRU.
+/// would stay, since neither table is LRU.
 pub(super) const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("sys_exit_io", "syscalls", "sys_exit_write"),
     ("sys_exit_io", "syscalls", "sys_exit_sendto"),

@@ -40,11 +40,11 @@ pub struct RunArgs {
     /// do not fit are counted as dropped.
     #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
     pub ring_bytes: u32,
-    /// Watched connections (and their descriptors, and the reads and writes in flight on
-    /// them) the kernel's tables hold at once: at least the WebSockets of the busiest proxy
-    /// node (one per online user there) plus push's connections. Each costs about 450 bytes of
-    /// kernel memory, charged to the pod. A full table leaves new connections (or calls)
-    /// unwatched and says so (`capture_degraded`, `table_full`).
+    /// Watched connections (and their descriptors, and the connects, reads and writes in
+    /// progress on them) the kernel's tables hold at once: at least the WebSockets of the
+    /// busiest proxy node (one per online user there) plus push's connections. Each costs about
+    /// 540 bytes of kernel memory, charged to the pod. A full table leaves new connections (or
+    /// calls) unwatched and says so (`capture_degraded`, `table_full`).
     #[arg(long, value_name = "COUNT", default_value_t = observer_records::DEFAULT_MAX_WATCHED_CONNECTIONS, value_parser = clap::value_parser!(u32).range(64..=(1 << 22)))]
     pub max_watched_connections: u32,
     /// Print every captured record as one JSON object per line (credentials scrubbed).
