@@ -116,8 +116,10 @@ pub static SOCKETS: HashMap<SocketKey, SocketState> =
 /// full, an insert fails and is counted (`MapInsertFailures`). Nothing leaks: every
 /// syscall whose entry claimed a call reaches the exit tracepoint, a thread killed mid-call
 /// included (the interrupted call returns through the syscall exit work before the signal
-/// ends the thread; `kernel_capture` pins it), and the programs claim nothing before
-/// userspace adds descriptors to `SOCKETS`, which it does only once both are attached.
+/// ends the thread; `kernel_capture` pins it), and no entry can claim before its exit is
+/// attached: the exits are attached first, and `SOCKETS`, without which nothing is claimed,
+/// gains descriptors only from the connect programs, attached last, and from adoption after
+/// them (`programs::ATTACHMENTS`).
 #[map]
 pub static IN_FLIGHT: HashMap<u64, IoCall> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
