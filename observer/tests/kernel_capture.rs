@@ -1800,8 +1800,9 @@ fn connections_made_while_a_reconciliation_reads_the_tables_stay_watched() {
         }
     });
 
-    // Connect at a steady pace until a reconciliation has removed every orphan (one interval
-    // away, or two if one ran during the inserts), and a little longer: its reads then had
+    // Connect at a steady pace until a reconciliation has removed every orphan (the second to
+    // find them orphaned: two intervals away, or three if one ran during the inserts), and a
+    // little longer: its reads then had
     // connections made all through them. `gone(step)`: every `step`-th orphan is gone; a
     // sample is checked as it goes, all of them before stopping.
     let gone = |step: usize| {

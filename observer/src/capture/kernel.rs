@@ -169,6 +169,9 @@ pub struct KernelCapture {
     /// `CONNECTIONS` keys of the connections adopted at start and still alive, with the
     /// descriptors (`(tgid, fd)`) that held them then.
     adopted: std::collections::HashMap<u64, Vec<(u32, u32)>>,
+    /// Descriptors (`(tgid, fd)` and the connection they named) whose connection was already
+    /// gone at the last reconciliation: removed at the next one if still so (`reconcile`).
+    orphaned_descriptors: HashSet<(u32, u32, u64)>,
     clock: MonotonicToWall,
     copy_walk: CopyWalk,
     log_task: tokio::task::JoinHandle<()>,
@@ -268,6 +271,7 @@ impl KernelCapture {
             reader_awake,
             reader_stamped: false,
             adopted: std::collections::HashMap::new(),
+            orphaned_descriptors: HashSet::new(),
             clock: MonotonicToWall::now(),
             copy_walk,
             log_task,
@@ -372,7 +376,10 @@ impl KernelCapture {
     ///
     /// An adopted connection that none of its descriptors holds any more is removed (the
     /// programs only remove those they saw connecting), and so is every descriptor entry
-    /// whose connection is gone (a process that exits closes its descriptors without `close`).
+    /// whose connection has been gone for a whole interval (a process that exits closes its
+    /// descriptors without `close`). Not sooner: after a peer's reset (TCP_CLOSE removes the
+    /// connection) the process still reads what arrived before it, and closes, through that
+    /// descriptor; removed at once, a reconciliation in between lost that read, uncounted.
     pub fn reconcile(&mut self) -> HashSet<u64> {
         if !self.adopted.is_empty() {
             let gone: Vec<u64> = self
@@ -401,18 +408,27 @@ impl KernelCapture {
             .map(|(key, state)| (key, state.sock))
             .collect();
         let alive: HashSet<u64> = self.connections.keys().flatten().collect();
+        let mut orphaned = HashSet::new();
         for (key, sock) in descriptors {
+            if alive.contains(&sock) {
+                continue;
+            }
+            let descriptor = (key.tgid, key.fd, sock);
+            if !self.orphaned_descriptors.contains(&descriptor) {
+                orphaned.insert(descriptor);
+                continue;
+            }
             // Only while the descriptor still names that connection: closed and reused since
             // it was read, it belongs to a new one.
-            if !alive.contains(&sock)
-                && self
-                    .sockets
-                    .get(&key, 0)
-                    .is_ok_and(|state| state.sock == sock)
+            if self
+                .sockets
+                .get(&key, 0)
+                .is_ok_and(|state| state.sock == sock)
             {
                 let _ = self.sockets.remove(&key);
             }
         }
+        self.orphaned_descriptors = orphaned;
         alive
     }
 
