@@ -13,8 +13,9 @@ use observer_records::{AF_INET, AF_INET6, RecordKind, TcpState};
 
 use crate::{
     maps::{
-        Budget, CONNECTIONS, Connection, PENDING_CONNECTS, PendingConnect, SOCKETS, SocketKey,
-        SocketState, WATCHED_PORTS, insert_or_count, mark_watching, may_be_watching,
+        Budget, CONNECTIONS, Connection, PACKET_STREAMS, PENDING_CONNECTS, PacketStream,
+        PendingConnect, SOCKETS, SocketKey, SocketState, WATCHED_PORTS, insert_or_count,
+        mark_watching, may_be_watching, packet_hook,
     },
     ring::{header_for, output_header, stamp_current},
     scope::current_task_in_scope,
@@ -149,31 +150,45 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i64> {
     output_header(&header);
     if new_state == TcpState::Close as u32 {
         let _ = CONNECTIONS.remove(sock);
+        let _ = PACKET_STREAMS.remove(sock);
     }
     Ok(())
 }
 
+/// A connection's `PACKET_STREAMS` entry at SYN_SENT: neither SYN seen yet.
+static NEW_PACKET_STREAM: PacketStream = PacketStream::NEW;
+
 /// SYN_SENT fires inside `connect`: the connecting thread is current, and if it is connecting
-/// to a watched port, its pending connect is waiting for this socket.
+/// to a watched port, its pending connect is waiting for this socket (with the packet hook,
+/// nothing waits: the port and the scope decide here).
 fn on_syn_sent(ctx: &TracePointContext, sock: u64) -> Result<(), i64> {
     let dport: u16 = unsafe { ctx.read_at(SOCK_DPORT) }.map_err(i64::from)?;
-    if unsafe { WATCHED_PORTS.get(dport) }.is_none() {
-        return Ok(());
-    }
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let Some(pending) = PENDING_CONNECTS.get_ptr_mut(pid_tgid) else {
+    let Some(class) = (unsafe { WATCHED_PORTS.get(dport) }).copied() else {
         return Ok(());
     };
-    // SAFETY: live map value owned by the current thread's connect.
-    let pending = unsafe { &mut *pending };
-    pending.sock = sock;
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let packet_hook = packet_hook();
+    let port_class = if packet_hook {
+        if !current_task_in_scope() {
+            return Ok(());
+        }
+        class
+    } else {
+        let Some(pending) = PENDING_CONNECTS.get_ptr_mut(pid_tgid) else {
+            return Ok(());
+        };
+        // SAFETY: live map value owned by the current thread's connect.
+        let pending = unsafe { &mut *pending };
+        pending.sock = sock;
+        pending.port_class
+    };
     let mut conn = Connection {
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         tgid: (pid_tgid >> 32) as u32,
         sport: 0,
         dport,
         family: 0,
-        port_class: pending.port_class,
+        port_class,
         _reserved: [0; 5],
         saddr: [0; 16],
         daddr: [0; 16],
@@ -190,6 +205,20 @@ fn on_syn_sent(ctx: &TracePointContext, sock: u64) -> Result<(), i64> {
     )]
     let inserted = CONNECTIONS.insert(&sock, &conn, 0);
     insert_or_count(inserted)?;
+    if packet_hook {
+        // Before the SYN leaves: `connect` sends it after this state change. From read-only
+        // data, not the stack: 64 more bytes here and Linux 6.1 refused the program ("combined
+        // stack size of 3 calls is 544. Too large").
+        #[expect(
+            clippy::needless_borrows_for_generic_args,
+            reason = "BPF stack size on Linux 6.1"
+        )]
+        let inserted = PACKET_STREAMS.insert(&sock, &NEW_PACKET_STREAM, 0);
+        if insert_or_count(inserted).is_err() {
+            let _ = CONNECTIONS.remove(sock);
+            return Ok(());
+        }
+    }
     output_header(&header);
     Ok(())
 }

@@ -258,7 +258,7 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// per second (`refill` at most `MAX_GRPC_BUDGET_REFILL`, 2^30, so products stay below 2^64).
 /// The bucket only ever cuts the tail of a call: once it refills, capture resumes at the start
 /// of a later call, which is where the gap in offsets shows.
-fn draw(budget: &mut Budget, burst: u64, refill: u64, now_ns: u64, wanted: u64) -> u64 {
+pub fn draw(budget: &mut Budget, burst: u64, refill: u64, now_ns: u64, wanted: u64) -> u64 {
     let elapsed = now_ns.saturating_sub(budget.settled_ns);
     let regained = if elapsed < 1 << 33 {
         // Below 2^33 ns × 2^30 bytes/s.

@@ -16,6 +16,10 @@
 //!    are captured (`io`, `copy`) under the port class's policy. A connect to a watched port over UDP never reaches step 2 and is
 //!    dropped.
 //!
+//! With `--capture-hook packets` (`packet`), no syscall is hooked: SYN_SENT alone makes the
+//! connection watched (the connecting thread is current there too, and the port is the one
+//! the socket connects to), and `cgroup_skb` programs copy its segments' bytes.
+//!
 //! With `--cgroup-scope`, step 1 and every read or write also require the current task to be
 //! inside one of the scope's cgroup v2 directories (`scope`): the kernel ignores the rest.
 //!
@@ -38,6 +42,8 @@ mod copy;
 mod io;
 #[cfg(target_arch = "bpf")]
 mod maps;
+#[cfg(target_arch = "bpf")]
+mod packet;
 #[cfg(target_arch = "bpf")]
 mod ring;
 #[cfg(target_arch = "bpf")]

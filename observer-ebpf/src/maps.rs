@@ -11,8 +11,9 @@ use aya_ebpf::{
 };
 pub use observer_records::{Budget, Connection, SocketKey, SocketState};
 use observer_records::{
-    CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, Counter, DEFAULT_MAX_WATCHED_CONNECTIONS, DataRecord,
-    Direction, MAX_CGROUP_SCOPES, MAX_WATCHED_PORTS, WATCHING_SLOTS, watching_slot,
+    CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, CaptureHook, Counter,
+    DEFAULT_MAX_WATCHED_CONNECTIONS, DataRecord, Direction, MAX_CGROUP_SCOPES, MAX_WATCHED_PORTS,
+    WATCHING_SLOTS, watching_slot,
 };
 
 use crate::copy::CopyState;
@@ -124,7 +125,85 @@ pub static SOCKETS: HashMap<SocketKey, SocketState> =
 pub static IN_FLIGHT: HashMap<u64, IoCall> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
+/// Packet hook: the sequence-number state of each watched connection's two directions
+/// (sock address → stream), added at SYN_SENT and removed at TCP_CLOSE as `CONNECTIONS`, in
+/// `CaptureHook::Packets` only. Bound and fullness as `CONNECTIONS`.
+#[map]
+pub static PACKET_STREAMS: HashMap<u64, PacketStream> =
+    HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
+
+/// Per-CPU progress of a packet's copy (`packet::copy_payload`). One entry per CPU.
+#[map]
+pub static PACKET_COPY: PerCpuArray<PacketCopy> = PerCpuArray::with_max_entries(1, 0);
+
 // Kernel-only values (never read by userspace, so not in `observer-records`).
+
+/// Where a packet's copy stands: its next payload byte in the packet, the bytes left to copy,
+/// and the stream offset of that byte.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PacketCopy {
+    pub position: u32,
+    pub left: u32,
+    pub offset: u64,
+}
+
+impl PacketCopy {
+    pub fn load(&self) -> Self {
+        // SAFETY: `self` is a valid, aligned map value. Volatile: see `packet::copy_payload`.
+        unsafe { core::ptr::read_volatile(self) }
+    }
+
+    pub fn store(&mut self, value: Self) {
+        // SAFETY: as in `load`.
+        unsafe { core::ptr::write_volatile(self, value) }
+    }
+}
+
+/// Where one direction of a watched connection stands (`packet`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PacketDirection {
+    /// Sequence number of the direction's first payload byte (its SYN's plus one).
+    pub first_seq: u32,
+    /// `STREAM_SEQ_KNOWN`, `STREAM_HEAD_TAKEN`.
+    pub flags: u32,
+    /// Stream offset up to which every byte has been seen.
+    pub next: u64,
+    /// gRPC budget (see `io::draw`).
+    pub budget: Budget,
+}
+
+/// `PacketDirection::flags`: the direction's SYN was seen, so its bytes can be placed.
+pub const STREAM_SEQ_KNOWN: u32 = 1;
+/// `PacketDirection::flags`: a WebSocket direction's first write (its upgrade request or
+/// answer) has been copied; nothing after it is.
+pub const STREAM_HEAD_TAKEN: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PacketStream {
+    pub send: PacketDirection,
+    pub recv: PacketDirection,
+}
+
+impl PacketStream {
+    const NEW_DIRECTION: PacketDirection = PacketDirection {
+        first_seq: 0,
+        flags: 0,
+        next: 0,
+        budget: Budget {
+            spent: 0,
+            settled_ns: 0,
+        },
+    };
+
+    /// A connection whose SYNs have not been seen yet.
+    pub const NEW: Self = Self {
+        send: Self::NEW_DIRECTION,
+        recv: Self::NEW_DIRECTION,
+    };
+}
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -160,6 +239,13 @@ pub struct IoCall {
     pub direction: Direction,
     pub layout: u8,
     pub _reserved: [u8; 2],
+}
+
+/// Whether userspace attached the packet programs rather than the syscall ones.
+pub fn packet_hook() -> bool {
+    CONFIG
+        .get(0)
+        .is_some_and(|config| config.capture_hook == CaptureHook::Packets as u32)
 }
 
 /// An insert's result, its failure counted (`MapInsertFailures`): a full table, never silent.

@@ -21,6 +21,7 @@ use std::{
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use observer_records::{SocketKey, SocketState};
+use openim_test_kit::cgroup2::Cgroup2Mount;
 use serde_json::Value;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -447,10 +448,39 @@ fn a_websocket_port_captures_only_the_upgrade_and_its_answer_without_the_token()
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let port = 18841;
+    only_the_upgrade_and_its_answer_are_captured(18841, &[]);
+}
+
+#[test]
+fn the_packet_hook_captures_only_the_upgrade_and_its_answer_without_the_token() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let cgroups = Cgroup2Mount::mount();
+    only_the_upgrade_and_its_answer_are_captured(18843, &packet_hook_args(&cgroups));
+}
+
+/// `--capture-hook packets` at the root of `cgroups`.
+fn packet_hook_args(cgroups: &Cgroup2Mount) -> [String; 4] {
+    [
+        "--capture-hook".to_owned(),
+        "packets".to_owned(),
+        "--cgroup-root".to_owned(),
+        cgroups.root().display().to_string(),
+    ]
+}
+
+/// A WebSocket upgrade with a token, its answer, and three chat frames each way on `port`:
+/// the observer, started with `hook_args`, captures the upgrade (token masked) and its answer,
+/// and no chat.
+fn only_the_upgrade_and_its_answer_are_captured(port: u16, hook_args: &[String]) {
     let secret = "eyJhbGciOiJIUzI1NiJ9.c2VjcmV0LWNhbmFyeQ.Zm9vYmFy";
     let listener = listen(port);
-    let mut observer = Observer::start(&["--grpc-port", "18842", "--ws-port", &port.to_string()]);
+    let port_arg = port.to_string();
+    let mut args = vec!["--grpc-port", "18842", "--ws-port", &port_arg];
+    args.extend(hook_args.iter().map(String::as_str));
+    let mut observer = Observer::start(&args);
     let request = format!(
         "GET /?sendID=3355700821&token={secret}&platformID=2 HTTP/1.1\r\nHost: gw-0:80\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
     );
@@ -479,11 +509,7 @@ fn a_websocket_port_captures_only_the_upgrade_and_its_answer_without_the_token()
     server.join().unwrap();
     drop(client);
 
-    assert!(
-        observer
-            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
-            .is_some()
-    );
+    assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
     let (lines, stderr) = observer.stop();
     let ours = events_on_port(&lines, port);
     let sent = captured_stream(&ours, "send");
@@ -493,6 +519,101 @@ fn a_websocket_port_captures_only_the_upgrade_and_its_answer_without_the_token()
     let everything = format!("{lines:?}{stderr}");
     assert!(!everything.contains("private chat"), "chat frames captured");
     assert!(!everything.contains("c2VjcmV0LWNhbmFyeQ"), "token leaked");
+}
+
+/// The last record of a watched connection to `port`: its descriptor's close (syscall hook), or
+/// its socket's TCP_CLOSE (either hook; the only one with the packet hook).
+fn is_end_of(line: &Value, port: u16) -> bool {
+    line["dport"] == port
+        && (line["kind"] == "close"
+            || (line["kind"] == "tcp_state" && line["new_state"] == "CLOSE"))
+}
+
+#[test]
+fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let cgroups = Cgroup2Mount::mount();
+    let port = 18845;
+    let listener = listen(port);
+    let port_arg = port.to_string();
+    let mut args = vec!["--grpc-port", &port_arg, "--grpc-budget", "4194304"];
+    let hook_args = packet_hook_args(&cgroups);
+    args.extend(hook_args.iter().map(String::as_str));
+    let mut observer = Observer::start(&args);
+    let started = observer
+        .wait_for(|line| line["kind"] == "observer_started")
+        .unwrap();
+    assert_eq!(started["capture_hook"], "packets", "{started}");
+    assert_eq!(started["copy_walk"], Value::Null, "{started}");
+
+    // Several 64 KiB packets each way (loopback's segments), so records split and follow on.
+    let request = pattern(1, 300 * 1024);
+    let response = pattern(2, 200 * 1024);
+    let (expected_request, answer) = (request.clone(), response.clone());
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut received = vec![0u8; expected_request.len()];
+        socket.read_exact(&mut received).unwrap();
+        socket.write_all(&answer).unwrap();
+        let mut rest = Vec::new();
+        socket.read_to_end(&mut rest).unwrap();
+        received == expected_request
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.write_all(&request).unwrap();
+    let mut received = vec![0u8; response.len()];
+    client.read_exact(&mut received).unwrap();
+    assert_eq!(received, response);
+    drop(client);
+    assert!(server.join().unwrap(), "the server read what was sent");
+
+    assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
+    let (lines, stderr) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    assert!(
+        captured_stream(&ours, "send") == request,
+        "sent bytes differ"
+    );
+    assert!(
+        captured_stream(&ours, "recv") == response,
+        "received bytes differ"
+    );
+    // Records name the process that connected, though no syscall of it was seen.
+    let pid = u64::from(std::process::id());
+    assert!(
+        ours.iter()
+            .filter(|line| line["kind"] == "data")
+            .all(|line| line["pid"] == pid),
+        "records of another process"
+    );
+    assert!(!ours.iter().any(|line| line["kind"] == "close"));
+    let kernel = &stopped_line(&stderr)["kernel"];
+    assert_eq!(kernel["bytes_not_captured"], 0, "{kernel}");
+    assert_eq!(kernel["map_insert_failures"], 0, "{kernel}");
+}
+
+#[test]
+fn the_packet_hook_needs_a_cgroup2_root_and_says_so_in_one_line() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let not_cgroup2 = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["run", "--capture-hook", "packets", "--cgroup-root"])
+        .arg(not_cgroup2.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("observer: --cgroup-root ") && stderr.contains("not a cgroup v2"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -569,21 +690,35 @@ fn ipv6_connections_are_watched_too() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let port = 18871;
+    an_ipv6_connection_is_watched(18871, &[]);
+}
+
+#[test]
+fn the_packet_hook_reads_ipv6_packets_too() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let cgroups = Cgroup2Mount::mount();
+    an_ipv6_connection_is_watched(18873, &packet_hook_args(&cgroups));
+}
+
+fn an_ipv6_connection_is_watched(port: u16, hook_args: &[String]) {
     let listener = TcpListener::bind(("::1", port)).expect("bind [::1]");
-    let mut observer = Observer::start(&["--grpc-port", &port.to_string()]);
+    let port_arg = port.to_string();
+    let mut args = vec!["--grpc-port", &port_arg];
+    args.extend(hook_args.iter().map(String::as_str));
+    let mut observer = Observer::start(&args);
     let mut client = TcpStream::connect(("::1", port)).unwrap();
     let local_port = client.local_addr().unwrap().port();
     let (mut server_side, _) = listener.accept().unwrap();
     client.write_all(b"over v6").unwrap();
     let mut buffer = [0u8; 7];
     server_side.read_exact(&mut buffer).unwrap();
+    server_side.write_all(b"back").unwrap();
+    client.read_exact(&mut buffer[..4]).unwrap();
     drop(client);
-    assert!(
-        observer
-            .wait_for(|line| line["kind"] == "close" && line["dport"] == port)
-            .is_some()
-    );
+    assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
     let (lines, _) = observer.stop();
     let ours = events_on_port(&lines, port);
     let established = ours
@@ -593,6 +728,7 @@ fn ipv6_connections_are_watched_too() {
     assert_eq!(established["daddr"], "::1");
     assert_eq!(established["sport"], local_port);
     assert_eq!(captured_stream(&ours, "send"), b"over v6");
+    assert_eq!(captured_stream(&ours, "recv"), b"back");
 }
 
 #[test]
@@ -1070,69 +1206,6 @@ fn the_grpc_budget_refills_so_a_long_lived_connection_stays_watched() {
     );
 }
 
-/// A cgroup v2 hierarchy mounted at a temporary directory (this host's services may live in
-/// cgroup v1 only), with sub-directories made on demand. Dropping it moves any process left in
-/// them back to the root, removes them and unmounts.
-struct Cgroup2Mount {
-    mount: tempfile::TempDir,
-    children: Vec<std::path::PathBuf>,
-}
-
-impl Cgroup2Mount {
-    fn new() -> Self {
-        let mount = tempfile::tempdir().expect("temp dir");
-        let target = std::ffi::CString::new(mount.path().as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: mount(2) with valid C strings and no data.
-        let ret = unsafe {
-            libc::mount(
-                c"none".as_ptr(),
-                target.as_ptr(),
-                c"cgroup2".as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(ret, 0, "mount cgroup2: {}", std::io::Error::last_os_error());
-        Self {
-            mount,
-            children: Vec::new(),
-        }
-    }
-
-    fn child(&mut self, name: &str) -> std::path::PathBuf {
-        let path = self
-            .mount
-            .path()
-            .join(format!("observer-test-{}-{name}", std::process::id()));
-        std::fs::create_dir(&path).expect("make cgroup");
-        self.children.push(path.clone());
-        path
-    }
-
-    fn move_to_root(&self, pid: u32) {
-        std::fs::write(self.mount.path().join("cgroup.procs"), pid.to_string())
-            .expect("move to the root cgroup");
-    }
-}
-
-impl Drop for Cgroup2Mount {
-    fn drop(&mut self) {
-        for child in std::mem::take(&mut self.children).into_iter().rev() {
-            if let Ok(procs) = std::fs::read_to_string(child.join("cgroup.procs")) {
-                for pid in procs.lines().filter_map(|pid| pid.parse().ok()) {
-                    self.move_to_root(pid);
-                }
-            }
-            let _ = std::fs::remove_dir(&child);
-        }
-        let target = std::ffi::CString::new(self.mount.path().as_os_str().as_encoded_bytes());
-        if let Ok(target) = target {
-            // SAFETY: umount2(2) on the directory we mounted.
-            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-        }
-    }
-}
-
 /// A forked copy of this test that joins `cgroup`, connects to 127.0.0.1:`port`, writes
 /// `before`, waits for a byte from the test, writes `after` and exits: plain syscalls on one
 /// descriptor, the way a pod's process talks.
@@ -1238,7 +1311,7 @@ fn a_cgroup_scope_watches_only_the_processes_inside_it() {
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let port = 18871;
     let listener = listen(port);
-    let mut cgroups = Cgroup2Mount::new();
+    let mut cgroups = Cgroup2Mount::mount();
     let inside = cgroups.child("inside");
     let server = thread::spawn(move || {
         // The outside connection, then the inside one: each read to its end.

@@ -81,29 +81,80 @@ pub struct BenchConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Watcher {
     Nothing,
+    /// The observer as shipped: the syscall hook.
     Observer,
+    /// The observer with `--capture-hook packets`.
+    PacketHook,
     Bpftrace,
 }
 
 impl Watcher {
-    const ALL: [Self; 3] = [Self::Nothing, Self::Observer, Self::Bpftrace];
+    const ALL: [Self; 4] = [
+        Self::Nothing,
+        Self::Observer,
+        Self::PacketHook,
+        Self::Bpftrace,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Self::Nothing => "no observer",
             Self::Observer => "observer",
+            Self::PacketHook => "observer, packet hook",
             Self::Bpftrace => "bpftrace",
         }
     }
+}
 
-    /// Round `round` runs the watchers in a rotated order, so none always goes first; without
-    /// bpftrace its segment is skipped.
-    fn order(round: usize, bpftrace: Option<&Path>) -> impl Iterator<Item = Self> {
-        let with_bpftrace = bpftrace.is_some();
-        (0..Self::ALL.len())
-            .map(move |step| Self::ALL[(round + step) % Self::ALL.len()])
-            .filter(move |watcher| with_bpftrace || *watcher != Self::Bpftrace)
+/// What the watchers other than the observer need from this machine.
+#[derive(Clone, Debug)]
+struct Tools {
+    bpftrace: Option<PathBuf>,
+    /// A mounted cgroup v2 hierarchy, for `Watcher::PacketHook`'s `--cgroup-root`.
+    cgroup2_root: Option<PathBuf>,
+}
+
+impl Tools {
+    fn find() -> Self {
+        let tools = Self {
+            bpftrace: find_in_path("bpftrace"),
+            cgroup2_root: mounted_cgroup2(),
+        };
+        if tools.bpftrace.is_none() {
+            eprintln!(
+                "bench: bpftrace not found (`apt-get install -y bpftrace`): its segments are skipped"
+            );
+        }
+        if tools.cgroup2_root.is_none() {
+            eprintln!(
+                "bench: no cgroup v2 hierarchy mounted (`mount -t cgroup2 none DIR`): the packet hook's segments are skipped"
+            );
+        }
+        tools
     }
+
+    /// Round `round` runs the watchers in a rotated order, so none always goes first; a
+    /// watcher whose tool is missing is skipped.
+    fn order(&self, round: usize) -> impl Iterator<Item = Watcher> + '_ {
+        (0..Watcher::ALL.len())
+            .map(move |step| Watcher::ALL[(round + step) % Watcher::ALL.len()])
+            .filter(|watcher| match watcher {
+                Watcher::Bpftrace => self.bpftrace.is_some(),
+                Watcher::PacketHook => self.cgroup2_root.is_some(),
+                Watcher::Nothing | Watcher::Observer => true,
+            })
+    }
+}
+
+/// Where a cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a
+/// hybrid host), from `/proc/self/mounts`.
+fn mounted_cgroup2() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (_source, target, fstype) = (fields.next()?, fields.next()?, fields.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(target))
+    })
 }
 
 /// Runs both benchmarks and returns the report to print.
@@ -122,15 +173,10 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
     if config.latency_only {
         return crate::alert_latency::measure(&config.observer, config.replicas).await;
     }
-    let bpftrace = find_in_path("bpftrace");
-    if bpftrace.is_none() {
-        eprintln!(
-            "bench: bpftrace not found (`apt-get install -y bpftrace`): its segments are skipped"
-        );
-    }
+    let tools = Tools::find();
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let floods = measure_pushes(&config, bpftrace.as_deref()).await?;
-    let syscalls = measure_syscalls(&config, bpftrace.as_deref()).await?;
+    let floods = measure_pushes(&config, &tools).await?;
+    let syscalls = measure_syscalls(&config, &tools).await?;
     let latency = crate::alert_latency::measure(&config.observer, config.replicas).await?;
     let memory = crate::memory_load::measure(&config.observer).await?;
     Ok(render(&config, load_before.trim(), &floods, &syscalls) + &latency + &memory)
@@ -174,15 +220,24 @@ impl WatcherProcess {
     fn start(
         watcher: Watcher,
         observer: &Path,
-        bpftrace: Option<&Path>,
+        tools: &Tools,
         ports: &[u16],
         grpc_budget: Option<u32>,
     ) -> anyhow::Result<Option<Self>> {
         let (mut command, ready_marker) = match watcher {
             Watcher::Nothing => return Ok(None),
-            Watcher::Observer => {
+            Watcher::Observer | Watcher::PacketHook => {
                 let mut command = Command::new(observer);
                 command.arg("run");
+                if watcher == Watcher::PacketHook {
+                    let root = tools
+                        .cgroup2_root
+                        .as_ref()
+                        .context("no cgroup v2 hierarchy")?;
+                    command
+                        .args(["--capture-hook", "packets", "--cgroup-root"])
+                        .arg(root);
+                }
                 let (grpc, websocket) = ports.split_first().context("no port to watch")?;
                 command.arg("--grpc-port").arg(grpc.to_string());
                 for port in websocket {
@@ -194,7 +249,8 @@ impl WatcherProcess {
                 (command, OBSERVER_READY)
             }
             Watcher::Bpftrace => {
-                let mut command = Command::new(bpftrace.context("bpftrace not installed")?);
+                let bpftrace = tools.bpftrace.as_ref().context("bpftrace not installed")?;
+                let mut command = Command::new(bpftrace);
                 command.arg("-e").arg(bpftrace_script(ports));
                 (command, BPFTRACE_READY)
             }
@@ -375,14 +431,14 @@ impl Drop for WatcherProcess {
 async fn start_watcher(
     watcher: Watcher,
     config: &BenchConfig,
-    bpftrace: Option<&Path>,
+    tools: &Tools,
     ports: Vec<u16>,
     grpc_budget: Option<u32>,
 ) -> anyhow::Result<Option<WatcherProcess>> {
     let observer = config.observer.clone();
-    let bpftrace = bpftrace.map(Path::to_path_buf);
+    let tools = tools.clone();
     tokio::task::spawn_blocking(move || {
-        WatcherProcess::start(watcher, &observer, bpftrace.as_deref(), &ports, grpc_budget)
+        WatcherProcess::start(watcher, &observer, &tools, &ports, grpc_budget)
     })
     .await
     .context("watcher start task")?
@@ -572,7 +628,7 @@ async fn wait_until_quiet_async() -> anyhow::Result<Quiet> {
 
 async fn measure_pushes(
     config: &BenchConfig,
-    bpftrace: Option<&Path>,
+    tools: &Tools,
 ) -> anyhow::Result<BTreeMap<Watcher, Vec<FloodRound>>> {
     let mut lab = Lab::start(LabConfig {
         replicas_initial: config.replicas,
@@ -587,7 +643,7 @@ async fn measure_pushes(
     lab.push_flood(WARM_UP).await?;
     let mut rounds: BTreeMap<Watcher, Vec<FloodRound>> = BTreeMap::new();
     for round in 0..config.rounds {
-        for watcher in Watcher::order(round, bpftrace) {
+        for watcher in tools.order(round) {
             eprintln!(
                 "bench: push flood, round {}/{}, {} ({} s)",
                 round + 1,
@@ -599,7 +655,7 @@ async fn measure_pushes(
             // also be over before this segment's clock starts.
             let quiet = wait_until_quiet_async().await?;
             let process =
-                start_watcher(watcher, config, bpftrace, GATEWAY_PORTS.to_vec(), None).await?;
+                start_watcher(watcher, config, tools, GATEWAY_PORTS.to_vec(), None).await?;
             let report = lab.push_flood(Duration::from_secs(config.seconds)).await?;
             let counts = stop_watcher(process).await?;
             eprintln!(
@@ -623,7 +679,7 @@ async fn measure_pushes(
 /// The timing program, shipped as source and built with the system's `cc` at run time.
 const SYSCALL_COST_SOURCE: &str = include_str!("../bench/syscall_cost.c");
 /// The observer's hooks, as the syscall table names them (`ATTACHMENTS` in observer/src/capture/programs.rs).
-const HOOK_STRATEGY: &str = "per-syscall tracepoints (syscalls:sys_enter_*/sys_exit_* of connect, close and the read/write family), perf tracepoint path; array filters (WATCHING, CLAIMS) ahead of the hash lookups";
+const HOOK_STRATEGY: &str = "observer: per-syscall tracepoints (syscalls:sys_enter_*/sys_exit_* of connect, close and the read/write family), perf tracepoint path; array filters (WATCHING, CLAIMS) ahead of the hash lookups. packet hook: cgroup_skb egress/ingress at the cgroup v2 root, sock:inet_sock_set_state; no syscall hooked";
 /// The cheap syscalls run this many times more calls than a TCP loop, for a similar duration.
 const CHEAP_CALLS_FACTOR: usize = 5;
 
@@ -732,10 +788,7 @@ struct SyscallCosts {
     observer_drops: u64,
 }
 
-async fn measure_syscalls(
-    config: &BenchConfig,
-    bpftrace: Option<&Path>,
-) -> anyhow::Result<SyscallCosts> {
+async fn measure_syscalls(config: &BenchConfig, tools: &Tools) -> anyhow::Result<SyscallCosts> {
     let program = tokio::task::spawn_blocking(build_syscall_cost)
         .await
         .context("cc task")??;
@@ -752,7 +805,7 @@ async fn measure_syscalls(
         observer_drops: 0,
     };
     for round in 0..config.rounds {
-        for watcher in Watcher::order(round, bpftrace) {
+        for watcher in tools.order(round) {
             eprintln!(
                 "bench: syscalls, round {}/{}, {}",
                 round + 1,
@@ -764,7 +817,7 @@ async fn measure_syscalls(
                 costs.noisy_rounds.push(round);
             }
             let process =
-                start_watcher(watcher, config, bpftrace, vec![watched_port], Some(budget)).await?;
+                start_watcher(watcher, config, tools, vec![watched_port], Some(budget)).await?;
             let (program, listeners, calls) = (program.clone(), listeners.clone(), config.writes);
             let timed = tokio::task::spawn_blocking(move || {
                 Syscall::ALL
@@ -984,8 +1037,15 @@ fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &SyscallCosts)
     );
     let _ = writeln!(
         out,
-        "{:<31} {:>18} {:>18} {:>26} {:>18} {:>26}",
-        "call", "no observer ns", "observer ns", "observer ratio", "bpftrace ns", "bpftrace ratio"
+        "{:<31} {:>18} {:>18} {:>26} {:>18} {:>26} {:>18} {:>26}",
+        "call",
+        "no observer ns",
+        "observer ns",
+        "observer ratio",
+        "packet hook ns",
+        "packet hook ratio",
+        "bpftrace ns",
+        "bpftrace ratio"
     );
     let clean_samples = |watcher: Watcher, syscall: Syscall| -> Vec<f64> {
         let samples = costs.samples.get(&(watcher, syscall));
@@ -997,7 +1057,7 @@ fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &SyscallCosts)
     for syscall in Syscall::ALL {
         let baseline = clean_samples(Watcher::Nothing, syscall);
         let mut line = format!("{:<31} {:>18}", syscall.label(), nanos_summary(&baseline));
-        for watcher in [Watcher::Observer, Watcher::Bpftrace] {
+        for watcher in [Watcher::Observer, Watcher::PacketHook, Watcher::Bpftrace] {
             let with = clean_samples(watcher, syscall);
             if with.is_empty() {
                 let _ = write!(line, " {:>18} {:>26}", "—", "not run");

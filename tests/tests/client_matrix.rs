@@ -3,7 +3,8 @@
 //! by Go (grpc-go and gorilla/websocket, what OpenIM itself uses) and by Python (grpcio, the gRPC
 //! C-core, and websockets), each from IPv4 sockets and from dual-stack ones (AF_INET6 sockets to
 //! IPv4-mapped addresses). Gateways and proxy are the lab's own. Every stack must give exact
-//! alerts: every misrouted user alerted, no other.
+//! alerts: every misrouted user alerted, no other; and the same from the packet hook
+//! (`--capture-hook packets`), which sees each stack's segments rather than its syscalls.
 //!
 //! Needs root, an observer built with its eBPF programs and the stack's toolchain (see
 //! `tests::lab::stack`); without them a plain `cargo test` skips and says why, `cargo xtask
@@ -13,6 +14,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use openim_test_kit::cgroup2::Cgroup2Mount;
 use tests::lab::stack::{AddressFamily, ClientStack};
 use tests::observed::{ObserverOutput, Score, observe_lab};
 use tests::privileges::can_run_stack;
@@ -45,12 +47,29 @@ fn diagnosis(output: &ObserverOutput, score: &Score) -> String {
     )
 }
 
-fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressFamily) {
+/// Where the observer copies the bytes (`--capture-hook`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    Syscalls,
+    /// At the root of a cgroup v2 hierarchy mounted for the test: the lab's processes, as every
+    /// process here, live in its root cgroup.
+    Packets,
+}
+
+fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressFamily, hook: Hook) {
     if !can_run_stack(client_stack) {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let (truth, output) = observe_lab(scenario(client_stack, family), &[]);
+    let cgroups = (hook == Hook::Packets).then(Cgroup2Mount::mount);
+    let root = cgroups
+        .as_ref()
+        .map(|cgroups| cgroups.root().display().to_string());
+    let flags = match &root {
+        Some(root) => vec!["--capture-hook", "packets", "--cgroup-root", root.as_str()],
+        None => Vec::new(),
+    };
+    let (truth, output) = observe_lab(scenario(client_stack, family), &flags);
     assert_eq!(
         truth.summary.connect_failures, 0,
         "every user connects: {:?}",
@@ -105,30 +124,49 @@ fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressF
 
 #[test]
 fn rust_stack_over_ipv4() {
-    every_misrouted_user_and_no_other(ClientStack::Rust, AddressFamily::Ipv4);
+    every_misrouted_user_and_no_other(ClientStack::Rust, AddressFamily::Ipv4, Hook::Syscalls);
 }
 
 #[test]
 fn rust_stack_over_dual_stack_sockets() {
-    every_misrouted_user_and_no_other(ClientStack::Rust, AddressFamily::DualStack);
+    every_misrouted_user_and_no_other(ClientStack::Rust, AddressFamily::DualStack, Hook::Syscalls);
 }
 
 #[test]
 fn go_grpc_and_gorilla_over_ipv4() {
-    every_misrouted_user_and_no_other(ClientStack::Go, AddressFamily::Ipv4);
+    every_misrouted_user_and_no_other(ClientStack::Go, AddressFamily::Ipv4, Hook::Syscalls);
 }
 
 #[test]
 fn go_grpc_and_gorilla_over_dual_stack_sockets() {
-    every_misrouted_user_and_no_other(ClientStack::Go, AddressFamily::DualStack);
+    every_misrouted_user_and_no_other(ClientStack::Go, AddressFamily::DualStack, Hook::Syscalls);
 }
 
 #[test]
 fn python_grpcio_and_websockets_over_ipv4() {
-    every_misrouted_user_and_no_other(ClientStack::Python, AddressFamily::Ipv4);
+    every_misrouted_user_and_no_other(ClientStack::Python, AddressFamily::Ipv4, Hook::Syscalls);
 }
 
 #[test]
 fn python_grpcio_and_websockets_over_dual_stack_sockets() {
-    every_misrouted_user_and_no_other(ClientStack::Python, AddressFamily::DualStack);
+    every_misrouted_user_and_no_other(
+        ClientStack::Python,
+        AddressFamily::DualStack,
+        Hook::Syscalls,
+    );
+}
+
+#[test]
+fn rust_stack_seen_by_the_packet_hook() {
+    every_misrouted_user_and_no_other(ClientStack::Rust, AddressFamily::Ipv4, Hook::Packets);
+}
+
+#[test]
+fn go_grpc_and_gorilla_seen_by_the_packet_hook() {
+    every_misrouted_user_and_no_other(ClientStack::Go, AddressFamily::Ipv4, Hook::Packets);
+}
+
+#[test]
+fn python_grpcio_and_websockets_over_dual_stack_sockets_seen_by_the_packet_hook() {
+    every_misrouted_user_and_no_other(ClientStack::Python, AddressFamily::DualStack, Hook::Packets);
 }

@@ -218,6 +218,23 @@ pub struct CaptureConfig {
     /// ago. The first record after a quiet spell is read at once; while records keep coming
     /// the reader polls and nothing wakes it (0: every record wakes it).
     pub wakeup_after_ns: u64,
+    /// `CaptureHook` the programs serve: which programs userspace attached, and so where a
+    /// connection becomes watched (a pending `connect`, or SYN_SENT alone).
+    pub capture_hook: u32,
+    pub _reserved: u32,
+}
+
+numbered_enum! {
+    /// Where the bytes of watched connections are copied (`CaptureConfig::capture_hook`).
+    pub enum CaptureHook: u32 {
+        /// The read and write syscalls' tracepoints: every process's reads and writes pay for
+        /// the check, a watched one for the copy from its buffers.
+        Syscalls = 0,
+        /// `cgroup_skb` programs on the packets of watched connections, at a cgroup v2 root: no
+        /// syscall pays anything; a watched connection's segments are copied as TCP sends and
+        /// receives them, placed in the stream by their sequence numbers.
+        Packets = 1,
+    }
 }
 
 /// A watched connection (`CONNECTIONS` map value, keyed by the kernel's socket address or, for
@@ -315,6 +332,9 @@ numbered_enum! {
         CallsCutUnreadable = 6,
         /// gRPC bytes not copied because the connection's budget was spent (bulk traffic).
         BytesOverBudget = 7,
+        /// Packet hook: segments that arrived ahead of bytes not yet seen (reordered in the
+        /// network); copied at their place in the stream, the gap before them shows there.
+        SegmentsOutOfOrder = 8,
     }
 }
 
@@ -333,6 +353,7 @@ impl Counter {
             Counter::CallsCutAtStepLimit => "calls_cut_at_step_limit",
             Counter::CallsCutUnreadable => "calls_cut_unreadable",
             Counter::BytesOverBudget => "bytes_over_budget",
+            Counter::SegmentsOutOfOrder => "segments_out_of_order",
         }
     }
 }
@@ -395,7 +416,7 @@ const _: () = assert!(core::mem::size_of::<RecordHeader>().is_multiple_of(8));
 const _: () = assert!(
     core::mem::size_of::<DataRecord>() == core::mem::size_of::<RecordHeader>() + CHUNK_SIZE
 );
-const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 4 * 4 + 8);
+const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 6 * 4 + 8);
 const _: () = assert!(core::mem::size_of::<Connection>() == 8 + 4 + 3 * 2 + 1 + 5 + 3 * 16);
 const _: () = assert!(core::mem::size_of::<SocketKey>() == 8);
 const _: () = assert!(
@@ -417,6 +438,9 @@ mod tests {
         }
         for direction in Direction::ALL {
             assert_eq!(Direction::from_repr(direction as u8), Some(direction));
+        }
+        for hook in CaptureHook::ALL {
+            assert_eq!(CaptureHook::from_repr(hook as u32), Some(hook));
         }
         for state in TcpState::ALL {
             assert_eq!(TcpState::from_repr(state as u32), Some(state));

@@ -17,6 +17,8 @@ pub enum ScopeError {
     TooMany { count: usize },
     #[error("--cgroup-scope {}: {reason}", path.display())]
     Unusable { path: PathBuf, reason: String },
+    #[error("--cgroup-root {}: {reason}", path.display())]
+    RootUnusable { path: PathBuf, reason: String },
 }
 
 /// Opens every directory, in order, after checking each is a directory of a cgroup v2
@@ -26,31 +28,43 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<File>, ScopeError> {
     if paths.len() > MAX_CGROUP_SCOPES as usize {
         return Err(ScopeError::TooMany { count: paths.len() });
     }
-    paths.iter().map(|path| open_one(path)).collect()
+    paths
+        .iter()
+        .map(|path| {
+            open_cgroup2_directory(path).map_err(|reason| ScopeError::Unusable {
+                path: path.clone(),
+                reason,
+            })
+        })
+        .collect()
 }
 
-fn open_one(path: &Path) -> Result<File, ScopeError> {
-    let unusable = |reason: String| ScopeError::Unusable {
+/// Opens `--cgroup-root`, where the packet programs attach: every socket of a process in a
+/// cgroup below it passes them.
+pub fn open_root(path: &Path) -> Result<File, ScopeError> {
+    open_cgroup2_directory(path).map_err(|reason| ScopeError::RootUnusable {
         path: path.to_owned(),
         reason,
-    };
-    let directory = File::open(path).map_err(|err| unusable(err.to_string()))?;
-    let metadata = directory
-        .metadata()
-        .map_err(|err| unusable(err.to_string()))?;
+    })
+}
+
+/// Opens a directory of a cgroup v2 hierarchy, or says in a few words why it is not one.
+fn open_cgroup2_directory(path: &Path) -> Result<File, String> {
+    let directory = File::open(path).map_err(|err| err.to_string())?;
+    let metadata = directory.metadata().map_err(|err| err.to_string())?;
     if !metadata.is_dir() {
-        return Err(unusable("not a directory".to_owned()));
+        return Err("not a directory".to_owned());
     }
     // SAFETY: statfs is plain old data; zeroed is a valid value that fstatfs overwrites.
     let mut filesystem: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid open fd and a pointer to a statfs the call may write.
     if unsafe { libc::fstatfs(directory.as_raw_fd(), &mut filesystem) } != 0 {
-        return Err(unusable(std::io::Error::last_os_error().to_string()));
+        return Err(std::io::Error::last_os_error().to_string());
     }
     if filesystem.f_type != libc::CGROUP2_SUPER_MAGIC {
-        return Err(unusable(
+        return Err(
             "not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`)".to_owned(),
-        ));
+        );
     }
     Ok(directory)
 }

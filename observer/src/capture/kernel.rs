@@ -19,13 +19,13 @@ use observer_records::{
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
-pub use super::programs::{CopyWalk, program_names};
+pub use super::programs::{CaptureHook, CopyWalk, program_names};
 pub use super::ring_records::Drained;
 use super::{
     adopt::{self, FoundConnection},
     cgroup_scope::{self, ScopeError},
     host::{self, TRACEFS},
-    programs::{self, ATTACHMENTS},
+    programs,
     ring_records::{MonotonicToWall, drain_ring, monotonic_now_ns},
     tracepoint_format::{self, LayoutError},
 };
@@ -111,6 +111,9 @@ pub struct CaptureOptions {
     /// cgroup v2 directories whose processes alone are watched; empty: every process.
     pub cgroup_scope: Vec<PathBuf>,
     pub copy_walk: CopyWalk,
+    pub capture_hook: CaptureHook,
+    /// The node's cgroup v2 hierarchy, where `CaptureHook::Packets` attaches.
+    pub cgroup_root: PathBuf,
 }
 
 /// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
@@ -173,7 +176,9 @@ pub struct KernelCapture {
     /// gone at the last reconciliation: removed at the next one if still so (`reconcile`).
     orphaned_descriptors: HashSet<(u32, u32, u64)>,
     clock: MonotonicToWall,
-    copy_walk: CopyWalk,
+    /// How the syscall hook walks a call's buffers; `None` with the packet hook.
+    copy_walk: Option<CopyWalk>,
+    capture_hook: CaptureHook,
     log_task: tokio::task::JoinHandle<()>,
     // Last: the programs must outlive the maps and logger taken from them.
     _ebpf: Ebpf,
@@ -194,9 +199,13 @@ impl KernelCapture {
         }
         // User input first: a mistyped directory is named whatever else is missing.
         let scope = cgroup_scope::open(&options.cgroup_scope)?;
+        let cgroup_root = match options.capture_hook {
+            CaptureHook::Packets => Some(cgroup_scope::open_root(&options.cgroup_root)?),
+            CaptureHook::Syscalls => None,
+        };
         host::check_privileges()?;
         host::ensure_tracefs()?;
-        tracepoint_format::check(Path::new(TRACEFS), ATTACHMENTS)?;
+        tracepoint_format::check(Path::new(TRACEFS), options.capture_hook.tracepoints())?;
         validate_options(options)?;
         host::raise_memlock_limit();
 
@@ -214,6 +223,7 @@ impl KernelCapture {
             .map_max_entries("SOCKETS", options.max_watched_connections)
             .map_max_entries("IN_FLIGHT", options.max_watched_connections)
             .map_max_entries("PENDING_CONNECTS", options.max_watched_connections)
+            .map_max_entries("PACKET_STREAMS", options.max_watched_connections)
             .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
             .map_err(|err| programs::classify_load_error(&err))?;
@@ -242,6 +252,8 @@ impl KernelCapture {
             // `cgroup_scope::open` allows at most MAX_CGROUP_SCOPES.
             cgroup_scopes: scope.len() as u32,
             wakeup_after_ns: 2 * READ_FOLLOW_UP.as_nanos() as u64,
+            capture_hook: options.capture_hook.kernel() as u32,
+            _reserved: 0,
         };
         let mut scope_map: CgroupArray<_> = take_map(&mut ebpf, "CGROUP_SCOPE")?;
         for (index, directory) in (0..).zip(&scope) {
@@ -259,7 +271,13 @@ impl KernelCapture {
         let watching: Array<_, u8> = take_map(&mut ebpf, "WATCHING")?;
         let reader_awake: Array<_, u64> = take_map(&mut ebpf, "READER_AWAKE")?;
 
-        let copy_walk = programs::attach_all(&mut ebpf, options.copy_walk)?;
+        let copy_walk = match &cgroup_root {
+            Some(root) => {
+                programs::attach_packet_hook(&mut ebpf, root)?;
+                None
+            }
+            None => Some(programs::attach_syscall_hook(&mut ebpf, options.copy_walk)?),
+        };
         Ok(Self {
             // SAFETY: the ring owns its map fd and keeps it open while the AsyncFd holds it.
             ring: unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
@@ -274,14 +292,20 @@ impl KernelCapture {
             orphaned_descriptors: HashSet::new(),
             clock: MonotonicToWall::now(),
             copy_walk,
+            capture_hook: options.capture_hook,
             log_task,
             _ebpf: ebpf,
         })
     }
 
-    /// How this kernel walks a call's buffers: `CopyWalk::BpfLoop` or `CopyWalk::TailCalls`.
-    pub fn copy_walk(&self) -> CopyWalk {
+    /// How this kernel walks a call's buffers: `CopyWalk::BpfLoop` or `CopyWalk::TailCalls`;
+    /// `None` with the packet hook, which copies from packets.
+    pub fn copy_walk(&self) -> Option<CopyWalk> {
         self.copy_walk
+    }
+
+    pub fn capture_hook(&self) -> CaptureHook {
+        self.capture_hook
     }
 
     /// Waits until the kernel has produced records, then converts up to one batch of them.
@@ -331,7 +355,11 @@ impl KernelCapture {
     /// were attached (call once, right after `start`). Returns one event per adopted
     /// connection (`TcpState` from `Unknown` to `Established`, under its adopted id) for the
     /// engine, which then decodes it as joined mid-stream.
+    /// With the packet hook nothing is adopted (`established_unwatched`).
     pub fn adopt_established(&mut self, options: &CaptureOptions) -> Vec<Event> {
+        if self.capture_hook == CaptureHook::Packets {
+            return Vec::new();
+        }
         let found = adopt::find_established(&options.grpc_ports, &options.websocket_ports);
         let now_ns = self.clock.wall_ns(monotonic_now_ns());
         let mut events = Vec::new();
@@ -346,6 +374,16 @@ impl KernelCapture {
             }
         }
         events
+    }
+
+    /// With the packet hook, the connections to watched ports established before the programs
+    /// were attached: their SYNs passed unseen, so nothing would place their bytes in the
+    /// stream, and they are not watched. How many, for the start line.
+    pub fn established_unwatched(&self, options: &CaptureOptions) -> usize {
+        if self.capture_hook == CaptureHook::Syscalls {
+            return 0;
+        }
+        adopt::find_established(&options.grpc_ports, &options.websocket_ports).len()
     }
 
     fn adopt(&mut self, connection: &FoundConnection) -> Result<u64, MapError> {

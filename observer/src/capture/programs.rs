@@ -1,10 +1,12 @@
 //! The programs' side of start-up: which program serves which tracepoint, loading them (and
 //! naming what the verifier refused), attaching them, and forwarding their log.
 
+use std::fs::File;
+
 use aya::{
     Ebpf,
     maps::{MapError, ProgramArray},
-    programs::{ProgramError, TracePoint},
+    programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, ProgramError, TracePoint},
 };
 use tokio::io::unix::AsyncFd;
 
@@ -38,6 +40,47 @@ pub(super) const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("sys_enter_connect", "syscalls", "sys_enter_connect"),
 ];
 
+/// The tracepoints of `CaptureHook::Packets`: connections become watched at SYN_SENT, the bytes
+/// come from `PACKET_PROGRAMS`.
+const PACKET_TRACEPOINTS: &[(&str, &str, &str)] =
+    &[("inet_sock_set_state", "sock", "inet_sock_set_state")];
+
+/// The `cgroup_skb` programs of `CaptureHook::Packets`, attached at `--cgroup-root` before the
+/// tracepoint that feeds them.
+const PACKET_PROGRAMS: &[(&str, CgroupSkbAttachType)] = &[
+    ("packet_egress", CgroupSkbAttachType::Egress),
+    ("packet_ingress", CgroupSkbAttachType::Ingress),
+];
+
+/// Where the kernel copies the bytes of watched connections (`--capture-hook`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureHook {
+    /// Tracepoints of the read and write syscalls: works everywhere the observer does; every
+    /// read and write on the node pays a little, a watched one the copy.
+    Syscalls,
+    /// `cgroup_skb` programs on the packets of watched connections: no syscall pays anything.
+    /// Needs the node's cgroup v2 hierarchy (`--cgroup-root`) and CAP_NET_ADMIN.
+    Packets,
+}
+
+impl CaptureHook {
+    /// The tracepoints this hook attaches, whose layouts are checked before loading.
+    pub(super) fn tracepoints(self) -> &'static [(&'static str, &'static str, &'static str)] {
+        match self {
+            CaptureHook::Syscalls => ATTACHMENTS,
+            CaptureHook::Packets => PACKET_TRACEPOINTS,
+        }
+    }
+
+    pub(super) fn kernel(self) -> observer_records::CaptureHook {
+        match self {
+            CaptureHook::Syscalls => observer_records::CaptureHook::Syscalls,
+            CaptureHook::Packets => observer_records::CaptureHook::Packets,
+        }
+    }
+}
+
 /// The exit program of `ATTACHMENTS` stands for one of two, chosen at load (`CopyWalk`).
 const EXIT_PROGRAM: &str = "sys_exit_io";
 
@@ -52,6 +95,11 @@ const COPY_CONTINUE_SLOT: u32 = 0;
 /// Names of our programs as the kernel lists them (truncated to 15 bytes by the kernel), so a
 /// check can tell whether any is still loaded.
 pub fn program_names() -> impl Iterator<Item = &'static str> {
+    tracepoint_program_names().chain(PACKET_PROGRAMS.iter().map(|(program, _)| *program))
+}
+
+/// Names of the programs attached to tracepoints, whose reads `tracepoint_format` checks.
+pub(super) fn tracepoint_program_names() -> impl Iterator<Item = &'static str> {
     let mut names: Vec<&str> = ATTACHMENTS.iter().map(|(program, _, _)| *program).collect();
     names.dedup();
     names.extend([EXIT_PROGRAM_BOUNDED, COPY_CONTINUE_PROGRAM]);
@@ -71,9 +119,42 @@ pub enum CopyWalk {
     TailCalls,
 }
 
+/// Loads and attaches the packet programs at `cgroup_root`, then the tracepoint that makes
+/// connections watched.
+pub(super) fn attach_packet_hook(ebpf: &mut Ebpf, cgroup_root: &File) -> Result<(), CaptureError> {
+    for (program_name, attach_type) in PACKET_PROGRAMS {
+        let program: &mut CgroupSkb = ebpf
+            .program_mut(program_name)
+            .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
+            .try_into()
+            .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))?;
+        program
+            .load()
+            .map_err(|err| CaptureError::ProgramRejected {
+                program: (*program_name).to_owned(),
+                reason: verifier_summary(&err),
+            })?;
+        // Beside any other program there (a CNI's, systemd's): ours only looks. On 5.7+ aya
+        // attaches through a BPF link, which always runs beside the others and refuses any
+        // mode flag ("Invalid argument" for `AllowMultiple`): `Single` is the flag-less mode.
+        program
+            .attach(cgroup_root, *attach_type, CgroupAttachMode::Single)
+            .map_err(|err| {
+                CaptureError::Setup(format!("attaching {program_name}: {}", with_cause(&err)))
+            })?;
+    }
+    for (program_name, category, tracepoint) in PACKET_TRACEPOINTS {
+        attach(ebpf, program_name, category, tracepoint)?;
+    }
+    Ok(())
+}
+
 /// Loads the exit program `wanted` asks for, then every program, and attaches each to its
 /// tracepoints. Returns the walk loaded.
-pub(super) fn attach_all(ebpf: &mut Ebpf, wanted: CopyWalk) -> Result<CopyWalk, CaptureError> {
+pub(super) fn attach_syscall_hook(
+    ebpf: &mut Ebpf,
+    wanted: CopyWalk,
+) -> Result<CopyWalk, CaptureError> {
     let copy_walk = load_exit_program(ebpf, wanted)?;
     let exit_program = match copy_walk {
         CopyWalk::TailCalls => EXIT_PROGRAM_BOUNDED,
@@ -195,6 +276,20 @@ fn is_verifier_statistics(line: &str) -> bool {
     line.starts_with("processed ")
         || line.starts_with("verification time")
         || line.starts_with("stack depth")
+}
+
+/// An error's message followed by its innermost cause's: aya's messages name the system call
+/// that failed but not its answer ("Operation not permitted"), which says why.
+fn with_cause(err: &dyn std::error::Error) -> String {
+    let mut cause = err;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    if std::ptr::addr_eq(cause, err) {
+        err.to_string()
+    } else {
+        format!("{err}: {cause}")
+    }
 }
 
 pub(super) fn classify_load_error(err: &aya::EbpfError) -> CaptureError {

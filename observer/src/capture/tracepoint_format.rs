@@ -303,7 +303,7 @@ format:
 
     #[test]
     fn every_attached_program_reads_something_checked() {
-        for program in super::super::programs::program_names() {
+        for program in super::super::programs::tracepoint_program_names() {
             assert!(
                 !reads_of(program).is_empty(),
                 "{program} has no layout to check"

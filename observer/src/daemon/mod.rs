@@ -153,6 +153,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "grpc_budget_refill": options.grpc_budget_refill,
         "ring_bytes": options.ring_bytes,
         "max_watched_connections": options.max_watched_connections,
+        "capture_hook": capture.capture_hook(),
         "copy_walk": capture.copy_walk(),
         "memory_budget": args.engine.memory_budget,
         "version": env!("CARGO_PKG_VERSION"),
@@ -162,6 +163,16 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         started["node"] = link.node().into();
         // After the capture started, so a close racing the recovery is seen.
         started["placements_recovered"] = link.recover(&mut sink.engine).await.into();
+    }
+    let unwatched = capture.established_unwatched(&options);
+    if options.capture_hook == crate::capture::kernel::CaptureHook::Packets {
+        started["unwatched_connections"] = unwatched.into();
+    }
+    if unwatched > 0 {
+        tracing::warn!(
+            "{unwatched} connections to watched ports were established before the packet hook \
+             was attached and are not watched; their clients' next connections will be"
+        );
     }
     if !options.cgroup_scope.is_empty() {
         started["cgroup_scope"] = serde_json::json!(options.cgroup_scope);

@@ -1,0 +1,312 @@
+//! Payload capture, packet side (`CaptureHook::Packets`): `cgroup_skb` programs at the root of
+//! the cgroup v2 hierarchy see every IP packet a socket of the node sends or receives, after
+//! TCP made it and before TCP takes it. No syscall runs any of our code, so no process pays for
+//! the observer; a watched connection's segments are copied as they pass.
+//!
+//! A packet is turned away after two reads of its socket (`skb->sk`: the remote port, then the
+//! socket's address as the `PACKET_STREAMS` key): the remote port of the watched side of a
+//! connection is the gateway's, in both directions, and `inet_sock_set_state` put its socket in
+//! `PACKET_STREAMS` at SYN_SENT. The socket's address is the `skaddr` of that tracepoint, so the
+//! connection's owner (`CONNECTIONS`, recorded in the connecting process) needs no syscall hook.
+//!
+//! Where a segment's bytes sit in the stream comes from its sequence number, relative to the
+//! SYN of its direction (the SYN this side sent, and the SYN-ACK it received). Each direction
+//! keeps the offset up to which every byte was seen: a retransmission below it is not copied
+//! again, one that overlaps it only from there; a segment beyond it (reordered in the network)
+//! is copied at its own offset and counted (`SegmentsOutOfOrder`), and the decoders see the
+//! gap before it.
+//!
+//! Policies as for syscalls: a WebSocket connection's first write in each direction, up to
+//! `CHUNK_SIZE` bytes (the upgrade request and its answer; the chat after them never), a gRPC
+//! one up to its budget. A write's last segment carries PSH (Linux marks the end of every
+//! `sendmsg` so, as do other stacks), which is how the packets tell where the first write ends.
+
+use aya_ebpf::{
+    bindings::__sk_buff,
+    helpers::{bpf_ktime_get_ns, generated::bpf_skb_load_bytes},
+    macros::cgroup_skb,
+    programs::SkBuffContext,
+};
+use observer_records::{
+    CHUNK_SIZE, Counter, DEFAULT_GRPC_BUDGET, DEFAULT_GRPC_BUDGET_REFILL, Direction,
+    FLAG_TRUNCATED, PortClass, RecordKind,
+};
+
+use crate::{
+    io::draw,
+    maps::{
+        CONFIG, CONNECTIONS, PACKET_COPY, PACKET_STREAMS, PacketCopy, PacketDirection, SCRATCH,
+        STREAM_HEAD_TAKEN, STREAM_SEQ_KNOWN, WATCHED_PORTS, count,
+    },
+    ring::{header_for, output_data},
+};
+
+/// `cgroup_skb` verdict: let the packet through. The programs only look.
+const PASS: i32 = 1;
+
+const IPPROTO_TCP: u8 = 6;
+const TCP_FLAG_SYN: u8 = 0x02;
+const TCP_FLAG_PSH: u8 = 0x08;
+
+// Program entry points: thin wrappers, the work is in `try_packet`.
+
+/// Packets a socket sends: the watched side's bytes to the gateway.
+#[cgroup_skb(egress)]
+pub fn packet_egress(ctx: SkBuffContext) -> i32 {
+    let _ = try_packet(&ctx, Direction::Send);
+    PASS
+}
+
+/// Packets a socket receives: the gateway's bytes to the watched side.
+#[cgroup_skb(ingress)]
+pub fn packet_ingress(ctx: SkBuffContext) -> i32 {
+    let _ = try_packet(&ctx, Direction::Recv);
+    PASS
+}
+
+/// Where the TCP payload starts and what the header says.
+struct Segment {
+    seq: u32,
+    syn: bool,
+    /// The last segment of a write.
+    push: bool,
+    payload_start: u32,
+    payload_len: u32,
+}
+
+fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
+    let skb: *mut __sk_buff = ctx.skb.skb;
+    // What every other packet costs: the port of its socket (the kernel runs cgroup programs
+    // only for packets of full sockets, so there is one), network byte order in the upper half.
+    let remote_port = (u32::from_be(ctx.skb.remote_port())) as u16;
+    if unsafe { WATCHED_PORTS.get(remote_port) }.is_none() {
+        return Ok(());
+    }
+    // The socket's address as a number, the key `inet_sock_set_state` used. Verifier: a socket
+    // pointer may be spilled to the stack and read by a helper as a map key only with pointer
+    // leaks allowed (CAP_PERFMON), which loading the tracepoints needs anyway.
+    let sock = unsafe { (*skb).__bindgen_anon_2.sk } as u64;
+    let Some(stream) = PACKET_STREAMS.get_ptr_mut(sock) else {
+        return Ok(());
+    };
+    let segment = read_segment(ctx)?;
+    // SAFETY: a live map value; a socket's packets in one direction pass under its lock (egress)
+    // or in its receive path, one at a time.
+    let stream = unsafe { &mut *stream };
+    let half = if direction == Direction::Send {
+        &mut stream.send
+    } else {
+        &mut stream.recv
+    };
+    if segment.syn {
+        // The first payload byte follows the SYN's own sequence number.
+        half.first_seq = segment.seq.wrapping_add(1);
+        half.flags |= STREAM_SEQ_KNOWN;
+    }
+    if segment.payload_len == 0 {
+        return Ok(());
+    }
+    let payload_seq = if segment.syn {
+        segment.seq.wrapping_add(1)
+    } else {
+        segment.seq
+    };
+    if half.flags & STREAM_SEQ_KNOWN == 0 {
+        // Its SYN passed before the socket was watched: nowhere to place the bytes.
+        count(Counter::BytesNotCaptured, u64::from(segment.payload_len));
+        return Ok(());
+    }
+    let start = stream_offset(half, payload_seq);
+    let end = start + u64::from(segment.payload_len);
+    if end <= half.next {
+        // Every byte seen already: a retransmission.
+        return Ok(());
+    }
+    let skip = half.next.saturating_sub(start);
+    let start = start + skip;
+    let len = end - start;
+    if start > half.next {
+        count(Counter::SegmentsOutOfOrder, 1);
+    } else {
+        half.next = end;
+    }
+    let Some(conn) = (unsafe { CONNECTIONS.get(sock) }) else {
+        return Ok(());
+    };
+    let capture = capture_allowance(half, conn.port_class, &segment, start, len);
+    if capture < len {
+        count(Counter::BytesNotCaptured, len - capture);
+    }
+    if capture == 0 {
+        return Ok(());
+    }
+    let Some(buffer) = SCRATCH.get_ptr_mut(0) else {
+        return Ok(());
+    };
+    // SAFETY: this CPU's scratch record; the program runs to completion on its CPU.
+    let record = unsafe { &mut (*buffer).record };
+    record.header = header_for(RecordKind::Data, sock, conn);
+    record.header.direction = direction as u8;
+    record.header.call_len = len;
+    let truncated = capture < len;
+    copy_payload(
+        ctx,
+        record,
+        segment.payload_start + skip as u32,
+        start,
+        capture as u32,
+        truncated,
+    );
+    Ok(())
+}
+
+/// Reads the IP and TCP headers; the packet starts at its network header.
+fn read_segment(ctx: &SkBuffContext) -> Result<Segment, i64> {
+    let version: u8 = ctx.load(0)?;
+    let (ip_header_len, protocol) = match version >> 4 {
+        4 => (u32::from(version & 0x0f) * 4, ctx.load::<u8>(9)?),
+        // Extension headers are not followed: TCP sockets send none of their own.
+        6 => (40, ctx.load::<u8>(6)?),
+        _ => return Err(0),
+    };
+    if protocol != IPPROTO_TCP {
+        return Err(0);
+    }
+    let tcp = ip_header_len as usize;
+    let seq = u32::from_be(ctx.load::<u32>(tcp + 4)?);
+    let data_offset: u8 = ctx.load(tcp + 12)?;
+    let flags: u8 = ctx.load(tcp + 13)?;
+    let payload_start = ip_header_len + u32::from(data_offset >> 4) * 4;
+    Ok(Segment {
+        seq,
+        syn: flags & TCP_FLAG_SYN != 0,
+        push: flags & TCP_FLAG_PSH != 0,
+        payload_start,
+        // `len` counts from the network header, and covers a whole GSO/GRO packet.
+        payload_len: ctx.len().saturating_sub(payload_start),
+    })
+}
+
+/// The stream offset of sequence number `seq`: sequence numbers wrap every 4 GiB, so it is
+/// the offset nearest the direction's high-water mark with those low 32 bits.
+fn stream_offset(half: &PacketDirection, seq: u32) -> u64 {
+    let relative = seq.wrapping_sub(half.first_seq);
+    let distance = relative.wrapping_sub(half.next as u32) as i32;
+    half.next.wrapping_add(distance as i64 as u64)
+}
+
+/// How many of the `len` bytes at stream offset `start` the port class's policy lets us copy.
+fn capture_allowance(
+    half: &mut PacketDirection,
+    port_class: u8,
+    segment: &Segment,
+    start: u64,
+    len: u64,
+) -> u64 {
+    if port_class == PortClass::WebSocket as u8 {
+        // The upgrade request and its answer name the user; everything after them is chat.
+        if half.flags & STREAM_HEAD_TAKEN != 0 {
+            return 0;
+        }
+        let capture = (CHUNK_SIZE as u64).saturating_sub(start).min(len);
+        if segment.push || capture < len {
+            half.flags |= STREAM_HEAD_TAKEN;
+        }
+        return capture;
+    }
+    let (burst, refill) = match CONFIG.get(0) {
+        Some(config) => (config.grpc_budget, config.grpc_budget_refill),
+        None => (DEFAULT_GRPC_BUDGET, DEFAULT_GRPC_BUDGET_REFILL),
+    };
+    let capture = draw(
+        &mut half.budget,
+        u64::from(burst),
+        u64::from(refill),
+        unsafe { bpf_ktime_get_ns() },
+        len,
+    );
+    if capture < len {
+        count(Counter::BytesOverBudget, len - capture);
+    }
+    capture
+}
+
+/// Records one packet fills at most: 512 KiB, the most a GSO packet holds (`GSO_MAX_SIZE`
+/// with BIG TCP; 64 KiB without it, though loopback here sent 95,232 bytes in one packet).
+/// Anything past it would be cut and counted, as a long syscall.
+const MAX_CHUNKS_PER_PACKET: u32 = 128;
+
+/// Copies `capture` payload bytes from `payload_start` in the packet into records of up to
+/// `CHUNK_SIZE`, the first at stream offset `offset`.
+///
+/// Verifier: with the copy's progress in registers, each iteration's paths (the helper's
+/// failure, the ring's wakeup decision) multiplied with the previous ones' until "BPF program
+/// is too large. Processed 1000001 insn". The progress lives in map memory (`PACKET_COPY`),
+/// read and written volatile so LLVM keeps it there, which the verifier does not track: the
+/// paths of one iteration converge at the next, as in `copy`.
+fn copy_payload(
+    ctx: &SkBuffContext,
+    record: &mut observer_records::DataRecord,
+    payload_start: u32,
+    offset: u64,
+    capture: u32,
+    truncated: bool,
+) {
+    let Some(progress) = PACKET_COPY.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's entry; the program runs to completion on its CPU.
+    let progress = unsafe { &mut *progress };
+    progress.store(PacketCopy {
+        position: payload_start,
+        left: capture,
+        offset,
+    });
+    for _ in 0..MAX_CHUNKS_PER_PACKET {
+        let mut copy = progress.load();
+        if copy.left == 0 {
+            return;
+        }
+        // 1 to `CHUNK_SIZE`, and the verifier must see both bounds on the register the helper
+        // receives (its size may not be zero, unlike `bpf_probe_read_user`'s). A test
+        // `len == 0 || len > N` became one unsigned test of `len - 1` on another register,
+        // which Linux 6.1's verifier did not carry over ("invalid access to map value ...
+        // size=0"); arithmetic it follows instead: masked below `CHUNK_SIZE`, then one added.
+        // The volatile read hides `wanted`'s range from LLVM, which would drop the mask.
+        let wanted = copy.left.min(CHUNK_SIZE as u32);
+        // SAFETY: a read of a local.
+        let opaque = unsafe { core::ptr::read_volatile(&wanted) };
+        let len = (opaque.wrapping_sub(1) & (CHUNK_SIZE as u32 - 1)) + 1;
+        // SAFETY: the destination is the scratch record's payload, `len` ≤ its size.
+        let loaded = unsafe {
+            bpf_skb_load_bytes(
+                ctx.skb.skb as *const core::ffi::c_void,
+                copy.position,
+                record.payload.as_mut_ptr().cast(),
+                len,
+            )
+        };
+        if loaded != 0 {
+            count(Counter::BytesNotCaptured, u64::from(copy.left));
+            progress.store(PacketCopy { left: 0, ..copy });
+            return;
+        }
+        copy.left -= len;
+        record.header.len = len;
+        record.header.offset = copy.offset;
+        record.header.flags = if truncated && copy.left == 0 {
+            FLAG_TRUNCATED
+        } else {
+            0
+        };
+        copy.position += len;
+        copy.offset += u64::from(len);
+        progress.store(copy);
+        output_data(record);
+    }
+    let left = progress.load().left;
+    if left > 0 {
+        count(Counter::CallsCutAtChunkLimit, 1);
+        count(Counter::BytesNotCaptured, u64::from(left));
+    }
+}
