@@ -9,7 +9,7 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, CgroupArray, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
-pub use observer_records::{Budget, Connection, SocketKey, SocketState};
+pub use observer_records::{Budget, Connection, ConnectionTuple, SocketKey, SocketState};
 use observer_records::{
     CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, CaptureHook, Counter,
     DEFAULT_MAX_WATCHED_CONNECTIONS, DataRecord, Direction, MAX_CGROUP_SCOPES, MAX_WATCHED_PORTS,
@@ -132,6 +132,14 @@ pub static IN_FLIGHT: HashMap<u64, IoCall> =
 pub static PACKET_STREAMS: HashMap<u64, PacketStream> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
+/// Packet hook: connections established before the programs were attached (4-tuple → owner,
+/// as `CONNECTIONS` would hold it), written by userspace at start; the packet programs adopt
+/// one at its first packet (`packet::adopt`) and remove it, userspace removes those that end
+/// unseen. Bound and fullness as `CONNECTIONS`.
+#[map]
+pub static ADOPTABLE: HashMap<ConnectionTuple, Connection> =
+    HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
+
 /// Per-CPU progress of a packet's copy (`packet::copy_payload`). One entry per CPU.
 #[map]
 pub static PACKET_COPY: PerCpuArray<PacketCopy> = PerCpuArray::with_max_entries(1, 0);
@@ -179,6 +187,9 @@ pub const STREAM_SEQ_KNOWN: u32 = 1;
 /// `PacketDirection::flags`: a WebSocket direction's first write (its upgrade request or
 /// answer) has been copied; nothing after it is.
 pub const STREAM_HEAD_TAKEN: u32 = 2;
+/// `PacketDirection::flags`: the connection was adopted established, so the direction's first
+/// segment seen is where its stream starts (offset 0), no SYN being to come.
+pub const STREAM_JOINED: u32 = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -202,6 +213,17 @@ impl PacketStream {
     pub const NEW: Self = Self {
         send: Self::NEW_DIRECTION,
         recv: Self::NEW_DIRECTION,
+    };
+
+    const JOINED_DIRECTION: PacketDirection = PacketDirection {
+        flags: STREAM_JOINED,
+        ..Self::NEW_DIRECTION
+    };
+
+    /// A connection adopted established: each direction starts at its first segment seen.
+    pub const JOINED: Self = Self {
+        send: Self::JOINED_DIRECTION,
+        recv: Self::JOINED_DIRECTION,
     };
 }
 

@@ -28,18 +28,27 @@ use aya_ebpf::{
     programs::SkBuffContext,
 };
 use observer_records::{
-    CHUNK_SIZE, Counter, DEFAULT_GRPC_BUDGET, DEFAULT_GRPC_BUDGET_REFILL, Direction,
-    FLAG_TRUNCATED, PortClass, RecordKind,
+    AF_INET, AF_INET6, CHUNK_SIZE, ConnectionTuple, Counter, DEFAULT_GRPC_BUDGET,
+    DEFAULT_GRPC_BUDGET_REFILL, Direction, FLAG_TRUNCATED, JOINED_STREAM_OFFSET, PortClass,
+    RecordKind, TcpState,
 };
 
 use crate::{
     io::draw,
     maps::{
-        CONFIG, CONNECTIONS, PACKET_COPY, PACKET_STREAMS, PacketCopy, PacketDirection, SCRATCH,
-        STREAM_HEAD_TAKEN, STREAM_SEQ_KNOWN, WATCHED_PORTS, count,
+        ADOPTABLE, CONFIG, CONNECTIONS, PACKET_COPY, PACKET_STREAMS, PacketCopy, PacketDirection,
+        PacketStream, SCRATCH, STREAM_HEAD_TAKEN, STREAM_JOINED, STREAM_SEQ_KNOWN, WATCHED_PORTS,
+        count, insert_or_count,
     },
-    ring::{header_for, output_data},
+    ring::{header_for, output_data, output_header},
 };
+
+/// A connection's `PACKET_STREAMS` entry when it is adopted (read-only data, as
+/// `connect`'s new entries).
+static JOINED_PACKET_STREAM: PacketStream = PacketStream::JOINED;
+
+/// `bpf_map_update_elem` flag: insert only if the key is absent.
+const BPF_NOEXIST: u64 = 1;
 
 /// `cgroup_skb` verdict: let the packet through. The programs only look.
 const PASS: i32 = 1;
@@ -86,8 +95,12 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     // pointer may be spilled to the stack and read by a helper as a map key only with pointer
     // leaks allowed (CAP_PERFMON), which loading the tracepoints needs anyway.
     let sock = unsafe { (*skb).__bindgen_anon_2.sk } as u64;
-    let Some(stream) = PACKET_STREAMS.get_ptr_mut(sock) else {
-        return Ok(());
+    let stream = match PACKET_STREAMS.get_ptr_mut(sock) {
+        Some(stream) => stream,
+        None => {
+            adopt(ctx, sock, direction)?;
+            PACKET_STREAMS.get_ptr_mut(sock).ok_or(0)?
+        }
     };
     let segment = read_segment(ctx)?;
     // SAFETY: a live map value; a socket's packets in one direction pass under its lock (egress)
@@ -112,9 +125,16 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         segment.seq
     };
     if half.flags & STREAM_SEQ_KNOWN == 0 {
-        // Its SYN passed before the socket was watched: nowhere to place the bytes.
-        count(Counter::BytesNotCaptured, u64::from(segment.payload_len));
-        return Ok(());
+        if half.flags & STREAM_JOINED == 0 {
+            // Its SYN passed before the socket was watched: nowhere to place the bytes.
+            count(Counter::BytesNotCaptured, u64::from(segment.payload_len));
+            return Ok(());
+        }
+        // Adopted established: the stream, as far as it is seen, starts here, at an offset
+        // that says it is not the stream's start.
+        half.first_seq = payload_seq;
+        half.next = JOINED_STREAM_OFFSET;
+        half.flags |= STREAM_SEQ_KNOWN;
     }
     let start = stream_offset(half, payload_seq);
     let end = start + u64::from(segment.payload_len);
@@ -158,6 +178,63 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         truncated,
     );
     Ok(())
+}
+
+/// A socket to a watched port that `PACKET_STREAMS` does not hold: if userspace named its
+/// connection in `ADOPTABLE` (established before the programs were attached), it is watched
+/// from this packet on, and userspace learns so from a state record "unknown → established".
+/// Err otherwise: the packet is not ours.
+fn adopt(ctx: &SkBuffContext, sock: u64, direction: Direction) -> Result<(), i64> {
+    let tuple = read_tuple(ctx, direction)?;
+    let Some(conn) = (unsafe { ADOPTABLE.get(tuple) }) else {
+        return Err(0);
+    };
+    // Another CPU may be adopting it with a packet of the other direction: the first insert
+    // wins, and only it announces the connection.
+    #[expect(
+        clippy::needless_borrows_for_generic_args,
+        reason = "BPF stack size on Linux 6.1"
+    )]
+    let inserted = PACKET_STREAMS.insert(&sock, &JOINED_PACKET_STREAM, BPF_NOEXIST);
+    if inserted.is_err() {
+        return Ok(());
+    }
+    if insert_or_count(CONNECTIONS.insert(sock, conn, 0)).is_err() {
+        let _ = PACKET_STREAMS.remove(sock);
+        return Err(0);
+    }
+    let mut header = header_for(RecordKind::TcpState, sock, conn);
+    header.new_state = TcpState::Established as u32;
+    output_header(&header);
+    let _ = ADOPTABLE.remove(tuple);
+    Ok(())
+}
+
+/// The connection's endpoints as the programs record them: ours first, IPv4 as IPv4.
+fn read_tuple(ctx: &SkBuffContext, direction: Direction) -> Result<ConnectionTuple, i64> {
+    let version: u8 = ctx.load(0)?;
+    let mut tuple = ConnectionTuple {
+        saddr: [0; 16],
+        daddr: [0; 16],
+        sport: ctx.skb.local_port() as u16,
+        dport: (u32::from_be(ctx.skb.remote_port())) as u16,
+        family: AF_INET,
+        _reserved: 0,
+    };
+    let (source, destination) = if direction == Direction::Send {
+        (&mut tuple.saddr, &mut tuple.daddr)
+    } else {
+        (&mut tuple.daddr, &mut tuple.saddr)
+    };
+    if version >> 4 == 4 {
+        source[..4].copy_from_slice(&ctx.load::<[u8; 4]>(12)?);
+        destination[..4].copy_from_slice(&ctx.load::<[u8; 4]>(16)?);
+    } else {
+        *source = ctx.load(8)?;
+        *destination = ctx.load(24)?;
+        tuple.family = AF_INET6;
+    }
+    Ok(tuple)
 }
 
 /// Reads the IP and TCP headers; the packet starts at its network header.

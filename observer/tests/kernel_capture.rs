@@ -596,6 +596,76 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
 }
 
 #[test]
+fn the_packet_hook_adopts_a_connection_established_before_it_at_its_next_packet() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let cgroups = Cgroup2Mount::mount();
+    let port = 18847;
+    let listener = listen(port);
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    client.write_all(b"before the observer").unwrap();
+    let mut before = [0u8; 19];
+    server.read_exact(&mut before).unwrap();
+
+    let port_arg = port.to_string();
+    let mut args = vec!["--grpc-port", &port_arg];
+    let hook_args = packet_hook_args(&cgroups);
+    args.extend(hook_args.iter().map(String::as_str));
+    let mut observer = Observer::start(&args);
+    let started = observer
+        .wait_for(|line| line["kind"] == "observer_started")
+        .unwrap();
+    assert_eq!(started["adopted_connections"]["grpc"], 1, "{started}");
+    // Adopted at its next packet, whichever direction it goes.
+    server.write_all(b"answer").unwrap();
+    let mut answer = [0u8; 6];
+    client.read_exact(&mut answer).unwrap();
+    client.write_all(b"request").unwrap();
+    let mut request = [0u8; 7];
+    server.read_exact(&mut request).unwrap();
+    let local_port = client.local_addr().unwrap().port();
+    drop(client);
+    drop(server);
+
+    assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
+    let (lines, _) = observer.stop();
+    let ours: Vec<&Value> = events_on_port(&lines, port)
+        .into_iter()
+        .filter(|line| line["sport"] == local_port)
+        .collect();
+    let adopted = ours.first().expect("the adopted connection's records");
+    assert_eq!(adopted["kind"], "tcp_state", "{adopted}");
+    assert_eq!(adopted["old_state"], "UNKNOWN", "{adopted}");
+    assert_eq!(adopted["new_state"], "ESTABLISHED", "{adopted}");
+    // Its owner, as /proc named it to the programs, and one connection throughout.
+    assert_eq!(adopted["pid"], std::process::id(), "{adopted}");
+    assert!(
+        ours.iter()
+            .all(|line| line["connection"] == adopted["connection"])
+    );
+    // Each direction's stream starts at its first segment seen, at an offset that says it is
+    // not the stream's start; --events then shows zeros (nothing joined mid-way is vouched for).
+    for (direction, len) in [("recv", 6), ("send", 7)] {
+        let records: Vec<&&Value> = ours
+            .iter()
+            .filter(|line| line["kind"] == "data" && line["direction"] == direction)
+            .collect();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0]["offset"], observer_records::JOINED_STREAM_OFFSET);
+        assert_eq!(records[0]["len"], len);
+        let payload = BASE64
+            .decode(records[0]["payload_b64"].as_str().unwrap())
+            .unwrap();
+        assert!(payload.iter().all(|&byte| byte == 0), "{payload:?}");
+    }
+    let last = ours.last().unwrap();
+    assert_eq!(last["new_state"], "CLOSE", "{last}");
+}
+
+#[test]
 fn the_packet_hook_needs_a_cgroup2_root_and_says_so_in_one_line() {
     if !can_run() {
         return;

@@ -4,7 +4,7 @@
 //! - Started after users connected and push opened its (long-lived) connections, it adopts
 //!   them, says so in its startup line, judges users placed after it started, decodes push
 //!   calls on the adopted connections, and says `capture_degraded` (`joined_mid_stream`) for
-//!   the users whose placement it could not see.
+//!   the users whose placement it could not see; with either capture hook.
 //! - With a ring so small that records (closes among them) are dropped, tracked users and
 //!   connections still return to zero once the sockets are gone.
 //!
@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use openim_test_kit::cgroup2::Cgroup2Mount;
 use serde_json::Value;
 use tests::observed::{ObserverProcess, find_observer_binary, metric_value, scrape_metrics};
 use tests::privileges::{Needs, can_run};
@@ -53,6 +54,26 @@ fn started_on_a_live_node_it_adopts_existing_connections_and_says_what_it_cannot
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    started_on_a_live_node(&[]);
+}
+
+/// With `--capture-hook packets`, push's connections are adopted at their first packet after
+/// the start rather than at once; what the observer says must be the same.
+#[test]
+fn started_on_a_live_node_the_packet_hook_adopts_existing_connections_too() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let cgroups = Cgroup2Mount::mount();
+    let root = cgroups.root().display().to_string();
+    started_on_a_live_node(&["--capture-hook", "packets", "--cgroup-root", &root]);
+}
+
+/// Users connect and push opens its connections, then the observer starts with `hook_args`:
+/// it adopts them, judges the users placed after it, decodes the push calls on the adopted
+/// connections, and says what it could not see.
+fn started_on_a_live_node(hook_args: &[&str]) {
     let observer_binary = find_observer_binary().expect("observer binary");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut lab = runtime
@@ -69,9 +90,9 @@ fn started_on_a_live_node_it_adopts_existing_connections_and_says_what_it_cannot
         .expect("warm-up push");
     assert_eq!(warmup.calls.len(), 3, "push connects to every gateway");
 
-    let observer =
-        ObserverProcess::start(&observer_binary, &["--grpc-port", "88", "--ws-port", "80"])
-            .expect("observer attaches (root with BPF needed)");
+    let args = [&["--grpc-port", "88", "--ws-port", "80"][..], hook_args].concat();
+    let observer = ObserverProcess::start(&observer_binary, &args)
+        .expect("observer attaches (root with BPF needed)");
     let outcome = runtime.block_on(async {
         lab.connect_users(EARLY_USERS..EARLY_USERS + LATE_USERS, true)
             .await;

@@ -254,6 +254,28 @@ pub struct Connection {
     pub comm: [u8; 16],
 }
 
+/// A connection by its endpoints as the programs record them (`Connection`'s fields: the
+/// connecting side first, IPv4 as IPv4 even on a dual-stack socket). Key of `ADOPTABLE`: with
+/// the packet hook, userspace names there the connections established before it attached,
+/// and the packet programs adopt one at its first packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnectionTuple {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u16,
+    pub _reserved: u16,
+}
+
+/// Stream offset the packet hook gives the first byte it sees of a connection it adopted
+/// established: where that byte really sits is unknown, but not at 0, and every consumer takes
+/// a stream first seen past 0 as joined mid-way (the decoders resynchronise, the output
+/// whitelist zeroes it). A power of two, so the offsets of the following sequence numbers are
+/// plain sums.
+pub const JOINED_STREAM_OFFSET: u64 = 1 << 32;
+
 /// A process's descriptor (`SOCKETS` map key).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -407,6 +429,7 @@ mod pod {
     unsafe impl aya::Pod for super::CaptureConfig {}
     unsafe impl aya::Pod for super::Connection {}
     unsafe impl aya::Pod for super::SocketKey {}
+    unsafe impl aya::Pod for super::ConnectionTuple {}
     unsafe impl aya::Pod for super::SocketState {}
 }
 
@@ -419,6 +442,7 @@ const _: () = assert!(
 const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 6 * 4 + 8);
 const _: () = assert!(core::mem::size_of::<Connection>() == 8 + 4 + 3 * 2 + 1 + 5 + 3 * 16);
 const _: () = assert!(core::mem::size_of::<SocketKey>() == 8);
+const _: () = assert!(core::mem::size_of::<ConnectionTuple>() == 2 * 16 + 4 * 2);
 const _: () = assert!(
     core::mem::size_of::<SocketState>()
         == 3 * 8 + 2 * core::mem::size_of::<Budget>() + core::mem::size_of::<Connection>() + 3 + 5

@@ -13,7 +13,7 @@ use aya::{
     maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, RingBuf},
 };
 use observer_records::{
-    COUNTER_COUNT, CaptureConfig, Connection, Counter, SocketKey, SocketState,
+    COUNTER_COUNT, CaptureConfig, Connection, ConnectionTuple, Counter, SocketKey, SocketState,
     adopted_connection_id, watching_slot,
 };
 use thiserror::Error;
@@ -29,7 +29,7 @@ use super::{
     ring_records::{MonotonicToWall, drain_ring, monotonic_now_ns},
     tracepoint_format::{self, LayoutError},
 };
-use crate::model::{Event, EventKind, TcpState};
+use crate::model::{Event, EventKind, PortClass, TcpState};
 
 /// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
 #[cfg(ebpf_programs)]
@@ -95,6 +95,15 @@ pub enum CaptureError {
     Setup(String),
     #[error("reading the ring buffer failed: {0}")]
     Read(#[from] std::io::Error),
+}
+
+/// What `KernelCapture::adopt_established` found and did: how many connections of each class
+/// it adopted, and the events that announce those watched at once.
+#[derive(Debug, Default)]
+pub struct Adoption {
+    pub events: Vec<Event>,
+    pub grpc: usize,
+    pub websocket: usize,
 }
 
 /// What to watch and how much to copy.
@@ -172,6 +181,11 @@ pub struct KernelCapture {
     /// `CONNECTIONS` keys of the connections adopted at start and still alive, with the
     /// descriptors (`(tgid, fd)`) that held them then.
     adopted: std::collections::HashMap<u64, Vec<(u32, u32)>>,
+    /// The packet programs' table of connections to adopt at their first packet, and what
+    /// userspace handed them (each connection's socket inode and descriptors, to remove it
+    /// from the table if it ends unseen).
+    adoptable: HashMap<MapData, ConnectionTuple, Connection>,
+    handed_over: std::collections::HashMap<ConnectionTuple, (u64, Vec<(u32, u32)>)>,
     /// Descriptors (`(tgid, fd)` and the connection they named) whose connection was already
     /// gone at the last reconciliation: removed at the next one if still so (`reconcile`).
     orphaned_descriptors: HashSet<(u32, u32, u64)>,
@@ -224,6 +238,7 @@ impl KernelCapture {
             .map_max_entries("IN_FLIGHT", options.max_watched_connections)
             .map_max_entries("PENDING_CONNECTS", options.max_watched_connections)
             .map_max_entries("PACKET_STREAMS", options.max_watched_connections)
+            .map_max_entries("ADOPTABLE", options.max_watched_connections)
             .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
             .map_err(|err| programs::classify_load_error(&err))?;
@@ -268,6 +283,7 @@ impl KernelCapture {
         let ring: RingBuf<MapData> = take_map(&mut ebpf, "EVENTS")?;
         let connections: HashMap<_, u64, Connection> = take_map(&mut ebpf, "CONNECTIONS")?;
         let sockets: HashMap<_, SocketKey, SocketState> = take_map(&mut ebpf, "SOCKETS")?;
+        let adoptable: HashMap<_, ConnectionTuple, Connection> = take_map(&mut ebpf, "ADOPTABLE")?;
         let watching: Array<_, u8> = take_map(&mut ebpf, "WATCHING")?;
         let reader_awake: Array<_, u64> = take_map(&mut ebpf, "READER_AWAKE")?;
 
@@ -289,6 +305,8 @@ impl KernelCapture {
             reader_awake,
             reader_stamped: false,
             adopted: std::collections::HashMap::new(),
+            adoptable,
+            handed_over: std::collections::HashMap::new(),
             orphaned_descriptors: HashSet::new(),
             clock: MonotonicToWall::now(),
             copy_walk,
@@ -352,20 +370,36 @@ impl KernelCapture {
     }
 
     /// Watches the connections to watched ports that were established before the programs
-    /// were attached (call once, right after `start`). Returns one event per adopted
-    /// connection (`TcpState` from `Unknown` to `Established`, under its adopted id) for the
-    /// engine, which then decodes it as joined mid-stream.
-    /// With the packet hook nothing is adopted (`established_unwatched`).
-    pub fn adopt_established(&mut self, options: &CaptureOptions) -> Vec<Event> {
-        if self.capture_hook == CaptureHook::Packets {
-            return Vec::new();
-        }
+    /// were attached (call once, right after `start`).
+    ///
+    /// With the syscall hook each one is watched at once through its descriptors, and gets an
+    /// event (`TcpState` from `Unknown` to `Established`, under its adopted id) for the engine,
+    /// which then decodes it as joined mid-stream. With the packet hook a gRPC connection is
+    /// handed to the packet programs (`ADOPTABLE`), which watch it from its next packet and
+    /// announce it then, under its socket's address; a WebSocket one, upgraded before the
+    /// start, has nothing left to copy and gets its event at once, as with syscalls.
+    pub fn adopt_established(&mut self, options: &CaptureOptions) -> Adoption {
         let found = adopt::find_established(&options.grpc_ports, &options.websocket_ports);
         let now_ns = self.clock.wall_ns(monotonic_now_ns());
-        let mut events = Vec::new();
+        let mut adoption = Adoption::default();
         for connection in found {
-            match self.adopt(&connection) {
-                Ok(id) => events.push(adopted_event(&connection, id, now_ns)),
+            let adopted = if self.capture_hook == CaptureHook::Packets
+                && connection.port_class == PortClass::Grpc
+            {
+                self.hand_to_packet_programs(&connection).map(|()| None)
+            } else {
+                self.adopt(&connection).map(Some)
+            };
+            match adopted {
+                Ok(id) => {
+                    match connection.port_class {
+                        PortClass::Grpc => adoption.grpc += 1,
+                        PortClass::WebSocket => adoption.websocket += 1,
+                    }
+                    if let Some(id) = id {
+                        adoption.events.push(adopted_event(&connection, id, now_ns));
+                    }
+                }
                 Err(reason) => tracing::warn!(
                     local = %connection.local,
                     remote = %connection.remote,
@@ -373,39 +407,50 @@ impl KernelCapture {
                 ),
             }
         }
-        events
-    }
-
-    /// With the packet hook, the connections to watched ports established before the programs
-    /// were attached: their SYNs passed unseen, so nothing would place their bytes in the
-    /// stream, and they are not watched. How many, for the start line.
-    pub fn established_unwatched(&self, options: &CaptureOptions) -> usize {
-        if self.capture_hook == CaptureHook::Syscalls {
-            return 0;
-        }
-        adopt::find_established(&options.grpc_ports, &options.websocket_ports).len()
+        adoption
     }
 
     fn adopt(&mut self, connection: &FoundConnection) -> Result<u64, MapError> {
         let id = adopted_connection_id(connection.inode);
         self.connections
             .insert(id, connection.kernel_connection(), 0)?;
-        let state = connection.socket_state(id);
-        for key in connection.socket_keys() {
-            // BPF_NOEXIST: a descriptor the programs saw meanwhile (closed and reused for a
-            // new connection since the scan) keeps its own entry.
-            if let Err(err) = self.sockets.insert(key, state, BPF_NOEXIST) {
-                tracing::debug!(
-                    tgid = key.tgid,
-                    fd = key.fd,
-                    "descriptor not adopted: {err}"
-                );
+        // The packet programs find connections by socket, not descriptor: the entry above is
+        // all a WebSocket adopted for its close needs.
+        if self.capture_hook == CaptureHook::Syscalls {
+            let state = connection.socket_state(id);
+            for key in connection.socket_keys() {
+                // BPF_NOEXIST: a descriptor the programs saw meanwhile (closed and reused for
+                // a new connection since the scan) keeps its own entry.
+                if let Err(err) = self.sockets.insert(key, state, BPF_NOEXIST) {
+                    tracing::debug!(
+                        tgid = key.tgid,
+                        fd = key.fd,
+                        "descriptor not adopted: {err}"
+                    );
+                }
+                // Without its mark the programs would not look the descriptor up at all.
+                self.watching.set(watching_slot(key.tgid), 1, 0)?;
             }
-            // Without its mark the programs would not look the descriptor up at all.
-            self.watching.set(watching_slot(key.tgid), 1, 0)?;
         }
         self.adopted.insert(id, connection.descriptors.clone());
         Ok(id)
+    }
+
+    /// Names `connection` to the packet programs, which adopt it at its first packet.
+    fn hand_to_packet_programs(&mut self, connection: &FoundConnection) -> Result<(), MapError> {
+        let kernel = connection.kernel_connection();
+        let tuple = ConnectionTuple {
+            saddr: kernel.saddr,
+            daddr: kernel.daddr,
+            sport: kernel.sport,
+            dport: kernel.dport,
+            family: kernel.family,
+            _reserved: 0,
+        };
+        self.adoptable.insert(tuple, kernel, 0)?;
+        self.handed_over
+            .insert(tuple, (connection.inode, connection.descriptors.clone()));
+        Ok(())
     }
 
     /// Brings the programs' tables in line with the kernel's sockets, and returns the
@@ -419,6 +464,20 @@ impl KernelCapture {
     /// connection) the process still reads what arrived before it, and closes, through that
     /// descriptor; removed at once, a reconciliation in between lost that read, uncounted.
     pub fn reconcile(&mut self) -> HashSet<u64> {
+        // Handed to the packet programs and ended before they saw a packet: nothing else would
+        // remove them (the programs remove those they adopt).
+        if !self.handed_over.is_empty() {
+            let gone: Vec<ConnectionTuple> = self
+                .handed_over
+                .iter()
+                .filter(|(_, (inode, descriptors))| !adopt::holds_socket(descriptors, *inode))
+                .map(|(tuple, _)| *tuple)
+                .collect();
+            for tuple in gone {
+                let _ = self.adoptable.remove(&tuple);
+                self.handed_over.remove(&tuple);
+            }
+        }
         if !self.adopted.is_empty() {
             let gone: Vec<u64> = self
                 .adopted

@@ -153,7 +153,9 @@ impl ConnectionDecoders {
     /// first evicts a batch of its least useful connections (never decoded anything, then idle
     /// longest), counted in `evicted`: a flood of new connections pushes out stale ones
     /// instead of locking every new one out.
-    fn open(&mut self, event: &Event) {
+    /// Tracks `event`'s connection from now on; `joined_mid_stream`: it was established before
+    /// the observer started, so its first bytes went by.
+    fn open(&mut self, event: &Event, joined_mid_stream: bool) {
         if self.connections.contains_key(&event.connection) {
             return;
         }
@@ -183,10 +185,9 @@ impl ConnectionDecoders {
                 },
                 protocol: match event.port_class {
                     PortClass::WebSocket => Protocol::WebSocket(WebSocketDecoder::new(self.limits)),
-                    // Adopted: the preface and the first bytes went by before the observer.
-                    PortClass::Grpc if is_adopted_connection(event.connection) => Protocol::Grpc(
-                        Box::new(GrpcConnectionDecoder::joined_mid_stream(self.limits)),
-                    ),
+                    PortClass::Grpc if joined_mid_stream => Protocol::Grpc(Box::new(
+                        GrpcConnectionDecoder::joined_mid_stream(self.limits),
+                    )),
                     PortClass::Grpc => Protocol::Undetermined,
                 },
                 last_active_ns: event.ts_ns,
@@ -269,7 +270,7 @@ impl ConnectionDecoders {
     pub fn on_event(&mut self, event: &Event, observations: &mut Vec<Observation>) {
         match &event.kind {
             EventKind::TcpConnect => {
-                self.open(event);
+                self.open(event, false);
             }
             EventKind::Data {
                 direction,
@@ -282,10 +283,12 @@ impl ConnectionDecoders {
                 new: TcpState::Close,
                 ..
             } => self.close(event.connection, event.ts_ns, observations),
+            // Established before the observer: adopted at start (syscall hook) or at its first
+            // packet (packet hook).
             EventKind::TcpState {
+                old: TcpState::Unknown,
                 new: TcpState::Established,
-                ..
-            } if is_adopted_connection(event.connection) => self.adopt(event, observations),
+            } => self.adopt(event, observations),
             EventKind::TcpState { .. } => {}
         }
     }
@@ -306,7 +309,7 @@ impl ConnectionDecoders {
                     self.counters.evicted += 1;
                 }
             }
-            PortClass::Grpc => self.open(event),
+            PortClass::Grpc => self.open(event, true),
         }
     }
 
@@ -360,7 +363,8 @@ impl ConnectionDecoders {
             );
         }
         let limits = self.limits;
-        self.open(event);
+        // A connection adopted at start and evicted since is still one joined mid-stream.
+        self.open(event, is_adopted_connection(event.connection));
         let Some(connection) = self.connections.get_mut(&event.connection) else {
             return;
         };

@@ -136,11 +136,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     // After attaching: a connection made meanwhile is seen connecting, and one that closes
     // meanwhile is found gone by the next reconciliation.
     let adopted = capture.adopt_established(&options);
-    let adopted_websockets = adopted
-        .iter()
-        .filter(|event| event.port_class == crate::model::PortClass::WebSocket)
-        .count();
-    let adopted_grpc = adopted.len() - adopted_websockets;
+    let (adopted_grpc, adopted_websockets) = (adopted.grpc, adopted.websocket);
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CaptureError::Read)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CaptureError::Read)?;
     let mut started = serde_json::json!({
@@ -164,21 +160,11 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         // After the capture started, so a close racing the recovery is seen.
         started["placements_recovered"] = link.recover(&mut sink.engine).await.into();
     }
-    let unwatched = capture.established_unwatched(&options);
-    if options.capture_hook == crate::capture::kernel::CaptureHook::Packets {
-        started["unwatched_connections"] = unwatched.into();
-    }
-    if unwatched > 0 {
-        tracing::warn!(
-            "{unwatched} connections to watched ports were established before the packet hook \
-             was attached and are not watched; their clients' next connections will be"
-        );
-    }
     if !options.cgroup_scope.is_empty() {
         started["cgroup_scope"] = serde_json::json!(options.cgroup_scope);
     }
     sink.print_json(&started)?;
-    for event in &adopted {
+    for event in &adopted.events {
         sink.consume(event)?;
     }
     tracing::info!(
@@ -187,7 +173,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         adopted_grpc,
         adopted_websockets,
         "observer attached; adopted {} existing connection(s)",
-        adopted.len()
+        adopted_grpc + adopted_websockets
     );
 
     let deadline = async {
