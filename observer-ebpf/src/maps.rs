@@ -176,11 +176,17 @@ pub struct PacketDirection {
     pub first_seq: u32,
     /// `STREAM_SEQ_KNOWN`, `STREAM_HEAD_TAKEN`.
     pub flags: u32,
-    /// Stream offset up to which every byte has been seen.
-    pub next: u64,
+    /// Stream offset just past the furthest byte seen.
+    pub seen_end: u64,
+    /// Where bytes before `seen_end` may be missing (a segment came beyond it): from here
+    /// they are copied again; `NO_HOLE` when every byte before it was seen.
+    pub hole_from: u64,
     /// gRPC budget (see `io::draw`).
     pub budget: Budget,
 }
+
+/// `PacketDirection::hole_from` when nothing before `seen_end` is missing.
+pub const NO_HOLE: u64 = u64::MAX;
 
 /// `PacketDirection::flags`: the direction's SYN was seen, so its bytes can be placed.
 pub const STREAM_SEQ_KNOWN: u32 = 1;
@@ -202,7 +208,8 @@ impl PacketStream {
     const NEW_DIRECTION: PacketDirection = PacketDirection {
         first_seq: 0,
         flags: 0,
-        next: 0,
+        seen_end: 0,
+        hole_from: NO_HOLE,
         budget: Budget {
             spent: 0,
             settled_ns: 0,

@@ -11,10 +11,11 @@
 //!
 //! Where a segment's bytes sit in the stream comes from its sequence number, relative to the
 //! SYN of its direction (the SYN this side sent, and the SYN-ACK it received). Each direction
-//! keeps the offset up to which every byte was seen: a retransmission below it is not copied
-//! again, one that overlaps it only from there; a segment beyond it (reordered in the network)
-//! is copied at its own offset and counted (`SegmentsOutOfOrder`), and the decoders see the
-//! gap before it.
+//! keeps the furthest byte seen and where a hole before it starts (`place_segment`): a
+//! retransmission of bytes seen is not copied again, one that overlaps them only past them; a
+//! segment beyond the furthest byte (its predecessor lost or reordered in the network) is
+//! copied at its own offset and counted (`SegmentsOutOfOrder`), and so is the hole's fill when
+//! it comes. Userspace puts the records back in order.
 //!
 //! Policies as for syscalls: a WebSocket connection's first write in each direction, up to
 //! `CHUNK_SIZE` bytes (the upgrade request and its answer; the chat after them never), a gRPC
@@ -36,9 +37,9 @@ use observer_records::{
 use crate::{
     io::draw,
     maps::{
-        ADOPTABLE, CONFIG, CONNECTIONS, PACKET_COPY, PACKET_STREAMS, PacketCopy, PacketDirection,
-        PacketStream, SCRATCH, STREAM_HEAD_TAKEN, STREAM_JOINED, STREAM_SEQ_KNOWN, WATCHED_PORTS,
-        count, insert_or_count,
+        ADOPTABLE, CONFIG, CONNECTIONS, NO_HOLE, PACKET_COPY, PACKET_STREAMS, PacketCopy,
+        PacketDirection, PacketStream, SCRATCH, STREAM_HEAD_TAKEN, STREAM_JOINED, STREAM_SEQ_KNOWN,
+        WATCHED_PORTS, count, insert_or_count,
     },
     ring::{header_for, output_data, output_header},
 };
@@ -133,23 +134,17 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         // Adopted established: the stream, as far as it is seen, starts here, at an offset
         // that says it is not the stream's start.
         half.first_seq = payload_seq;
-        half.next = JOINED_STREAM_OFFSET;
+        half.seen_end = JOINED_STREAM_OFFSET;
         half.flags |= STREAM_SEQ_KNOWN;
     }
-    let start = stream_offset(half, payload_seq);
-    let end = start + u64::from(segment.payload_len);
-    if end <= half.next {
+    let segment_start = stream_offset(half, payload_seq);
+    let end = segment_start + u64::from(segment.payload_len);
+    let Some((start, len)) = place_segment(half, segment_start, end) else {
         // Every byte seen already: a retransmission.
         return Ok(());
-    }
-    let skip = half.next.saturating_sub(start);
-    let start = start + skip;
-    let len = end - start;
-    if start > half.next {
-        count(Counter::SegmentsOutOfOrder, 1);
-    } else {
-        half.next = end;
-    }
+    };
+    // Bytes of the segment's front seen before.
+    let skip = start - segment_start;
     let Some(conn) = (unsafe { CONNECTIONS.get(sock) }) else {
         return Ok(());
     };
@@ -264,12 +259,44 @@ fn read_segment(ctx: &SkBuffContext) -> Result<Segment, i64> {
     })
 }
 
+/// What of the segment at `start..end` to copy, given what this direction saw: `None` when
+/// every byte of it was copied before (a retransmission), else its start past the bytes
+/// already seen, and its length. Updates what was seen.
+///
+/// A segment beyond the furthest byte seen (its predecessor lost or reordered in the network)
+/// opens a hole there; segments below the furthest byte are then copied from the hole on
+/// (the hole's fill, and anything after it: userspace drops what repeats), and the hole
+/// closes once a segment fills it up to the furthest byte. Userspace puts the records back in
+/// order (`capture::reorder`).
+fn place_segment(half: &mut PacketDirection, start: u64, end: u64) -> Option<(u64, u64)> {
+    let seen_end = half.seen_end;
+    if start > seen_end {
+        count(Counter::SegmentsOutOfOrder, 1);
+        half.hole_from = half.hole_from.min(seen_end);
+        half.seen_end = end;
+        return Some((start, end - start));
+    }
+    // Below this every byte has been seen.
+    let seen_below = half.hole_from.min(seen_end);
+    if end <= seen_below {
+        return None;
+    }
+    let start = start.max(seen_below);
+    if start == half.hole_from {
+        // Filled from the hole's start: what may still be missing starts after this segment
+        // (a segment further in the hole leaves its start where it was).
+        half.hole_from = if end >= seen_end { NO_HOLE } else { end };
+    }
+    half.seen_end = seen_end.max(end);
+    Some((start, end - start))
+}
+
 /// The stream offset of sequence number `seq`: sequence numbers wrap every 4 GiB, so it is
-/// the offset nearest the direction's high-water mark with those low 32 bits.
+/// the offset nearest the furthest byte seen with those low 32 bits.
 fn stream_offset(half: &PacketDirection, seq: u32) -> u64 {
     let relative = seq.wrapping_sub(half.first_seq);
-    let distance = relative.wrapping_sub(half.next as u32) as i32;
-    half.next.wrapping_add(distance as i64 as u64)
+    let distance = relative.wrapping_sub(half.seen_end as u32) as i32;
+    half.seen_end.wrapping_add(distance as i64 as u64)
 }
 
 /// How many of the `len` bytes at stream offset `start` the port class's policy lets us copy.

@@ -34,10 +34,11 @@ const NAMESPACE: &str = "openim-observer";
 const CONTAINER: &str = "observer";
 /// The kustomizations a user deploys or builds on, relative to deploy/kubernetes. Components are
 /// rendered as part of the overlays that use them.
-const VARIANTS: [&str; 4] = [
+const VARIANTS: [&str; 5] = [
     "base",
     "overlays/cluster",
     "overlays/example",
+    "overlays/packet-hook",
     "overlays/privileged",
 ];
 
@@ -405,6 +406,11 @@ fn container(daemonset: &DaemonSet, place: &str) -> Container {
 
 /// The security the base promises; the example overlay must keep all of it.
 fn assert_least_privilege(daemonset: &DaemonSet, place: &str) {
+    assert_least_privilege_with(daemonset, place, &["BPF", "PERFMON"]);
+}
+
+/// The base's security with exactly the capabilities `expected_added` (sorted) added.
+fn assert_least_privilege_with(daemonset: &DaemonSet, place: &str, expected_added: &[&str]) {
     let pod = pod(daemonset, place);
     assert_eq!(pod.host_pid, Some(true), "{place}: hostPID");
     assert_ne!(pod.host_network, Some(true), "{place}: hostNetwork");
@@ -459,8 +465,7 @@ fn assert_least_privilege(daemonset: &DaemonSet, place: &str) {
     let mut added = capabilities.add.unwrap_or_default();
     added.sort();
     assert_eq!(
-        added,
-        ["BPF", "PERFMON"],
+        added, expected_added,
         "{place}: securityContext.capabilities.add"
     );
     assert_eq!(
@@ -496,33 +501,14 @@ fn assert_least_privilege(daemonset: &DaemonSet, place: &str) {
         Some("Directory"),
         "{place}: tracefs hostPath type"
     );
-}
-
-/// What the pod-names component adds, seen through the example overlay.
-fn assert_pod_names_and_image(daemonset: &DaemonSet, place: &str) {
-    let container = container(daemonset, place);
-    assert_eq!(
-        container.image.as_deref(),
-        Some("registry.example.com/openim-observer:0.1.0"),
-        "{place}: image"
-    );
-    assert_eq!(
-        container.args.as_ref().and_then(|args| args.last()),
-        Some(&"--kube".to_owned()),
-        "{place}: the pod-names component appends --kube"
-    );
-    assert_eq!(
-        pod(daemonset, place).automount_service_account_token,
-        Some(true),
-        "{place}: the pod-names component mounts the service account token"
-    );
-    // The observer finds a process's pod from its cgroup in the node's hierarchy, read-only.
+    // The node's cgroup hierarchy, read-only: --kube finds a process's pod there, the packet
+    // hook attaches there.
     let cgroup_root = container
         .args
         .iter()
         .flatten()
         .find_map(|arg| arg.strip_prefix("--cgroup-root="))
-        .unwrap_or_else(|| panic!("{place}: the pod-names component passes no --cgroup-root="));
+        .unwrap_or_else(|| panic!("{place}: no --cgroup-root="));
     let mount = container
         .volume_mounts
         .iter()
@@ -534,14 +520,33 @@ fn assert_pod_names_and_image(daemonset: &DaemonSet, place: &str) {
         Some(true),
         "{place}: cgroup mount readOnly"
     );
-    let volume = pod(daemonset, place)
+    let volume = pod
         .volumes
-        .into_iter()
+        .iter()
         .flatten()
         .find(|volume| volume.name == mount.name)
-        .and_then(|volume| volume.host_path)
+        .and_then(|volume| volume.host_path.clone())
         .unwrap_or_else(|| panic!("{place}: volume {} is not a hostPath", mount.name));
     assert_eq!(volume.path, "/sys/fs/cgroup", "{place}: cgroup hostPath");
+}
+
+/// What the pod-names component adds, seen through the example overlay.
+fn assert_pod_names_and_image(daemonset: &DaemonSet, place: &str) {
+    let container = container(daemonset, place);
+    assert_eq!(
+        container.image.as_deref(),
+        Some("registry.example.com/openim-observer:0.1.0"),
+        "{place}: image"
+    );
+    assert!(
+        container.args.iter().flatten().any(|arg| arg == "--kube"),
+        "{place}: the pod-names component appends --kube"
+    );
+    assert_eq!(
+        pod(daemonset, place).automount_service_account_token,
+        Some(true),
+        "{place}: the pod-names component mounts the service account token"
+    );
 }
 
 #[test]
@@ -572,6 +577,23 @@ fn example_overlay_keeps_least_privilege_and_adds_pod_names() {
     };
     assert_least_privilege(&daemonset, &place);
     assert_pod_names_and_image(&daemonset, &place);
+}
+
+#[test]
+fn packet_hook_overlay_is_the_example_with_the_hook_and_net_admin_only() {
+    let Some((daemonset, place)) = build_variant("overlays/packet-hook") else {
+        return;
+    };
+    assert_least_privilege_with(&daemonset, &place, &["BPF", "NET_ADMIN", "PERFMON"]);
+    assert_pod_names_and_image(&daemonset, &place);
+    let args = container(&daemonset, &place).args.unwrap_or_default();
+    assert_eq!(
+        args.iter()
+            .filter(|arg| arg.starts_with("--capture-hook"))
+            .collect::<Vec<_>>(),
+        ["--capture-hook=packets"],
+        "{place}: args"
+    );
 }
 
 #[test]

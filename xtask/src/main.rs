@@ -269,6 +269,8 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 fn test(toolchain: &Toolchain) -> Result<()> {
     // Cluster mode's tests run against a real Redis.
     apt::ensure("redis-server", "redis-server")?;
+    // tests/tests/packet_loss.rs drops chosen packets with netfilter.
+    apt::ensure("iptables", "iptables")?;
     // tests/tests/client_matrix.rs runs the lab's clients in Go and Python too.
     client_stacks::ensure()?;
     build_ebpf(toolchain)?;

@@ -26,6 +26,7 @@ use super::{
     cgroup_scope::{self, ScopeError},
     host::{self, TRACEFS},
     programs,
+    reorder::{Reorder, ReorderCounters},
     ring_records::{MonotonicToWall, drain_ring, monotonic_now_ns},
     tracepoint_format::{self, LayoutError},
 };
@@ -190,6 +191,11 @@ pub struct KernelCapture {
     /// gone at the last reconciliation: removed at the next one if still so (`reconcile`).
     orphaned_descriptors: HashSet<(u32, u32, u64)>,
     clock: MonotonicToWall,
+    /// The packet hook's records back in stream order (`None` with the syscall hook), the
+    /// events it let go outside a drain, and a buffer reused by every drain.
+    reorder: Option<Reorder>,
+    released: Vec<Event>,
+    reorder_scratch: Vec<Event>,
     /// How the syscall hook walks a call's buffers; `None` with the packet hook.
     copy_walk: Option<CopyWalk>,
     capture_hook: CaptureHook,
@@ -309,6 +315,9 @@ impl KernelCapture {
             handed_over: std::collections::HashMap::new(),
             orphaned_descriptors: HashSet::new(),
             clock: MonotonicToWall::now(),
+            reorder: (options.capture_hook == CaptureHook::Packets).then(Reorder::default),
+            released: Vec::new(),
+            reorder_scratch: Vec::new(),
             copy_walk,
             capture_hook: options.capture_hook,
             log_task,
@@ -329,13 +338,46 @@ impl KernelCapture {
     /// Waits until the kernel has produced records, then converts up to one batch of them.
     pub async fn read_batch(&mut self, events: &mut Vec<Event>) -> Result<Drained, CaptureError> {
         let mut guard = self.ring.readable_mut().await?;
+        let from = events.len();
         let drained = drain_ring(guard.get_inner_mut(), &self.clock, events);
         // Records left behind keep the ring readable: the next call converts them at once
         // instead of waiting for a wakeup the programs may not send.
         if !drained.more {
             guard.clear_ready();
         }
+        drop(guard);
+        self.put_in_order(events, from);
         Ok(drained)
+    }
+
+    /// With the packet hook, passes the events from `from` on through `reorder` (records
+    /// ahead of a gap wait for its fill), with those whose wait is over.
+    fn put_in_order(&mut self, events: &mut Vec<Event>, from: usize) {
+        let Some(reorder) = &mut self.reorder else {
+            return;
+        };
+        let now_ns = monotonic_now_ns();
+        let mut fresh = std::mem::take(&mut self.reorder_scratch);
+        fresh.extend(events.drain(from..));
+        events.append(&mut self.released);
+        for event in fresh.drain(..) {
+            reorder.push(event, now_ns, events);
+        }
+        reorder.expire(now_ns, events);
+        self.reorder_scratch = fresh;
+    }
+
+    /// The capture ends: records still waiting for a gap to fill go on, in order.
+    pub fn release_held(&mut self, events: &mut Vec<Event>) {
+        events.append(&mut self.released);
+        if let Some(reorder) = &mut self.reorder {
+            reorder.release_all(events);
+        }
+    }
+
+    /// What putting the packet hook's records in order did (`None` with the syscall hook).
+    pub fn reorder_counters(&self) -> Option<ReorderCounters> {
+        self.reorder.as_ref().map(Reorder::counters)
     }
 
     /// Tells the programs the reader polls the ring: it reads again within `READ_FOLLOW_UP`,
@@ -366,7 +408,10 @@ impl KernelCapture {
 
     /// Converts up to one batch of the records already in the ring without waiting.
     pub fn drain(&mut self, events: &mut Vec<Event>) -> Drained {
-        drain_ring(self.ring.get_mut(), &self.clock, events)
+        let from = events.len();
+        let drained = drain_ring(self.ring.get_mut(), &self.clock, events);
+        self.put_in_order(events, from);
+        drained
     }
 
     /// Watches the connections to watched ports that were established before the programs
@@ -526,6 +571,10 @@ impl KernelCapture {
             }
         }
         self.orphaned_descriptors = orphaned;
+        if let Some(reorder) = &mut self.reorder {
+            // Passed on with the next drain, before anything newer.
+            reorder.retain(&alive, &mut self.released);
+        }
         alive
     }
 

@@ -8,6 +8,7 @@ pub mod kernel;
 mod kernel_features;
 mod programs;
 pub mod recording;
+pub mod reorder;
 mod ring_records;
 pub mod socket_tables;
 pub mod tracepoint_format;

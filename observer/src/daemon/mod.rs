@@ -26,6 +26,7 @@ use crate::{
             CaptureError, DRAIN_INTERVAL, Drained, KernelCapture, KernelCounters, READ_FOLLOW_UP,
         },
         recording::{self, RecordingError},
+        reorder::ReorderCounters,
     },
     cluster::{
         ClusterError, ClusterLink, SharedState, StoreMetrics, link::Done, store::StoreError,
@@ -259,7 +260,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     }
     malformed_records +=
         consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_AT_STOP)?.malformed;
+    capture.release_held(&mut batch);
+    sink.consume_batch(&mut batch)?;
     let kernel = capture.counters()?;
+    let reorder = capture.reorder_counters();
     drop(capture);
     sink.finish();
     sink.settle().await?;
@@ -270,6 +274,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         &sink.engine,
         malformed_records,
         Some(&kernel),
+        reorder,
         sink.cluster.as_ref().map(ClusterLink::state),
     );
     Ok(())
@@ -308,6 +313,7 @@ fn report_stop(
     engine: &Engine,
     malformed_records: usize,
     kernel: Option<&KernelCounters>,
+    reorder: Option<ReorderCounters>,
     shared_state: Option<&SharedState>,
 ) {
     let mut line = serde_json::json!({
@@ -317,6 +323,9 @@ fn report_stop(
         "engine": engine.counters(),
         "resident_memory": crate::budget::resident_memory(),
     });
+    if let Some(reorder) = reorder {
+        line["reorder"] = serde_json::json!(reorder);
+    }
     if let Some(state) = shared_state {
         line["shared_state"] = serde_json::json!(state.health().counters());
     }
@@ -348,7 +357,7 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
     }
     sink.finish();
     sink.flush()?;
-    report_stop(&sink.engine, 0, None, None);
+    report_stop(&sink.engine, 0, None, None, None);
     Ok(())
 }
 

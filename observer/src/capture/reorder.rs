@@ -1,0 +1,403 @@
+//! The packet hook's records back in stream order. A segment lost or reordered in the network
+//! reaches the packet programs after the segments behind it (`observer-ebpf/src/packet.rs`
+//! copies each at its own offset); the decoders need each direction in order, and an HTTP/2
+//! direction that meets a gap stops decoding for good. Records ahead of a gap wait here, per
+//! connection direction, until the gap is filled (TCP retransmits within a round trip, or a
+//! retransmission timeout: 200 ms at least), and are released in order then; or, if the gap
+//! lasts `HOLD_NS` or the held bytes pass `MAX_HELD_BYTES`, released with the gap, which the
+//! decoders report. Bytes seen twice (a hole's fill overlaps what follows) are left to the
+//! decoders, which skip them.
+//!
+//! Only for the packet hook: the syscall hook's records come in order by construction, and
+//! its offsets jump only where bytes were deliberately not copied.
+
+use std::collections::{BTreeMap, HashMap};
+
+use observer_records::JOINED_STREAM_OFFSET;
+
+use crate::model::{ConnectionId, Direction, Event, EventKind, TcpState};
+
+/// How long records wait for a gap before them to fill: longer than a retransmission timeout's
+/// minimum (200 ms), short enough that alerts are not held back much.
+pub const HOLD_NS: u64 = 300_000_000;
+
+/// Payload bytes held across every connection at most; past it the connection that needs room
+/// is released, gap and all. Outside the engine's memory budget, as the ring's batch bound.
+pub const MAX_HELD_BYTES: usize = 2 << 20;
+
+/// What reordering did, for the observer's final counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReorderCounters {
+    /// Records that came ahead of a gap and waited.
+    pub records_held: u64,
+    /// Gaps that were filled while records waited behind them.
+    pub gaps_filled: u64,
+    /// Gaps given up on (too long, or too much held): their records went on with the gap.
+    pub gaps_released: u64,
+}
+
+#[derive(Default)]
+pub struct Reorder {
+    streams: HashMap<(ConnectionId, Direction), Stream>,
+    held_bytes: usize,
+    counters: ReorderCounters,
+}
+
+/// One direction of a connection.
+struct Stream {
+    /// Offset of the next byte expected.
+    next: u64,
+    /// The last record passed on stopped short of its segment (budget or policy): a jump in
+    /// offsets after it is expected, not a gap to wait for.
+    cut: bool,
+    /// Records ahead of `next`, by offset, and when the first of them came.
+    held: BTreeMap<u64, Event>,
+    held_since_ns: u64,
+}
+
+impl Reorder {
+    pub fn counters(&self) -> ReorderCounters {
+        self.counters
+    }
+
+    /// Passes `event` on into `out`, with any records it lets go after it, or holds it.
+    /// `now_ns`: the monotonic clock (`HOLD_NS` is measured on it).
+    pub fn push(&mut self, event: Event, now_ns: u64, out: &mut Vec<Event>) {
+        let (direction, offset, len) = match &event.kind {
+            EventKind::Data {
+                direction,
+                offset,
+                payload,
+                ..
+            } => (*direction, *offset, payload.len() as u64),
+            // A socket address reused by a new connection, or the connection's end.
+            EventKind::TcpConnect
+            | EventKind::Close
+            | EventKind::TcpState {
+                new: TcpState::Close,
+                ..
+            } => {
+                self.end(event.connection, out);
+                return out.push(event);
+            }
+            EventKind::TcpState { .. } => return out.push(event),
+        };
+        let key = (event.connection, direction);
+        // A direction starts at 0, or where an adopted connection was first seen
+        // (`JOINED_STREAM_OFFSET` and beyond).
+        let stream = self.streams.entry(key).or_insert_with(|| Stream {
+            next: if offset >= JOINED_STREAM_OFFSET {
+                offset
+            } else {
+                0
+            },
+            cut: false,
+            held: BTreeMap::new(),
+            held_since_ns: 0,
+        });
+        if offset > stream.next && !stream.cut {
+            if stream.held.is_empty() {
+                stream.held_since_ns = now_ns;
+            }
+            self.counters.records_held += 1;
+            self.held_bytes += len as usize;
+            if let Some(repeated) = stream.held.insert(offset, event) {
+                self.held_bytes -= extent(&repeated).0;
+            }
+            if self.held_bytes > MAX_HELD_BYTES {
+                self.counters.gaps_released += 1;
+                self.release(key, out);
+            }
+            return;
+        }
+        pass_on(stream, event, out);
+        let was_holding = !stream.held.is_empty();
+        self.release_ready(key, out);
+        if was_holding && self.streams.get(&key).is_some_and(|s| s.held.is_empty()) {
+            self.counters.gaps_filled += 1;
+        }
+    }
+
+    /// Releases, gap and all, the records that waited `HOLD_NS` or longer.
+    pub fn expire(&mut self, now_ns: u64, out: &mut Vec<Event>) {
+        let expired: Vec<(ConnectionId, Direction)> = self
+            .streams
+            .iter()
+            .filter(|(_, stream)| {
+                !stream.held.is_empty() && now_ns.saturating_sub(stream.held_since_ns) >= HOLD_NS
+            })
+            .map(|(key, _)| *key)
+            .collect();
+        for key in expired {
+            self.counters.gaps_released += 1;
+            self.release(key, out);
+        }
+    }
+
+    /// Forgets the connections not in `alive` (the kernel's watched connections): those whose
+    /// close was lost with dropped records. What they held goes on first.
+    pub fn retain(
+        &mut self,
+        alive: &std::collections::HashSet<ConnectionId>,
+        out: &mut Vec<Event>,
+    ) {
+        let gone: Vec<ConnectionId> = self
+            .streams
+            .keys()
+            .filter(|(connection, _)| !alive.contains(connection))
+            .map(|(connection, _)| *connection)
+            .collect();
+        for connection in gone {
+            self.end(connection, out);
+        }
+    }
+
+    /// Releases everything held, in order (the capture ends).
+    pub fn release_all(&mut self, out: &mut Vec<Event>) {
+        let held: Vec<(ConnectionId, Direction)> = self
+            .streams
+            .iter()
+            .filter(|(_, stream)| !stream.held.is_empty())
+            .map(|(key, _)| *key)
+            .collect();
+        for key in held {
+            self.counters.gaps_released += 1;
+            self.release(key, out);
+        }
+    }
+
+    /// The connection ends (or its socket is reused): what it held goes first, in order.
+    fn end(&mut self, connection: ConnectionId, out: &mut Vec<Event>) {
+        for direction in [Direction::Send, Direction::Recv] {
+            let key = (connection, direction);
+            if self.streams.get(&key).is_some_and(|s| !s.held.is_empty()) {
+                self.counters.gaps_released += 1;
+                self.release(key, out);
+            }
+            self.streams.remove(&key);
+        }
+    }
+
+    /// Passes on the held records that now follow without a gap.
+    fn release_ready(&mut self, key: (ConnectionId, Direction), out: &mut Vec<Event>) {
+        let Some(stream) = self.streams.get_mut(&key) else {
+            return;
+        };
+        while let Some(entry) = stream.held.first_entry() {
+            if *entry.key() > stream.next && !stream.cut {
+                return;
+            }
+            let event = entry.remove();
+            self.held_bytes -= pass_on(stream, event, out);
+        }
+    }
+
+    /// Passes on every held record of `key` in order, over the gaps.
+    fn release(&mut self, key: (ConnectionId, Direction), out: &mut Vec<Event>) {
+        let Some(stream) = self.streams.get_mut(&key) else {
+            return;
+        };
+        while let Some((_, event)) = stream.held.pop_first() {
+            self.held_bytes -= pass_on(stream, event, out);
+        }
+    }
+}
+
+/// Passes `event` on without what `stream` passed already, and advances `stream` past it;
+/// returns its payload's size (as held).
+fn pass_on(stream: &mut Stream, event: Event, out: &mut Vec<Event>) -> usize {
+    let (size, end, truncated) = extent(&event);
+    let next = stream.next;
+    stream.next = next.max(end);
+    stream.cut = truncated;
+    out.extend(past(next, event));
+    size
+}
+
+/// A data event's payload size, the offset past it, and whether it was cut.
+fn extent(event: &Event) -> (usize, u64, bool) {
+    match &event.kind {
+        EventKind::Data {
+            offset,
+            payload,
+            truncated,
+            ..
+        } => (payload.len(), offset + payload.len() as u64, *truncated),
+        _ => (0, 0, false),
+    }
+}
+
+/// `event` without its bytes before `next` (passed on already in an earlier record: a hole's
+/// fill may overlap what came after the hole); `None` if nothing is left.
+fn past(next: u64, mut event: Event) -> Option<Event> {
+    if let EventKind::Data {
+        offset, payload, ..
+    } = &mut event.kind
+        && *offset < next
+    {
+        let seen = usize::try_from(next - *offset).unwrap_or(usize::MAX);
+        if seen >= payload.len() {
+            return None;
+        }
+        *payload = payload.slice(seen..);
+        *offset = next;
+    }
+    Some(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::model::PortClass;
+
+    const CONNECTION: ConnectionId = 0xffff_8881_0000_0000;
+
+    fn event(kind: EventKind) -> Event {
+        Event {
+            ts_ns: 0,
+            connection: CONNECTION,
+            pid: 1,
+            comm: "push".to_owned(),
+            cgroup_id: 1,
+            saddr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            sport: 40000,
+            daddr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            dport: 88,
+            port_class: PortClass::Grpc,
+            kind,
+        }
+    }
+
+    fn data(offset: u64, bytes: &[u8]) -> Event {
+        event(EventKind::Data {
+            direction: Direction::Recv,
+            offset,
+            call_len: bytes.len() as u64,
+            truncated: false,
+            payload: Bytes::copy_from_slice(bytes),
+        })
+    }
+
+    fn offsets(events: &[Event]) -> Vec<u64> {
+        events
+            .iter()
+            .filter_map(|event| match &event.kind {
+                EventKind::Data { offset, .. } => Some(*offset),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn records_ahead_of_a_gap_wait_for_its_fill() {
+        let mut reorder = Reorder::default();
+        let mut out = Vec::new();
+        reorder.push(data(0, b"aaaa"), 0, &mut out);
+        reorder.push(data(8, b"cccc"), 1, &mut out);
+        reorder.push(data(12, b"dddd"), 2, &mut out);
+        assert_eq!(offsets(&out), [0]);
+        // The fill, and (as the kernel may copy it) bytes after it again: passed on once.
+        reorder.push(data(4, b"bbbbcc"), 3, &mut out);
+        assert_eq!(offsets(&out), [0, 4, 10, 12]);
+        assert_eq!(
+            reorder.counters(),
+            ReorderCounters {
+                records_held: 2,
+                gaps_filled: 1,
+                gaps_released: 0,
+            }
+        );
+        assert_eq!(reorder.held_bytes, 0);
+    }
+
+    #[test]
+    fn a_first_record_ahead_of_the_stream_start_waits_too() {
+        let mut reorder = Reorder::default();
+        let mut out = Vec::new();
+        reorder.push(data(4, b"bbbb"), 0, &mut out);
+        assert!(out.is_empty());
+        reorder.push(data(0, b"aaaa"), 1, &mut out);
+        assert_eq!(offsets(&out), [0, 4]);
+        // An adopted connection's first record is its start.
+        let mut adopted = data(JOINED_STREAM_OFFSET + 4, b"xxxx");
+        adopted.connection += 1;
+        reorder.push(adopted, 2, &mut out);
+        assert_eq!(offsets(&out), [0, 4, JOINED_STREAM_OFFSET + 4]);
+    }
+
+    #[test]
+    fn a_gap_that_lasts_is_released_with_its_records_in_order() {
+        let mut reorder = Reorder::default();
+        let mut out = Vec::new();
+        reorder.push(data(0, b"aaaa"), 0, &mut out);
+        reorder.push(data(12, b"dddd"), 10, &mut out);
+        reorder.push(data(8, b"cccc"), 20, &mut out);
+        reorder.expire(HOLD_NS, &mut out);
+        assert_eq!(offsets(&out), [0]);
+        reorder.expire(10 + HOLD_NS, &mut out);
+        assert_eq!(offsets(&out), [0, 8, 12]);
+        assert_eq!(reorder.counters().gaps_released, 1);
+        // Later records follow on from there.
+        reorder.push(data(16, b"eeee"), 11 + HOLD_NS, &mut out);
+        assert_eq!(offsets(&out), [0, 8, 12, 16]);
+    }
+
+    #[test]
+    fn a_close_releases_what_waited_before_it() {
+        let mut reorder = Reorder::default();
+        let mut out = Vec::new();
+        reorder.push(data(0, b"aaaa"), 0, &mut out);
+        reorder.push(data(8, b"cccc"), 1, &mut out);
+        reorder.push(
+            event(EventKind::TcpState {
+                old: TcpState::LastAck,
+                new: TcpState::Close,
+            }),
+            2,
+            &mut out,
+        );
+        assert_eq!(offsets(&out), [0, 8]);
+        assert!(matches!(
+            out.last().unwrap().kind,
+            EventKind::TcpState {
+                new: TcpState::Close,
+                ..
+            }
+        ));
+        assert!(reorder.streams.is_empty());
+    }
+
+    #[test]
+    fn a_jump_after_a_cut_record_is_not_waited_for() {
+        let mut reorder = Reorder::default();
+        let mut out = Vec::new();
+        let mut cut = data(0, b"aaaa");
+        if let EventKind::Data { truncated, .. } = &mut cut.kind {
+            *truncated = true;
+        }
+        reorder.push(cut, 0, &mut out);
+        reorder.push(data(100, b"zzzz"), 1, &mut out);
+        assert_eq!(offsets(&out), [0, 100]);
+        assert_eq!(reorder.counters().records_held, 0);
+    }
+
+    #[test]
+    fn held_bytes_stay_within_their_bound() {
+        let mut reorder = Reorder::default();
+        let mut out = Vec::new();
+        reorder.push(data(0, b"a"), 0, &mut out);
+        let chunk = vec![7u8; 4096];
+        let mut offset = 10;
+        for _ in 0..(MAX_HELD_BYTES / chunk.len() + 1) {
+            reorder.push(data(offset, &chunk), 1, &mut out);
+            offset += chunk.len() as u64;
+            assert!(reorder.held_bytes <= MAX_HELD_BYTES);
+        }
+        assert_eq!(reorder.counters().gaps_released, 1);
+        assert_eq!(out.len(), 1 + MAX_HELD_BYTES / chunk.len() + 1);
+    }
+}
