@@ -104,8 +104,10 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         }
     };
     let segment = read_segment(ctx)?;
-    // SAFETY: a live map value; a socket's packets in one direction pass under its lock (egress)
-    // or in its receive path, one at a time.
+    // SAFETY: a live map value. A socket's packets in one direction pass one at a time in
+    // practice (sent under its lock; a flow's packets received on one CPU); two CPUs racing
+    // could only copy a segment twice or misplace a hole, which userspace's reordering
+    // tolerates, never touch memory outside the value.
     let stream = unsafe { &mut *stream };
     let half = if direction == Direction::Send {
         &mut stream.send

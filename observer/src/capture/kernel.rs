@@ -237,14 +237,20 @@ impl KernelCapture {
         } else {
             KERNEL_LOG_WARN
         };
+        // The tables of the hook not in use get one entry: the object declares them all, and
+        // hash maps are allocated whole, so full-size ones would cost kernel memory for nothing.
+        let (syscall_entries, packet_entries) = match options.capture_hook {
+            CaptureHook::Syscalls => (options.max_watched_connections, 1),
+            CaptureHook::Packets => (1, options.max_watched_connections),
+        };
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("EVENTS", options.ring_bytes)
             .map_max_entries("CONNECTIONS", options.max_watched_connections)
-            .map_max_entries("SOCKETS", options.max_watched_connections)
-            .map_max_entries("IN_FLIGHT", options.max_watched_connections)
-            .map_max_entries("PENDING_CONNECTS", options.max_watched_connections)
-            .map_max_entries("PACKET_STREAMS", options.max_watched_connections)
-            .map_max_entries("ADOPTABLE", options.max_watched_connections)
+            .map_max_entries("SOCKETS", syscall_entries)
+            .map_max_entries("IN_FLIGHT", syscall_entries)
+            .map_max_entries("PENDING_CONNECTS", syscall_entries)
+            .map_max_entries("PACKET_STREAMS", packet_entries)
+            .map_max_entries("ADOPTABLE", packet_entries)
             .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
             .map_err(|err| programs::classify_load_error(&err))?;

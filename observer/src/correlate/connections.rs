@@ -152,9 +152,8 @@ impl ConnectionDecoders {
     /// Starts tracking the connection of `event` unless it is tracked already. A full table
     /// first evicts a batch of its least useful connections (never decoded anything, then idle
     /// longest), counted in `evicted`: a flood of new connections pushes out stale ones
-    /// instead of locking every new one out.
-    /// Tracks `event`'s connection from now on; `joined_mid_stream`: it was established before
-    /// the observer started, so its first bytes went by.
+    /// instead of locking every new one out. `joined_mid_stream`: it was established before the
+    /// observer started, so its first bytes went by.
     fn open(&mut self, event: &Event, joined_mid_stream: bool) {
         if self.connections.contains_key(&event.connection) {
             return;

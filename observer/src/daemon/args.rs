@@ -50,8 +50,9 @@ pub struct RunArgs {
     /// Watched connections (and their descriptors, and the connects, reads and writes in
     /// progress on them) the kernel's tables hold at once: at least the WebSockets of the
     /// busiest proxy node (one per online user there) plus push's connections. Each costs about
-    /// 540 bytes of kernel memory, charged to the pod. A full table leaves new connections (or
-    /// calls) unwatched and says so (`capture_degraded`, `table_full`).
+    /// 540 bytes of kernel memory (470 with the packet hook), charged to the pod. A full table
+    /// leaves new connections (or calls) unwatched and says so (`capture_degraded`,
+    /// `table_full`).
     #[arg(long, value_name = "COUNT", default_value_t = observer_records::DEFAULT_MAX_WATCHED_CONNECTIONS, value_parser = clap::value_parser!(u32).range(64..=(1 << 22)))]
     pub max_watched_connections: u32,
     /// Print every captured record as one JSON object per line (credentials scrubbed).
