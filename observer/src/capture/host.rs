@@ -3,12 +3,16 @@
 
 use std::path::Path;
 
-use super::kernel::CaptureError;
+use super::kernel::{CaptureError, CaptureHook};
 
 pub(super) const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// Capabilities from /proc/self/status (`CapEff`); bit numbers from linux/capability.h.
-pub(super) fn check_privileges() -> Result<(), CaptureError> {
+/// The capabilities the programs of `hook` need: CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN),
+/// and for the packet hook's cgroup programs CAP_NET_ADMIN too (the kernel loads network
+/// program types only for it or CAP_SYS_ADMIN).
+pub(super) fn check_privileges(hook: CaptureHook) -> Result<(), CaptureError> {
+    const CAP_NET_ADMIN: u32 = 12;
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
@@ -22,10 +26,14 @@ pub(super) fn check_privileges() -> Result<(), CaptureError> {
         })
         .unwrap_or(0);
     let has = |cap: u32| effective & (1u64 << cap) != 0;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+    let mut needed = vec![(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")];
+    if hook == CaptureHook::Packets {
+        needed.push((CAP_NET_ADMIN, "CAP_NET_ADMIN"));
+    }
+    if has(CAP_SYS_ADMIN) || needed.iter().all(|(cap, _)| has(*cap)) {
         return Ok(());
     }
-    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+    let missing: Vec<&str> = needed
         .into_iter()
         .filter(|(cap, _)| !has(*cap))
         .map(|(_, name)| name)

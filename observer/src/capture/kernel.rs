@@ -65,7 +65,7 @@ pub enum CaptureError {
     #[error("built without the eBPF programs: build with `cargo xtask build`")]
     BuiltWithoutPrograms,
     #[error(
-        "loading eBPF programs needs root or CAP_BPF + CAP_PERFMON (missing: {missing}); run with sudo or grant them"
+        "loading eBPF programs needs root or CAP_BPF + CAP_PERFMON (+ CAP_NET_ADMIN for --capture-hook packets) (missing: {missing}); run with sudo or grant them"
     )]
     MissingPrivileges { missing: String },
     #[error(
@@ -223,7 +223,7 @@ impl KernelCapture {
             CaptureHook::Packets => Some(cgroup_scope::open_root(&options.cgroup_root)?),
             CaptureHook::Syscalls => None,
         };
-        host::check_privileges()?;
+        host::check_privileges(options.capture_hook)?;
         host::ensure_tracefs()?;
         tracepoint_format::check(Path::new(TRACEFS), options.capture_hook.tracepoints())?;
         validate_options(options)?;
