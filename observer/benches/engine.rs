@@ -4,8 +4,10 @@
 //!
 //! Run with `cargo bench -p observer --bench engine`; `ENGINE_BENCH_SCALE=0.1` runs a tenth,
 //! `ENGINE_BENCH_MISROUTED=0` a healthy cluster (no alerts), `ENGINE_BENCH_ROUNDS=5` more
-//! rounds (default 3). Throughput is per core (events over this thread's CPU time); latency
-//! percentiles come from one histogram over all rounds; every alert is rendered as its JSON line.
+//! rounds (default 3), `ENGINE_BENCH_THROUGHPUT_ONLY=1` stops after the throughput rounds (for
+//! a profiler or an instruction count: the README has the `valgrind` line). Throughput is per
+//! core (events over this thread's CPU time); latency percentiles come from one histogram over
+//! all rounds; every alert is rendered as its JSON line.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -98,6 +100,9 @@ fn main() {
         alerts_per_round
     );
 
+    if std::env::var_os("ENGINE_BENCH_THROUGHPUT_ONLY").is_some() {
+        return;
+    }
     // Per-event latency, every round on a fresh engine, all into one histogram (the clock
     // reads add ~20-40 ns to each figure).
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)

@@ -226,7 +226,7 @@ fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
             placed_on: vec![PlacementInfo {
                 gateway: gateway("10.244.1.11", 80),
                 platforms: vec![1],
-                since: "2026-11-30T13:23:52.382672Z".into(),
+                since_ns: 1_796_045_032_382_672_000,
                 proxy: process(30589, "msggw-proxy", proxy_cgroup),
                 node: None,
             }],

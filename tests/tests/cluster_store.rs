@@ -106,7 +106,7 @@ async fn what_one_node_writes_another_reads() {
         gateway_name: Some("gw-2.gw-headless:88".to_owned()),
         answer: GatewayAnswer::NotOnlineHere,
         message: MessageIds {
-            client_msg_id: Some("c-1".to_owned()),
+            client_msg_id: Some("c-1".into()),
             seq: Some(7),
             ..MessageIds::default()
         },

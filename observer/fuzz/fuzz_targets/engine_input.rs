@@ -126,7 +126,7 @@ pub fn decode(mut data: &[u8]) -> Vec<Event> {
             ts_ns: now_ns,
             connection: 0xffff_8880_0400_0000 + u64::from(slot) * 0x800,
             pid,
-            comm: comm.to_owned(),
+            comm: comm.into(),
             cgroup_id: 7,
             saddr: IpAddr::V4(Ipv4Addr::new(10, 244, 1, 21)),
             sport: 40_000 + u16::from(slot),

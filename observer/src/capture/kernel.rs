@@ -642,7 +642,7 @@ fn adopted_event(connection: &FoundConnection, id: u64, ts_ns: u64) -> Event {
         ts_ns,
         connection: id,
         pid: owner,
-        comm: connection.comm.clone(),
+        comm: connection.comm.as_str().into(),
         cgroup_id: connection.cgroup_id,
         saddr: connection.local.ip(),
         sport: connection.local.port(),

@@ -14,7 +14,6 @@ use std::{
     net::IpAddr,
     os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
-    time::{Duration, UNIX_EPOCH},
 };
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
@@ -22,6 +21,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::alert::rfc3339;
 use crate::model::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
 use crate::privacy::OutputWhitelist;
 
@@ -147,12 +147,11 @@ struct EventLine {
 pub fn to_json_line(event: &Event) -> String {
     let mut line = EventLine {
         kind: LineKind::Close,
-        ts: humantime::format_rfc3339_micros(UNIX_EPOCH + Duration::from_nanos(event.ts_ns))
-            .to_string(),
+        ts: rfc3339(event.ts_ns),
         ts_ns: event.ts_ns,
         connection: format!("{:#x}", event.connection),
         pid: event.pid,
-        comm: event.comm.clone(),
+        comm: event.comm.to_string(),
         cgroup_id: event.cgroup_id,
         saddr: event.saddr,
         sport: event.sport,
@@ -323,7 +322,7 @@ pub fn from_json_line(text: &str, line_number: usize) -> Result<Event, Recording
         ts_ns: line.ts_ns,
         connection,
         pid: line.pid,
-        comm: line.comm,
+        comm: line.comm.into(),
         cgroup_id: line.cgroup_id,
         // Older recordings may spell the IPv4 peer of a dual-stack socket `::ffff:a.b.c.d`:
         // one identity per endpoint, as the programs record it now.

@@ -261,7 +261,7 @@ mod tests {
             ts_ns: 0,
             connection: CONNECTION,
             pid: 1,
-            comm: "push".to_owned(),
+            comm: "push".into(),
             cgroup_id: 1,
             saddr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             sport: 40000,

@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::maps::{MapData, RingBuf};
 use bytes::Bytes;
+use compact_str::CompactString;
 use observer_records::{AF_INET6, FLAG_TRUNCATED, RecordHeader, RecordKind};
 
 use crate::model::{Direction, Event, EventKind, PortClass, TcpState};
@@ -130,7 +131,7 @@ fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
         ts_ns: clock.wall_ns(header.ts_ns),
         connection: header.sock,
         pid: header.tgid,
-        comm: comm_to_string(&header.comm),
+        comm: comm_text(&header.comm),
         cgroup_id: header.cgroup_id,
         saddr: ip_from_kernel(header.family, &header.saddr),
         sport: header.sport,
@@ -141,12 +142,12 @@ fn event_from_record(record: &[u8], clock: &MonotonicToWall) -> Option<Event> {
     })
 }
 
-fn comm_to_string(comm: &[u8; 16]) -> String {
+fn comm_text(comm: &[u8; 16]) -> CompactString {
     let end = comm
         .iter()
         .position(|&byte| byte == 0)
         .unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
+    CompactString::from_utf8_lossy(&comm[..end])
 }
 
 /// IPv4-mapped IPv6 addresses come out as IPv4 (the programs already record them so): one

@@ -1,7 +1,10 @@
 //! Per pusher, how many gRPC connections it opens, holds and calls on: a pusher that opens a
 //! connection per call and never closes them raises `push_connection_churn`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use compact_str::CompactString;
+use hashbrown::HashMap;
 
 use crate::{
     alert::{Alert, AlertBody},
@@ -13,7 +16,7 @@ use super::RouteLimits;
 
 #[derive(Debug, Default)]
 struct PusherActivity {
-    comm: String,
+    comm: CompactString,
     cgroup_id: u64,
     opened_at: VecDeque<u64>,
     called_at: VecDeque<u64>,

@@ -242,7 +242,7 @@ impl Detectors {
                     stream_id,
                     PendingCall {
                         ts_ns,
-                        method,
+                        method: method.into(),
                         gateway,
                         pusher,
                         message,
@@ -462,7 +462,7 @@ pub(super) mod testing {
         Gateway {
             ip: IpAddr::from([10, 244, 0, 10 + index]),
             port,
-            name,
+            name: name.map(Into::into),
         }
     }
 
@@ -581,7 +581,7 @@ mod tests {
     use super::testing::*;
 
     #[test]
-    fn a_full_fold_table_is_swept_once_a_second_not_per_alert() {
+    fn a_full_fold_table_closes_the_windows_that_ended_to_fold_a_new_key() {
         let limits = RouteLimits {
             max_fold_keys: 2,
             fold_window_secs: 10,
@@ -598,10 +598,10 @@ mod tests {
             1
         );
         assert_eq!(table.counters().fold_keys_evicted, 1);
-        // Windows still open: a second within the sweep's second changes nothing.
+        // Windows still open half a second later: the next key is unfolded too.
         push(&mut table, 3, &["u4"], 1, 2 * SEC + SEC / 2, false);
         assert_eq!(table.counters().fold_keys_evicted, 2);
-        // Once the first windows have expired, the next new key sweeps them and is folded.
+        // Once the first windows have ended, the next new key closes them and is folded.
         let alerts = push(&mut table, 4, &["u5"], 1, 13 * SEC, false);
         assert_eq!(kinds(&alerts), ["route_mismatch"]);
         assert_eq!(table.counters().fold_keys_evicted, 2);

@@ -63,7 +63,7 @@ fn named_gateway(gateway: &Gateway, name: Option<String>) -> Gateway {
     Gateway {
         ip: gateway.ip,
         port: gateway.port,
-        name,
+        name: name.map(Into::into),
     }
 }
 

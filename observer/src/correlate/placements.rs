@@ -8,7 +8,7 @@ use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use crate::{
-    alert::{PlacementInfo, rfc3339},
+    alert::PlacementInfo,
     budget,
     model::{ConnectionId, ConnectionKey, Gateway, Process},
 };
@@ -213,7 +213,7 @@ pub fn summarize(placements: &[Placement], local_node: Option<&str>) -> Vec<Plac
         summary.push(PlacementInfo {
             gateway: placement.gateway.clone().into(),
             platforms: placement.platform.into_iter().collect(),
-            since: rfc3339(placement.since_ns),
+            since_ns: placement.since_ns,
             proxy: placement.proxy.clone().into(),
             node: placement.node.as_deref().or(local_node).map(str::to_owned),
         });

@@ -1,7 +1,7 @@
 //! Push calls waiting for the gateway's answer, and the judgment once it comes (or cannot):
 //! every recipient whose WebSocket is placed on another gateway is a `route_mismatch`.
 
-use std::{collections::HashMap as StdHashMap, net::IpAddr};
+use std::{collections::HashMap as StdHashMap, net::IpAddr, sync::Arc};
 
 use hashbrown::HashMap;
 
@@ -26,7 +26,7 @@ use super::{
 #[derive(Clone, Debug)]
 pub struct PendingCall {
     pub ts_ns: u64,
-    pub method: String,
+    pub method: Arc<str>,
     pub gateway: Gateway,
     pub pusher: Process,
     pub message: MessageIds,

@@ -8,8 +8,11 @@
 //! proxy's `Host` does, the other as push does; the candidate that predicts where the proxy
 //! really placed users is the proxy's ring.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+
+use compact_str::CompactString;
+use hashbrown::HashMap;
 
 use crate::openim::hashring::{Ring, sample_user_ids};
 use crate::openim::{diagnosis::Divergence, members::describe_member_difference};
@@ -27,7 +30,8 @@ pub struct LearnedRings {
     proxy_hosts: BTreeMap<String, IpAddr>,
     /// Push's ring members (`:authority`) → IP dialled.
     push_members: BTreeMap<String, IpAddr>,
-    evidence: HashMap<String, IpAddr>,
+    /// Looked up once per placement: foldhash and inline ids, as the engine's other tables.
+    evidence: HashMap<CompactString, IpAddr>,
     pub evidence_dropped: u64,
 }
 
@@ -57,7 +61,7 @@ impl LearnedRings {
             *known = ip;
             moved
         } else if self.evidence.len() < MAX_EVIDENCE {
-            self.evidence.insert(user.to_owned(), ip);
+            self.evidence.insert(user.into(), ip);
             true
         } else {
             self.evidence_dropped += 1;

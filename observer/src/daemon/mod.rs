@@ -20,7 +20,7 @@ use thiserror::Error;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    alert::SCHEMA_VERSION,
+    alert::{SCHEMA_VERSION, rfc3339},
     capture::{
         kernel::{
             CaptureError, DRAIN_INTERVAL, Drained, KernelCapture, KernelCounters, READ_FOLLOW_UP,
@@ -384,5 +384,8 @@ fn replay_lines(
 }
 
 fn now_rfc3339() -> String {
-    humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string()
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    rfc3339(u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX))
 }

@@ -4,6 +4,8 @@
 //!
 //! The calls are unary, so only the first message per direction and stream is read.
 
+use std::borrow::Cow;
+
 use crate::model::{Direction, UserResult};
 
 use super::grpc_stream::{ReadMessage, StreamState, request_body_for_flag, response_body_for_flag};
@@ -309,9 +311,9 @@ impl GrpcConnectionDecoder {
         facts: &mut Vec<GrpcFact>,
     ) {
         if !self.streams.contains(stream_id) {
-            let authority = header_value(fields, ":authority");
+            let authority = header_value(fields, ":authority").map(Cow::into_owned);
             let stream = match header_value(fields, ":path") {
-                Some(method) => StreamState::new(method, authority),
+                Some(method) => StreamState::new(method.into_owned(), authority),
                 None if self.joined_mid_stream => StreamState::unnamed(authority),
                 None => {
                     self.counters.grpc_failures += 1;
@@ -398,7 +400,7 @@ impl GrpcConnectionDecoder {
             facts.push(GrpcFact::Trailers {
                 stream_id,
                 grpc_status: grpc_status.and_then(|status| status.parse().ok()),
-                grpc_message: header_value(fields, "grpc-message"),
+                grpc_message: header_value(fields, "grpc-message").map(Cow::into_owned),
             });
         }
         if end_stream {
@@ -508,9 +510,11 @@ fn push_by_shape(body: &[u8]) -> Option<PushCall> {
         .filter(|call| !call.recipients.is_empty() && call.message != Default::default())
 }
 
-fn header_value(fields: &[HeaderField], name: &str) -> Option<String> {
+/// A header's value as text, borrowed unless it had to be repaired (not UTF-8): the status
+/// headers are only parsed, never kept.
+fn header_value<'a>(fields: &'a [HeaderField], name: &str) -> Option<Cow<'a, str>> {
     fields
         .iter()
         .find(|field| field.name == name.as_bytes())
-        .map(|field| String::from_utf8_lossy(&field.value).into_owned())
+        .map(|field| String::from_utf8_lossy(&field.value))
 }

@@ -1,6 +1,8 @@
 //! One stream of a gRPC connection: its call, and the first message of each direction as
 //! it is reassembled (`MessageReader`) and reported as a `GrpcFact`.
 
+use std::borrow::Cow;
+
 use super::DecodeCounters;
 use super::grpc::{BodyError, GrpcFact, RequestBody, ResponseBody};
 use super::protobuf::{self, PushMethod};
@@ -193,11 +195,9 @@ impl StreamState {
     }
 }
 
-pub(super) enum ReadMessage {
-    Complete {
-        flag: u8,
-        body: Vec<u8>,
-    },
+pub(super) enum ReadMessage<'a> {
+    /// A whole message: borrowed from the DATA frame that held it all, or reassembled.
+    Complete { flag: u8, body: Cow<'a, [u8]> },
     /// The message outgrew the byte budget: read what `pending` holds as a cut message.
     Cut,
 }
@@ -212,18 +212,36 @@ pub(super) struct MessageReader {
 }
 
 impl MessageReader {
-    pub(super) fn push(&mut self, mut data: &[u8], cap: usize) -> Option<ReadMessage> {
+    pub(super) fn push<'a>(&mut self, mut data: &'a [u8], cap: usize) -> Option<ReadMessage<'a>> {
         if self.done {
             return None;
+        }
+        // Nearly every push message comes whole in one DATA frame: it is read where it lies,
+        // not copied into `pending` and out again.
+        if self.pending.is_empty()
+            && let Some((flag, length)) = message_header(data)
+            && let Some(end) = MESSAGE_HEADER_LEN.checked_add(length)
+            && end <= cap
+            && let Some(body) = data.get(MESSAGE_HEADER_LEN..end)
+        {
+            self.done = true;
+            return Some(ReadMessage::Complete {
+                flag,
+                body: Cow::Borrowed(body),
+            });
         }
         loop {
             if let Some((flag, length)) = self.header()
                 && self.body().len() >= length
             {
                 self.done = true;
-                let body = self.body().get(..length).unwrap_or_default().to_vec();
-                self.pending = Vec::new();
-                return Some(ReadMessage::Complete { flag, body });
+                let mut message = std::mem::take(&mut self.pending);
+                message.truncate(MESSAGE_HEADER_LEN + length);
+                message.drain(..MESSAGE_HEADER_LEN);
+                return Some(ReadMessage::Complete {
+                    flag,
+                    body: Cow::Owned(message),
+                });
             }
             if data.is_empty() {
                 return None;
@@ -248,9 +266,7 @@ impl MessageReader {
     }
 
     fn header(&self) -> Option<(u8, usize)> {
-        let [flag, l0, l1, l2, l3] = *self.pending.first_chunk::<MESSAGE_HEADER_LEN>()?;
-        let length = usize::try_from(u32::from_be_bytes([l0, l1, l2, l3])).ok()?;
-        Some((flag, length))
+        message_header(&self.pending)
     }
 
     fn body(&self) -> &[u8] {
@@ -260,4 +276,11 @@ impl MessageReader {
     pub(super) fn has_partial_message(&self) -> bool {
         !self.done && !self.pending.is_empty()
     }
+}
+
+/// A gRPC message's compression flag and length, from the 5 bytes that precede its body.
+fn message_header(bytes: &[u8]) -> Option<(u8, usize)> {
+    let [flag, l0, l1, l2, l3] = *bytes.first_chunk::<MESSAGE_HEADER_LEN>()?;
+    let length = usize::try_from(u32::from_be_bytes([l0, l1, l2, l3])).ok()?;
+    Some((flag, length))
 }

@@ -107,7 +107,7 @@ impl PushMethod {
 /// `MsgData`'s identifying fields, absent when empty or zero (never its content).
 impl From<MsgData> for MessageIds {
     fn from(data: MsgData) -> Self {
-        let text = |value: String| (!value.is_empty()).then_some(value);
+        let text = |value: String| (!value.is_empty()).then(|| value.into());
         Self {
             client_msg_id: text(data.client_msg_id),
             server_msg_id: text(data.server_msg_id),

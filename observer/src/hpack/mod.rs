@@ -14,6 +14,8 @@ pub(crate) use huffman::encode as huffman_encode;
 
 use std::collections::VecDeque;
 
+use bytes::Bytes;
+
 /// RFC 7541 Section 4.1: each entry costs its name and value lengths plus 32.
 pub(crate) const ENTRY_OVERHEAD: usize = 32;
 
@@ -38,10 +40,13 @@ pub enum HpackError {
     HeaderListTooLarge(usize),
 }
 
+/// A decoded field. `Bytes`, so that a field named by index costs no copy: a static table
+/// entry is borrowed, a dynamic one shared with the table (gRPC clients send most of each
+/// call's headers as indexes into entries their first call added).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderField {
-    pub name: Vec<u8>,
-    pub value: Vec<u8>,
+    pub name: Bytes,
+    pub value: Bytes,
 }
 
 impl HeaderField {
@@ -169,7 +174,7 @@ impl HpackDecoder {
                     self.unknown_fields += 1;
                     if add_to_table {
                         self.insert(HeaderField {
-                            name: Vec::new(),
+                            name: Bytes::new(),
                             value,
                         });
                     }
@@ -197,8 +202,8 @@ impl HpackDecoder {
         }
         if let Some(&(name, value)) = STATIC_TABLE.get(index - 1) {
             return Ok(HeaderField {
-                name: name.as_bytes().to_vec(),
-                value: value.as_bytes().to_vec(),
+                name: Bytes::from_static(name.as_bytes()),
+                value: Bytes::from_static(value.as_bytes()),
             });
         }
         self.dynamic
@@ -267,7 +272,7 @@ impl Reader<'_> {
         }
     }
 
-    fn string(&mut self) -> Result<Vec<u8>, HpackError> {
+    fn string(&mut self) -> Result<Bytes, HpackError> {
         let huffman = self.input.first().ok_or(HpackError::Truncated)? & 0x80 != 0;
         let length = self.integer(7)?;
         if length > self.input.len() {
@@ -278,9 +283,9 @@ impl Reader<'_> {
         if huffman {
             let mut decoded = Vec::with_capacity(length * 8 / 5);
             huffman::decode(raw, &mut decoded)?;
-            Ok(decoded)
+            Ok(Bytes::from(decoded))
         } else {
-            Ok(raw.to_vec())
+            Ok(Bytes::copy_from_slice(raw))
         }
     }
 }
@@ -397,8 +402,8 @@ mod tests {
             .iter()
             .map(|field| {
                 (
-                    String::from_utf8(field.name.clone()).unwrap(),
-                    String::from_utf8(field.value.clone()).unwrap(),
+                    String::from_utf8(field.name.to_vec()).unwrap(),
+                    String::from_utf8(field.value.to_vec()).unwrap(),
                 )
             })
             .collect()

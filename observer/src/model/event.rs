@@ -7,6 +7,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use compact_str::CompactString;
 
 /// The kernel socket address: identifies a connection while it lives (the kernel may reuse the
 /// address after the connection's `TcpState` to `Close`).
@@ -118,7 +119,8 @@ pub struct Event {
     pub ts_ns: u64,
     pub connection: ConnectionId,
     pub pid: u32,
-    pub comm: String,
+    /// The kernel's 15-byte task name, inline: no allocation per event or per copy.
+    pub comm: CompactString,
     pub cgroup_id: u64,
     pub saddr: IpAddr,
     pub sport: u16,

@@ -10,7 +10,9 @@ mod routing;
 pub mod wire;
 
 pub use event::{ConnectionId, ConnectionKey, Direction, Event, EventKind, PortClass, TcpState};
-pub use routing::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process, UserResult};
+pub use routing::{
+    Gateway, GatewayAnswer, IpText, MessageIds, PlatformResult, Process, UserResult,
+};
 
 /// Timestamps are Unix nanoseconds throughout.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;

@@ -1,14 +1,17 @@
 //! Who talks to whom in OpenIM's routing, and what a push call carries and gets back.
 
-use std::net::IpAddr;
+use std::{fmt::Write as _, net::IpAddr, sync::Arc};
 
+use compact_str::CompactString;
 use serde::Serialize;
 
 /// A process seen on one end of a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
     pub pid: u32,
-    pub comm: String,
+    /// Inline (a task name is at most 15 bytes): copied into every placement, call and
+    /// alert that names the process without an allocation.
+    pub comm: CompactString,
     /// cgroup v2 id of the process: what names its pod (`--kube`).
     pub cgroup_id: u64,
 }
@@ -17,19 +20,84 @@ pub struct Process {
 /// used (`Host` for the proxy, `:authority` for push), when seen.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Gateway {
+    #[serde(serialize_with = "serialize_ip")]
     pub ip: IpAddr,
     pub port: u16,
+    /// Shared: every placement, call and alert that names this gateway holds the same text.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub name: Option<Arc<str>>,
+}
+
+/// An IP address as text, on the stack. Every `route_mismatch` prints two or more gateway
+/// addresses in its JSON and its diagnosis; std's `Display` takes each through the formatting
+/// machinery (about 800 instructions an IPv4 address), so IPv4 digits are written directly.
+pub struct IpText {
+    /// The longest IPv6 text, `ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`, is 45 bytes.
+    bytes: [u8; 45],
+    len: usize,
+}
+
+impl IpText {
+    pub fn new(ip: IpAddr) -> Self {
+        let mut text = IpText {
+            bytes: [0; 45],
+            len: 0,
+        };
+        match ip {
+            IpAddr::V4(v4) => {
+                for (index, octet) in v4.octets().into_iter().enumerate() {
+                    if index > 0 {
+                        text.push(b'.');
+                    }
+                    if octet >= 100 {
+                        text.push(b'0' + octet / 100);
+                    }
+                    if octet >= 10 {
+                        text.push(b'0' + octet / 10 % 10);
+                    }
+                    text.push(b'0' + octet % 10);
+                }
+            }
+            // Rare, and its compression rules are std's to get right.
+            IpAddr::V6(v6) => {
+                let _ = write!(text, "{v6}");
+            }
+        }
+        text
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits, dots, colons and hex letters are ever written.
+        std::str::from_utf8(self.bytes.get(..self.len).unwrap_or_default()).unwrap_or_default()
+    }
+
+    fn push(&mut self, byte: u8) {
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = byte;
+            self.len += 1;
+        }
+    }
+}
+
+impl std::fmt::Write for IpText {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        text.bytes().for_each(|byte| self.push(byte));
+        Ok(())
+    }
+}
+
+fn serialize_ip<S: serde::Serializer>(ip: &IpAddr, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(IpText::new(*ip).as_str())
 }
 
 /// Ids that identify a message without revealing it (never its content).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct MessageIds {
+    /// Shared by the alerts of every recipient of one call.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub client_msg_id: Option<String>,
+    pub client_msg_id: Option<Arc<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub server_msg_id: Option<String>,
+    pub server_msg_id: Option<Arc<str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seq: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -65,4 +133,39 @@ pub enum GatewayAnswer {
     DeliveryFailed,
     /// No answer was seen (connection closed first, or the answer was not captured).
     Unknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ip_text_spells_addresses_as_display_does() {
+        let mut addresses: Vec<IpAddr> = [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.244.126.11",
+            "1.20.100.9",
+            "::1",
+            "::ffff:1.2.3.4",
+            "fe80::1:2",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        ]
+        .iter()
+        .map(|text| text.parse().unwrap())
+        .collect();
+        addresses.extend((0..=255u8).map(|octet| IpAddr::from([octet, octet / 3, 9, 99])));
+        for ip in addresses {
+            assert_eq!(IpText::new(ip).as_str(), ip.to_string());
+        }
+        let gateway = Gateway {
+            ip: "10.0.0.7".parse().unwrap(),
+            port: 88,
+            name: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&gateway).unwrap(),
+            r#"{"ip":"10.0.0.7","port":88}"#
+        );
+    }
 }

@@ -201,7 +201,7 @@ impl Generator {
             ts_ns: self.now_ns,
             connection: endpoints.connection,
             pid: endpoints.pid,
-            comm: endpoints.comm.to_owned(),
+            comm: endpoints.comm.into(),
             cgroup_id: 0x2000 + u64::from(endpoints.pid),
             saddr: endpoints.saddr,
             sport: endpoints.sport,
