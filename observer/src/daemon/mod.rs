@@ -143,7 +143,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let mut started = serde_json::json!({
         "kind": "observer_started",
         "schema_version": SCHEMA_VERSION,
-        "ts": now_rfc3339(),
+        "ts": rfc3339(unix_now_ns()),
         "grpc_ports": options.grpc_ports,
         "ws_ports": options.websocket_ports,
         "grpc_budget": options.grpc_budget,
@@ -381,11 +381,4 @@ fn replay_lines(
         }
     }
     Ok(())
-}
-
-fn now_rfc3339() -> String {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    rfc3339(u64::try_from(since_epoch.as_nanos()).unwrap_or(u64::MAX))
 }

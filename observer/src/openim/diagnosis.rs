@@ -73,7 +73,7 @@ pub fn route_mismatch(
     text
 }
 
-/// A gateway by its member string and IP, or its IP alone (writes to a String cannot fail).
+/// A gateway by its member string and IP, or its IP alone.
 fn write_gateway(text: &mut String, gateway: &Gateway) {
     let ip = IpText::new(gateway.ip);
     if let Some(name) = &gateway.name {
