@@ -35,6 +35,11 @@ enum Command {
     Explain(tools::ExplainArgs),
 }
 
+/// mimalloc rather than glibc's malloc: 14% fewer instructions for the engine on its bench
+/// (callgrind), at about the same peak RSS (the README's performance section has the figures).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -205,7 +205,7 @@ fn parse_request(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
         }
     }
     for header in request.headers.iter() {
-        let value = || Some(String::from_utf8_lossy(header.value).into_owned());
+        let value = || Some(utf8_text(header.value.to_vec()));
         if header.name.eq_ignore_ascii_case("host") {
             upgrade.host = value();
         } else if header.name.eq_ignore_ascii_case("upgrade") {
@@ -234,7 +234,14 @@ fn parse_response(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
 
 /// Query values are percent-encoded (`%XX`, `+` for space); invalid escapes stay as they are.
 fn percent_decode(value: &str) -> String {
-    String::from_utf8_lossy(&wire::percent_decode(value.as_bytes())).into_owned()
+    utf8_text(wire::percent_decode(value.as_bytes()))
+}
+
+/// The bytes as text, kept without a copy when they are UTF-8 (the lossy repair, which copies,
+/// only for those that are not).
+fn utf8_text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes)
+        .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())
 }
 
 #[cfg(test)]

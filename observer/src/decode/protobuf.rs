@@ -1,8 +1,9 @@
 //! The protobuf messages of the gateway's push methods, declared by hand with `prost`.
 //!
-//! `MsgData` declares only the fields that identify a message. Its field 12 (`content`, the
-//! private message body) is deliberately absent: prost skips undeclared fields, so the body is
-//! never decoded, copied into a field, or printable.
+//! `MsgData` declares only the fields that identify a message in an alert. Its field 12
+//! (`content`, the private message body) is deliberately absent, and so are the sender, the
+//! group and the rest no alert reads: prost skips undeclared fields, so they are never decoded,
+//! copied into a field, or printable (and three strings a call are not allocated).
 //!
 //! A request cut by the capture budget is read over its complete prefix: protobuf fields are
 //! self-delimiting, so the fields that end before the cut form a valid message on their own.
@@ -13,26 +14,14 @@ use crate::model::{MessageIds, PlatformResult, UserResult};
 
 #[derive(Clone, PartialEq, Message)]
 pub struct MsgData {
-    #[prost(string, tag = "1")]
-    pub send_id: String,
-    #[prost(string, tag = "2")]
-    pub recv_id: String,
-    #[prost(string, tag = "3")]
-    pub group_id: String,
     #[prost(string, tag = "4")]
     pub client_msg_id: String,
     #[prost(string, tag = "5")]
     pub server_msg_id: String,
-    #[prost(int32, tag = "6")]
-    pub sender_platform_id: i32,
     #[prost(int32, tag = "9")]
     pub session_type: i32,
-    #[prost(int32, tag = "11")]
-    pub content_type: i32,
     #[prost(int64, tag = "14")]
     pub seq: i64,
-    #[prost(int64, tag = "15")]
-    pub send_time: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -61,12 +50,22 @@ pub struct SingleMsgToUserPlatform {
     pub recv_platform_id: i32,
 }
 
+/// `SingleMsgToUserPlatform` inside a batch answer's user entry: its `recvID` (2) repeats the
+/// entry's `userID`, so it is not declared and prost skips it instead of allocating it.
+#[derive(Clone, PartialEq, Message)]
+pub struct PlatformOfUserResult {
+    #[prost(int64, tag = "1")]
+    pub result_code: i64,
+    #[prost(int32, tag = "3")]
+    pub recv_platform_id: i32,
+}
+
 #[derive(Clone, PartialEq, Message)]
 pub struct SingleMsgToUserResults {
     #[prost(string, tag = "1")]
     pub user_id: String,
     #[prost(message, repeated, tag = "2")]
-    pub resp: Vec<SingleMsgToUserPlatform>,
+    pub resp: Vec<PlatformOfUserResult>,
     #[prost(bool, tag = "3")]
     pub online_push: bool,
 }
@@ -190,7 +189,14 @@ pub fn decode_response(
             .map(|result| UserResult {
                 user_id: result.user_id,
                 online_push: result.online_push,
-                platforms: result.resp.iter().map(platform_result).collect(),
+                platforms: result
+                    .resp
+                    .iter()
+                    .map(|platform| PlatformResult {
+                        result_code: platform.result_code,
+                        platform_id: platform.recv_platform_id,
+                    })
+                    .collect(),
             })
             .collect(),
         // `OnlinePushMsgResp` lists platform results with their user (`RecvID`) and no
@@ -210,7 +216,10 @@ pub fn decode_response(
                 };
                 if let Some(result) = results.get_mut(index) {
                     result.online_push |= platform.result_code == 0;
-                    result.platforms.push(platform_result(&platform));
+                    result.platforms.push(PlatformResult {
+                        result_code: platform.result_code,
+                        platform_id: platform.recv_platform_id,
+                    });
                 }
             }
             results
@@ -224,13 +233,6 @@ pub fn decode_response_prefix(
     prefix: &[u8],
 ) -> Result<Vec<UserResult>, ProtobufError> {
     decode_response(method, split_complete_fields(prefix)?.complete)
-}
-
-fn platform_result(platform: &SingleMsgToUserPlatform) -> PlatformResult {
-    PlatformResult {
-        result_code: platform.result_code,
-        platform_id: platform.recv_platform_id,
-    }
 }
 
 fn non_empty(user_id: String) -> Vec<String> {
@@ -385,25 +387,28 @@ pub(crate) mod tests {
         assert_eq!(call.recipients, vec!["u9".to_owned()]);
         assert_eq!(call.message.seq, Some(7));
 
-        let response = OnlineBatchPushOneMsgResp {
-            single_push_result: vec![
-                SingleMsgToUserResults {
-                    user_id: "u1".into(),
-                    resp: vec![],
-                    online_push: false,
-                },
-                SingleMsgToUserResults {
-                    user_id: "u2".into(),
-                    resp: vec![SingleMsgToUserPlatform {
-                        result_code: 0,
-                        recv_id: "u2".into(),
-                        recv_platform_id: 2,
-                    }],
-                    online_push: true,
-                },
-            ],
+        // As a gateway sends it: each platform's result repeats the user in `recvID`.
+        let first = SingleMsgToUserResults {
+            user_id: "u1".into(),
+            resp: vec![],
+            online_push: false,
         };
-        let results = decode_response(PushMethod::Batch, &response.encode_to_vec()).unwrap();
+        let mut second = SingleMsgToUserResults {
+            user_id: "u2".into(),
+            resp: vec![],
+            online_push: true,
+        }
+        .encode_to_vec();
+        let platform = SingleMsgToUserPlatform {
+            result_code: 0,
+            recv_id: "u2".into(),
+            recv_platform_id: 2,
+        };
+        prost::encoding::message::encode(2, &platform, &mut second);
+        let mut wire = Vec::new();
+        prost::encoding::message::encode(1, &first, &mut wire);
+        prost::encoding::bytes::encode(1, &second, &mut wire);
+        let results = decode_response(PushMethod::Batch, &wire).unwrap();
         assert_eq!(
             results,
             vec![

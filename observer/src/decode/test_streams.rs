@@ -12,7 +12,7 @@ use crate::model::{Direction, PlatformResult, UserResult};
 use super::grpc::{GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
 use super::protobuf::tests::sample_ids;
 use super::protobuf::{
-    OnlineBatchPushOneMsgResp, PushCall, SingleMsgToUserPlatform, SingleMsgToUserResults,
+    OnlineBatchPushOneMsgResp, PlatformOfUserResult, PushCall, SingleMsgToUserResults,
 };
 use crate::hpack::huffman_encode;
 use crate::model::wire::CLIENT_PREFACE;
@@ -120,9 +120,8 @@ pub(crate) fn sample_response() -> Vec<u8> {
             },
             SingleMsgToUserResults {
                 user_id: "bob".into(),
-                resp: vec![SingleMsgToUserPlatform {
+                resp: vec![PlatformOfUserResult {
                     result_code: 0,
-                    recv_id: "bob".into(),
                     recv_platform_id: 2,
                 }],
                 online_push: true,

@@ -85,10 +85,9 @@ impl MessagePosition {
 pub(super) enum Schema {
     /// `OnlineBatchPushOneMsgReq` / `OnlinePushMsgReq`: 1 `msgData`, 2 the recipients.
     PushRequest,
-    /// `MsgData`: 1 sendID, 2 recvID, 3 groupID, 4 clientMsgID, 5 serverMsgID, 6
-    /// senderPlatformID, 9 sessionType, 11 contentType, 14 seq, 15 sendTime. Not 12
-    /// (content), 19 (offlinePushInfo, the notification preview), 7 (senderNickname), 21
-    /// (attachedInfo), 22 (ex) or any other.
+    /// `MsgData`: 4 clientMsgID, 5 serverMsgID, 9 sessionType, 14 seq (what an alert names a
+    /// message by). Not 12 (content), 19 (offlinePushInfo, the notification preview), 1
+    /// (sendID), 3 (groupID), 7 (senderNickname), 21 (attachedInfo), 22 (ex) or any other.
     MsgData,
     /// `OnlineBatchPushOneMsgResp` / `OnlinePushMsgResp`: 1 the per-user results.
     PushAnswer,
@@ -111,7 +110,7 @@ impl Schema {
         match (self, field_number) {
             (Schema::PushRequest, 1) => Rule::Walk(Schema::MsgData),
             (Schema::PushRequest, 2) => Rule::Keep,
-            (Schema::MsgData, 1..=6 | 9 | 11 | 14 | 15) => Rule::Keep,
+            (Schema::MsgData, 4 | 5 | 9 | 14) => Rule::Keep,
             (Schema::PushAnswer, 1) => Rule::Walk(Schema::UserResult),
             (Schema::UserResult, 1..=3) => Rule::Keep,
             _ => Rule::Mask,

@@ -124,10 +124,11 @@ fn every_field_the_engine_does_not_read_is_masked_whatever_its_nesting() {
     const NICKNAME: &[u8] = b"CANARY-sender-nickname-55aa01bc";
     const EX: &[u8] = b"CANARY-ex-attached-json-0b7e4dd1";
     const TOP: &[u8] = b"CANARY-unknown-top-level-33f0aa";
+    const SENDER: &[u8] = b"CANARY-sender-id-no-alert-reads";
     const SECRET_NUMBER: u64 = 0x5ec2_e7c0_ffee;
     let mut offline_push_info = bytes_field(1, PREVIEW);
     offline_push_info.extend(bytes_field(2, PREVIEW));
-    let mut msg_data = bytes_field(1, b"sender-1");
+    let mut msg_data = bytes_field(1, SENDER);
     msg_data.extend(bytes_field(4, b"client-abc"));
     msg_data.extend(bytes_field(7, NICKNAME));
     msg_data.extend(varint_field(9, 3));
@@ -146,7 +147,7 @@ fn every_field_the_engine_does_not_read_is_masked_whatever_its_nesting() {
     prost::encoding::encode_varint(SECRET_NUMBER, &mut secret_varint);
     for chunk_len in CHUNKINGS {
         let filtered = filter_send(PortClass::Grpc, &stream, chunk_len);
-        for canary in [CANARY, PREVIEW, NICKNAME, EX, TOP] {
+        for canary in [CANARY, PREVIEW, NICKNAME, EX, TOP, SENDER] {
             assert_no_canary(&filtered, canary, &format!("chunks of {chunk_len}"));
         }
         assert!(

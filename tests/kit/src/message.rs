@@ -36,3 +36,22 @@ pub struct BatchPushRequestWithContent {
     #[prost(string, repeated, tag = "2")]
     pub push_to_user_ids: Vec<String>,
 }
+
+/// `msggateway.SingleMsgToUserResults` as a gateway encodes it: each platform's result
+/// repeats the user in `recvID`, a field the library's batch answer does not declare.
+#[derive(Clone, PartialEq, Message)]
+pub struct UserResultsAsSent {
+    #[prost(string, tag = "1")]
+    pub user_id: String,
+    #[prost(message, repeated, tag = "2")]
+    pub resp: Vec<observer::decode::protobuf::SingleMsgToUserPlatform>,
+    #[prost(bool, tag = "3")]
+    pub online_push: bool,
+}
+
+/// `msggateway.OnlineBatchPushOneMsgResp` as a gateway encodes it.
+#[derive(Clone, PartialEq, Message)]
+pub struct BatchPushAnswerAsSent {
+    #[prost(message, repeated, tag = "1")]
+    pub single_push_result: Vec<UserResultsAsSent>,
+}

@@ -20,9 +20,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use bytes::Bytes;
-use observer::decode::protobuf::{
-    OnlineBatchPushOneMsgResp, SingleMsgToUserPlatform, SingleMsgToUserResults,
-};
+use observer::decode::protobuf::SingleMsgToUserPlatform;
 use observer::model::wire::CLIENT_PREFACE;
 use observer::model::{ConnectionId, Direction, Event, EventKind, PortClass};
 use observer::openim::hashring::{
@@ -34,7 +32,9 @@ use crate::http2::{
     ACK, DEFAULT_MAX_FRAME, END_HEADERS, END_STREAM, HEADERS, SETTINGS, WINDOW_UPDATE, data_frames,
     frame, grpc_message, hpack_integer, hpack_literal_without_indexing,
 };
-use crate::message::{BatchPushRequestWithContent, MsgDataWithContent};
+use crate::message::{
+    BatchPushAnswerAsSent, BatchPushRequestWithContent, MsgDataWithContent, UserResultsAsSent,
+};
 
 pub const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
 pub const INSTANCE: &str = "im";
@@ -459,12 +459,12 @@ fn push_call(
     generator.advance(30_000);
     generator.syscall(&endpoints, &mut offsets, Direction::Send, &request);
 
-    let answer = OnlineBatchPushOneMsgResp {
+    let answer = BatchPushAnswerAsSent {
         single_push_result: recipients
             .iter()
             .map(|user| {
                 let online = gateway_holds(user);
-                SingleMsgToUserResults {
+                UserResultsAsSent {
                     user_id: (*user).to_owned(),
                     resp: if online {
                         vec![SingleMsgToUserPlatform {
