@@ -1,6 +1,7 @@
 //! The HTTP/2 + gRPC connection decoder over arbitrary frames, chunkings and gaps.
 #![no_main]
 
+use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use observer::decode::{GrpcConnectionDecoder, GrpcFact, Limits};
 use observer::model::Direction;
@@ -44,7 +45,7 @@ fn decode_in_chunks(send: &[u8], recv: &[u8], chunk_len: usize) -> Vec<GrpcFact>
     for (direction, bytes) in [(Direction::Send, send), (Direction::Recv, recv)] {
         let mut offset = 0u64;
         for chunk in bytes.chunks(chunk_len) {
-            facts.extend(decoder.feed(direction, offset, chunk));
+            facts.extend(decoder.feed(direction, offset, &Bytes::copy_from_slice(chunk)));
             offset += chunk.len() as u64;
         }
     }
@@ -80,7 +81,7 @@ fn decode_interleaved_with_gaps(control: u8, send: &[u8], recv: &[u8], chunk_len
             Direction::Recv
         };
         let skip = u64::from(round % 7 == 6);
-        decoder.feed(direction, offsets[side] + skip, chunk);
+        decoder.feed(direction, offsets[side] + skip, &Bytes::copy_from_slice(chunk));
         offsets[side] += skip + chunk.len() as u64;
     }
     decoder.finish();

@@ -5,6 +5,7 @@
 //! - gRPC ports: HTTP/2 from the preface on, push calls and the gateway's answers. If the first
 //!   bytes are an HTTP/1 request instead, it is a WebSocket upgrade sent to the gRPC port.
 
+use bytes::Bytes;
 use hashbrown::{HashMap, HashSet};
 
 use crate::{
@@ -338,7 +339,7 @@ impl ConnectionDecoders {
         event: &Event,
         direction: Direction,
         offset: u64,
-        payload: &[u8],
+        payload: &Bytes,
         observations: &mut Vec<Observation>,
     ) {
         if self.upgraded.contains(&event.connection) {
@@ -500,7 +501,6 @@ fn process_of(event: &Event) -> Process {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
 
     use super::*;
 

@@ -540,14 +540,14 @@ pub(super) mod testing {
                     client_msg_id: Some("c1".into()),
                     ..MessageIds::default()
                 },
-                recipients: users.iter().map(|user| user.to_string()).collect(),
+                recipients: users.iter().map(|&user| user.into()).collect(),
             },
             &mut alerts,
         );
         let results = users
             .iter()
             .map(|user| UserResult {
-                user_id: user.to_string(),
+                user_id: (*user).into(),
                 online_push: answer_online,
                 platforms: if answer_online {
                     vec![PlatformResult {

@@ -46,10 +46,11 @@ fn data(connection: u64, ts_ns: u64, port_class: PortClass, offset: u64, bytes: 
 }
 
 /// What the flood sends: the client preface, then a frame header announcing a frame
-/// the decoder must buffer, then filler.
+/// the decoder must buffer (0x0ffff0 bytes, just under its 1 MiB limit, so the filler never
+/// completes it), then filler.
 fn garbage(length: usize) -> Vec<u8> {
     let mut bytes = CLIENT_PREFACE.to_vec();
-    bytes.extend_from_slice(&[0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01]);
+    bytes.extend_from_slice(&[0x0f, 0xff, 0xf0, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01]);
     bytes.resize(CLIENT_PREFACE.len() + 9 + length, 0x5a);
     bytes
 }

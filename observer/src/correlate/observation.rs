@@ -1,7 +1,7 @@
 //! `Observation`: what happened on the wire, in routing terms. `connections` produces them from
 //! decoded traffic; the detectors consume them.
 
-use crate::model::{ConnectionId, ConnectionKey, Gateway, MessageIds, Process, UserResult};
+use crate::model::{ConnectionId, ConnectionKey, Gateway, MessageIds, Process, UserId, UserResult};
 
 /// What happened on the wire, in routing terms.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,7 +55,7 @@ pub enum Observation {
         gateway: Gateway,
         pusher: Process,
         message: MessageIds,
-        recipients: Vec<String>,
+        recipients: Vec<UserId>,
     },
     PushAnswered {
         connection: ConnectionId,

@@ -10,7 +10,7 @@ use crate::{
     budget,
     model::{
         ConnectionId, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process,
-        UserResult,
+        UserId, UserResult,
     },
     openim::diagnosis,
 };
@@ -30,7 +30,7 @@ pub struct PendingCall {
     pub gateway: Gateway,
     pub pusher: Process,
     pub message: MessageIds,
-    pub recipients: Vec<String>,
+    pub recipients: Vec<UserId>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -191,7 +191,7 @@ fn judge_call(
             && let Some(answer) = answer
         {
             cluster.facts.push(SharedFact::PushOutcome {
-                user: user.clone(),
+                user: user.to_string(),
                 gateway: call.gateway.clone(),
                 answer: gateway_answer(Some(answer)).0,
                 message: call.message.clone(),
@@ -228,7 +228,10 @@ fn judge_call(
         results,
         ts_ns,
     };
-    cluster.park(unplaced, join);
+    cluster.park(
+        unplaced.into_iter().map(UserId::into_string).collect(),
+        join,
+    );
 }
 
 /// The gateway's answers to one call, by recipient.
@@ -243,7 +246,7 @@ enum Answers<'a> {
 }
 
 impl<'a> Answers<'a> {
-    fn new(recipients: &[String], answered: &'a [UserResult]) -> Self {
+    fn new(recipients: &[UserId], answered: &'a [UserResult]) -> Self {
         let in_order = answered.len() == recipients.len()
             && answered
                 .iter()
@@ -284,7 +287,7 @@ pub fn judge_joined(
         let answer = join
             .results
             .as_deref()
-            .and_then(|results| results.iter().find(|answer| &answer.user_id == user));
+            .and_then(|results| results.iter().find(|answer| answer.user_id == user));
         judge_user(
             user, placements, answer, &join.call, join.ts_ns, judge, alerts,
         );
@@ -445,7 +448,7 @@ mod tests {
             let results = answered
                 .iter()
                 .map(|user| UserResult {
-                    user_id: user.to_string(),
+                    user_id: (*user).into(),
                     online_push: *user == "u2",
                     platforms: if *user == "u2" {
                         vec![PlatformResult {

@@ -6,6 +6,8 @@
 
 use std::borrow::Cow;
 
+use bytes::Bytes;
+
 use crate::model::{Direction, UserResult};
 
 use super::grpc_stream::{ReadMessage, StreamState, request_body_for_flag, response_body_for_flag};
@@ -155,8 +157,9 @@ impl GrpcConnectionDecoder {
         self.counters.mid_stream_header_blocks_lost = sum(|counts| counts.header_blocks_lost);
     }
 
-    /// Feeds one captured chunk that starts at stream position `offset` of `direction`.
-    pub fn feed(&mut self, direction: Direction, offset: u64, payload: &[u8]) -> Vec<GrpcFact> {
+    /// Feeds one captured chunk that starts at stream position `offset` of `direction`. The
+    /// chunk is shared, not copied: DATA payloads whole in it are read as slices of it.
+    pub fn feed(&mut self, direction: Direction, offset: u64, payload: &Bytes) -> Vec<GrpcFact> {
         let mut facts = Vec::new();
         if self.connection_undecodable {
             return facts;
@@ -336,7 +339,7 @@ impl GrpcConnectionDecoder {
         self.remove_if_done(stream_id);
     }
 
-    fn handle_request_data(&mut self, stream_id: u32, data: &[u8], facts: &mut Vec<GrpcFact>) {
+    fn handle_request_data(&mut self, stream_id: u32, data: &Bytes, facts: &mut Vec<GrpcFact>) {
         let cap = self.message_cap(Direction::Send, stream_id);
         let Some(stream) = self.streams.get_mut(stream_id) else {
             if self.joined_mid_stream {
@@ -351,14 +354,14 @@ impl GrpcConnectionDecoder {
         match stream.request.push(data, cap) {
             Some(ReadMessage::Complete { flag, body }) => {
                 let body = match (flag, stream.push_method) {
-                    (0, Some(method)) => match protobuf::decode_request(method, &body) {
+                    (0, Some(method)) => match protobuf::decode_request(method, body.clone()) {
                         Ok(call) => RequestBody::Push(call),
                         Err(error) => {
                             self.counters.protobuf_failures += 1;
                             RequestBody::Malformed(error.into())
                         }
                     },
-                    (0, None) if stream.method.is_empty() => match push_by_shape(&body) {
+                    (0, None) if stream.method.is_empty() => match push_by_shape(body) {
                         Some(call) => {
                             self.counters.calls_recognised_by_shape += 1;
                             stream.method = BATCH_PUSH_BY_SHAPE.to_owned();
@@ -415,7 +418,7 @@ impl GrpcConnectionDecoder {
         self.remove_if_done(stream_id);
     }
 
-    fn handle_response_data(&mut self, stream_id: u32, data: &[u8], facts: &mut Vec<GrpcFact>) {
+    fn handle_response_data(&mut self, stream_id: u32, data: &Bytes, facts: &mut Vec<GrpcFact>) {
         let cap = self.message_cap(Direction::Recv, stream_id);
         let Some(stream) = self.streams.get_mut(stream_id) else {
             return;
@@ -426,10 +429,10 @@ impl GrpcConnectionDecoder {
         let by_shape = stream.method == BATCH_PUSH_BY_SHAPE;
         match stream.response.push(data, cap) {
             Some(ReadMessage::Complete { flag: 0, body }) => {
-                let decoded = protobuf::decode_response(method, &body).or_else(|error| {
+                let decoded = protobuf::decode_response(method, body.clone()).or_else(|error| {
                     // Recognised by shape: `OnlinePushMsg`'s answer has another shape.
                     if by_shape {
-                        protobuf::decode_response(PushMethod::Single, &body)
+                        protobuf::decode_response(PushMethod::Single, body)
                     } else {
                         Err(error)
                     }
@@ -504,7 +507,7 @@ impl GrpcConnectionDecoder {
 
 /// A request message of a call whose method was not seen, read as a push if it has the shape
 /// of one: a `msgData` with identifying fields and at least one recipient.
-fn push_by_shape(body: &[u8]) -> Option<PushCall> {
+fn push_by_shape(body: Bytes) -> Option<PushCall> {
     protobuf::decode_request(PushMethod::Batch, body)
         .ok()
         .filter(|call| !call.recipients.is_empty() && call.message != Default::default())

@@ -1,7 +1,7 @@
 //! One stream of a gRPC connection: its call, and the first message of each direction as
 //! it is reassembled (`MessageReader`) and reported as a `GrpcFact`.
 
-use std::borrow::Cow;
+use bytes::Bytes;
 
 use super::DecodeCounters;
 use super::grpc::{BodyError, GrpcFact, RequestBody, ResponseBody};
@@ -136,7 +136,8 @@ impl StreamState {
         let body = match self.request.header() {
             Some((1, _)) => request_body_for_flag(1, counters),
             Some((0, _)) | None => {
-                match protobuf::decode_request_prefix(method, self.request.body()) {
+                let prefix = Bytes::copy_from_slice(self.request.body());
+                match protobuf::decode_request_prefix(method, prefix) {
                     Ok(call) => {
                         counters.truncated_calls += 1;
                         RequestBody::Push(call)
@@ -178,7 +179,8 @@ impl StreamState {
         };
         let body = match self.response.header() {
             Some((0, _)) | None => {
-                match protobuf::decode_response_prefix(method, self.response.body()) {
+                let prefix = Bytes::copy_from_slice(self.response.body());
+                match protobuf::decode_response_prefix(method, prefix) {
                     Ok(results) => ResponseBody::Push {
                         results,
                         truncated: true,
@@ -195,9 +197,9 @@ impl StreamState {
     }
 }
 
-pub(super) enum ReadMessage<'a> {
-    /// A whole message: borrowed from the DATA frame that held it all, or reassembled.
-    Complete { flag: u8, body: Cow<'a, [u8]> },
+pub(super) enum ReadMessage {
+    /// A whole message: a slice of the DATA frame that held it all, or reassembled.
+    Complete { flag: u8, body: Bytes },
     /// The message outgrew the byte budget: read what `pending` holds as a cut message.
     Cut,
 }
@@ -212,24 +214,25 @@ pub(super) struct MessageReader {
 }
 
 impl MessageReader {
-    pub(super) fn push<'a>(&mut self, mut data: &'a [u8], cap: usize) -> Option<ReadMessage<'a>> {
+    pub(super) fn push(&mut self, frame: &Bytes, cap: usize) -> Option<ReadMessage> {
         if self.done {
             return None;
         }
         // Nearly every push message comes whole in one DATA frame: it is read where it lies,
         // not copied into `pending` and out again.
         if self.pending.is_empty()
-            && let Some((flag, length)) = message_header(data)
+            && let Some((flag, length)) = message_header(frame)
             && let Some(end) = MESSAGE_HEADER_LEN.checked_add(length)
             && end <= cap
-            && let Some(body) = data.get(MESSAGE_HEADER_LEN..end)
+            && end <= frame.len()
         {
             self.done = true;
             return Some(ReadMessage::Complete {
                 flag,
-                body: Cow::Borrowed(body),
+                body: frame.slice(MESSAGE_HEADER_LEN..end),
             });
         }
+        let mut data: &[u8] = frame;
         loop {
             if let Some((flag, length)) = self.header()
                 && self.body().len() >= length
@@ -240,7 +243,7 @@ impl MessageReader {
                 message.drain(..MESSAGE_HEADER_LEN);
                 return Some(ReadMessage::Complete {
                     flag,
-                    body: Cow::Owned(message),
+                    body: Bytes::from(message),
                 });
             }
             if data.is_empty() {

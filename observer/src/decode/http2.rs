@@ -20,6 +20,8 @@ use crate::model::{
     },
 };
 
+use bytes::Bytes;
+
 use super::Limits;
 use crate::hpack::{HeaderField, HpackDecoder, HpackError};
 
@@ -75,15 +77,16 @@ pub enum StreamEvent {
         fields: Vec<HeaderField>,
         end_stream: bool,
     },
+    /// A DATA frame's payload: a slice of the direction's buffer, not a copy of it.
     Data {
         stream_id: u32,
-        data: Vec<u8>,
+        data: Bytes,
         end_stream: bool,
     },
     /// The start of a DATA frame that a gap cut: its payload up to the cut.
     DataCut {
         stream_id: u32,
-        data: Vec<u8>,
+        data: Bytes,
     },
     Reset {
         stream_id: u32,
@@ -107,6 +110,16 @@ struct OpenHeaderBlock {
     fragments: Vec<u8>,
 }
 
+/// Where the frames being handled lie, for what a DATA event holds.
+#[derive(Clone, Copy)]
+enum FrameBytes<'a> {
+    /// In the captured chunk itself: a DATA payload is a slice of it, no copy. The chunk is
+    /// the event's, dropped once the event is decoded, so nothing outlives it.
+    Chunk(&'a Bytes),
+    /// In the direction's buffer (a frame split across chunks): a DATA payload is copied out.
+    Buffered,
+}
+
 /// One direction of an HTTP/2 client connection. Not `Debug`: its buffer holds raw bytes.
 #[derive(Clone)]
 pub struct Http2Direction {
@@ -115,6 +128,7 @@ pub struct Http2Direction {
     /// Stream position of the next byte expected; `None` before the first chunk.
     next_offset: Option<u64>,
     preface_pending: bool,
+    /// A partial frame (or bytes before a boundary) waiting for the rest.
     buffer: Vec<u8>,
     hpack: HpackDecoder,
     open_header_block: Option<OpenHeaderBlock>,
@@ -191,7 +205,7 @@ impl Http2Direction {
     }
 
     /// Feeds the chunk that starts at stream position `offset`.
-    pub fn feed(&mut self, offset: u64, payload: &[u8], events: &mut Vec<StreamEvent>) {
+    pub fn feed(&mut self, offset: u64, chunk: &Bytes, events: &mut Vec<StreamEvent>) {
         if self.lost {
             return;
         }
@@ -221,11 +235,17 @@ impl Http2Direction {
         } else {
             // Bytes seen already (an overlapping chunk) are skipped.
             let seen = usize::try_from(expected - offset).unwrap_or(usize::MAX);
-            payload.get(seen..).unwrap_or_default()
+            chunk.slice(seen.min(chunk.len())..)
         };
         self.next_offset = Some(expected + payload.len() as u64);
+        let mut rest: &[u8] = &payload;
+        if self.buffer.is_empty() {
+            // A chunk usually holds whole frames (a call's HEADERS and DATA are one write):
+            // they are handled where they lie; only a partial frame at its end is buffered.
+            let consumed = self.drain_frames(&payload, FrameBytes::Chunk(&payload), events);
+            rest = rest.get(consumed..).unwrap_or_default();
+        }
         // Appended piecewise so complete frames leave the buffer before more bytes come in.
-        let mut rest = payload;
         while !rest.is_empty() && !self.lost {
             let room = self
                 .limits
@@ -262,11 +282,10 @@ impl Http2Direction {
     }
 
     fn drain(&mut self, events: &mut Vec<StreamEvent>) {
-        // Frames are handled straight from the buffer, which is taken out meanwhile so that
-        // no frame payload needs a copy; it goes back (capacity kept) unless the direction
-        // was lost.
+        // Frames are handled straight from the buffer, which is taken out meanwhile; it goes
+        // back (capacity kept) unless the direction was lost.
         let buffer = std::mem::take(&mut self.buffer);
-        let consumed = self.drain_frames(&buffer, events);
+        let consumed = self.drain_frames(&buffer, FrameBytes::Buffered, events);
         if !self.lost {
             self.buffer = buffer;
             self.buffer.drain(..consumed);
@@ -274,7 +293,12 @@ impl Http2Direction {
     }
 
     /// Handles the complete frames at the front of `buffer`; returns the bytes they took.
-    fn drain_frames(&mut self, buffer: &[u8], events: &mut Vec<StreamEvent>) -> usize {
+    fn drain_frames(
+        &mut self,
+        buffer: &[u8],
+        source: FrameBytes<'_>,
+        events: &mut Vec<StreamEvent>,
+    ) -> usize {
         let mut consumed = 0usize;
         if self.syncing {
             match find_frame_boundary(buffer) {
@@ -318,7 +342,7 @@ impl Http2Direction {
             };
             let payload = frame.get(FRAME_HEADER_LEN..).unwrap_or_default();
             consumed += frame_len;
-            if let Err(reason) = self.handle_frame(&header, payload, events) {
+            if let Err(reason) = self.handle_frame(&header, payload, source, events) {
                 self.lose(reason, events);
                 return consumed;
             }
@@ -330,6 +354,7 @@ impl Http2Direction {
         &mut self,
         header: &FrameHeader,
         payload: &[u8],
+        source: FrameBytes<'_>,
         events: &mut Vec<StreamEvent>,
     ) -> Result<(), Undecodable> {
         let framing = |error| Undecodable::Framing {
@@ -355,7 +380,10 @@ impl Http2Direction {
                 let data = unpad(header.flags, payload).map_err(framing)?;
                 events.push(StreamEvent::Data {
                     stream_id: header.stream_id,
-                    data: data.to_vec(),
+                    data: match source {
+                        FrameBytes::Chunk(chunk) => chunk.slice_ref(data),
+                        FrameBytes::Buffered => Bytes::copy_from_slice(data),
+                    },
                     end_stream: header.flags & FLAG_END_STREAM != 0,
                 });
             }
@@ -484,7 +512,7 @@ impl Http2Direction {
         if !data.is_empty() {
             events.push(StreamEvent::DataCut {
                 stream_id: header.stream_id,
-                data: data.to_vec(),
+                data: Bytes::copy_from_slice(data),
             });
         }
     }

@@ -8,9 +8,10 @@
 //! A request cut by the capture budget is read over its complete prefix: protobuf fields are
 //! self-delimiting, so the fields that end before the cut form a valid message on their own.
 
+use bytes::Bytes;
 use prost::Message;
 
-use crate::model::{MessageIds, PlatformResult, UserResult};
+use crate::model::{MessageIds, PlatformResult, UserId, UserResult};
 
 #[derive(Clone, PartialEq, Message)]
 pub struct MsgData {
@@ -28,24 +29,26 @@ pub struct MsgData {
 pub struct OnlineBatchPushOneMsgReq {
     #[prost(message, optional, tag = "1")]
     pub msg_data: Option<MsgData>,
-    #[prost(string, repeated, tag = "2")]
-    pub push_to_user_ids: Vec<String>,
+    /// Strings on the wire, declared as bytes: decoded from a `Bytes` message they are slices
+    /// of it, not allocations, until `user_id` checks them as UTF-8.
+    #[prost(bytes = "bytes", repeated, tag = "2")]
+    pub push_to_user_ids: Vec<Bytes>,
 }
 
 #[derive(Clone, PartialEq, Message)]
 pub struct OnlinePushMsgReq {
     #[prost(message, optional, tag = "1")]
     pub msg_data: Option<MsgData>,
-    #[prost(string, tag = "2")]
-    pub push_to_user_id: String,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub push_to_user_id: Bytes,
 }
 
 #[derive(Clone, PartialEq, Message)]
 pub struct SingleMsgToUserPlatform {
     #[prost(int64, tag = "1")]
     pub result_code: i64,
-    #[prost(string, tag = "2")]
-    pub recv_id: String,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub recv_id: Bytes,
     #[prost(int32, tag = "3")]
     pub recv_platform_id: i32,
 }
@@ -62,8 +65,8 @@ pub struct PlatformOfUserResult {
 
 #[derive(Clone, PartialEq, Message)]
 pub struct SingleMsgToUserResults {
-    #[prost(string, tag = "1")]
-    pub user_id: String,
+    #[prost(bytes = "bytes", tag = "1")]
+    pub user_id: Bytes,
     #[prost(message, repeated, tag = "2")]
     pub resp: Vec<PlatformOfUserResult>,
     #[prost(bool, tag = "3")]
@@ -122,7 +125,7 @@ pub struct PushCall {
     pub message: MessageIds,
     /// The capture ended inside `msgData`: only its fields before the cut are in `message`.
     pub message_truncated: bool,
-    pub recipients: Vec<String>,
+    pub recipients: Vec<UserId>,
     /// The capture ended inside the request: more recipients may have followed those listed.
     pub recipients_truncated: bool,
 }
@@ -133,16 +136,30 @@ pub enum ProtobufError {
     Decode(#[from] prost::DecodeError),
     #[error("invalid wire format in the captured prefix")]
     InvalidWire,
+    #[error("a user id is not UTF-8")]
+    UserIdNotUtf8,
 }
 
-pub fn decode_request(method: PushMethod, message: &[u8]) -> Result<PushCall, ProtobufError> {
+/// A user id from the wire: checked as UTF-8 (as prost checks a `string`), held inline when
+/// it is short, as OpenIM's ids are.
+fn user_id(bytes: &[u8]) -> Result<UserId, ProtobufError> {
+    UserId::from_utf8(bytes).map_err(|_| ProtobufError::UserIdNotUtf8)
+}
+
+/// Decodes a whole request. `message` is shared, not copied: the recipients are read as
+/// slices of it.
+pub fn decode_request(method: PushMethod, message: Bytes) -> Result<PushCall, ProtobufError> {
     Ok(match method {
         PushMethod::Batch => {
             let request = OnlineBatchPushOneMsgReq::decode(message)?;
             PushCall {
                 message: request.msg_data.map(MessageIds::from).unwrap_or_default(),
                 message_truncated: false,
-                recipients: request.push_to_user_ids,
+                recipients: request
+                    .push_to_user_ids
+                    .iter()
+                    .map(|id| user_id(id))
+                    .collect::<Result<_, _>>()?,
                 recipients_truncated: false,
             }
         }
@@ -151,7 +168,11 @@ pub fn decode_request(method: PushMethod, message: &[u8]) -> Result<PushCall, Pr
             PushCall {
                 message: request.msg_data.map(MessageIds::from).unwrap_or_default(),
                 message_truncated: false,
-                recipients: non_empty(request.push_to_user_id),
+                recipients: if request.push_to_user_id.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![user_id(&request.push_to_user_id)?]
+                },
                 recipients_truncated: false,
             }
         }
@@ -160,9 +181,9 @@ pub fn decode_request(method: PushMethod, message: &[u8]) -> Result<PushCall, Pr
 
 /// Reads what a request's captured `prefix` says for sure: complete fields, and the complete
 /// fields of a `msgData` the cut fell into.
-pub fn decode_request_prefix(method: PushMethod, prefix: &[u8]) -> Result<PushCall, ProtobufError> {
-    let split = split_complete_fields(prefix)?;
-    let mut call = decode_request(method, split.complete)?;
+pub fn decode_request_prefix(method: PushMethod, prefix: Bytes) -> Result<PushCall, ProtobufError> {
+    let split = split_complete_fields(&prefix)?;
+    let mut call = decode_request(method, prefix.slice_ref(split.complete))?;
     call.recipients_truncated = true;
     if let Some(cut) = split
         .cut_length_delimited
@@ -178,37 +199,44 @@ pub fn decode_request_prefix(method: PushMethod, prefix: &[u8]) -> Result<PushCa
     Ok(call)
 }
 
+/// Decodes a whole answer; like `decode_request`, the user ids are read as slices of `message`.
 pub fn decode_response(
     method: PushMethod,
-    message: &[u8],
+    message: Bytes,
 ) -> Result<Vec<UserResult>, ProtobufError> {
     Ok(match method {
         PushMethod::Batch => OnlineBatchPushOneMsgResp::decode(message)?
             .single_push_result
             .into_iter()
-            .map(|result| UserResult {
-                user_id: result.user_id,
-                online_push: result.online_push,
-                platforms: result
-                    .resp
-                    .iter()
-                    .map(|platform| PlatformResult {
-                        result_code: platform.result_code,
-                        platform_id: platform.recv_platform_id,
-                    })
-                    .collect(),
+            .map(|result| {
+                Ok(UserResult {
+                    user_id: user_id(&result.user_id)?,
+                    online_push: result.online_push,
+                    // Collected in place: the two element types have one layout.
+                    platforms: result
+                        .resp
+                        .into_iter()
+                        .map(|platform| PlatformResult {
+                            result_code: platform.result_code,
+                            platform_id: platform.recv_platform_id,
+                        })
+                        .collect(),
+                })
             })
-            .collect(),
+            .collect::<Result<_, ProtobufError>>()?,
         // `OnlinePushMsgResp` lists platform results with their user (`RecvID`) and no
         // `onlinePush` flag: group by user, delivered when any platform reports 0.
         PushMethod::Single => {
             let mut results: Vec<UserResult> = Vec::new();
             for platform in OnlinePushMsgResp::decode(message)?.resp {
-                let index = match results.iter().position(|r| r.user_id == platform.recv_id) {
+                let index = match results
+                    .iter()
+                    .position(|r| r.user_id.as_bytes() == platform.recv_id)
+                {
                     Some(index) => index,
                     None => {
                         results.push(UserResult {
-                            user_id: platform.recv_id.clone(),
+                            user_id: user_id(&platform.recv_id)?,
                             ..UserResult::default()
                         });
                         results.len() - 1
@@ -230,17 +258,10 @@ pub fn decode_response(
 /// The results of the users whose entries end before the cut.
 pub fn decode_response_prefix(
     method: PushMethod,
-    prefix: &[u8],
+    prefix: Bytes,
 ) -> Result<Vec<UserResult>, ProtobufError> {
-    decode_response(method, split_complete_fields(prefix)?.complete)
-}
-
-fn non_empty(user_id: String) -> Vec<String> {
-    if user_id.is_empty() {
-        Vec::new()
-    } else {
-        vec![user_id]
-    }
+    let complete = split_complete_fields(&prefix)?.complete;
+    decode_response(method, prefix.slice_ref(complete))
 }
 
 struct CutField<'a> {
@@ -360,7 +381,7 @@ pub(crate) mod tests {
     #[test]
     fn batch_request_round_trips_without_content() {
         let bytes = sample_request(b"CANARY-secret-body", &["u1", "u2"]);
-        let call = decode_request(PushMethod::Batch, &bytes).unwrap();
+        let call = decode_request(PushMethod::Batch, Bytes::copy_from_slice(&bytes)).unwrap();
         assert_eq!(
             call,
             PushCall {
@@ -383,7 +404,11 @@ pub(crate) mod tests {
             }),
             push_to_user_id: "u9".into(),
         };
-        let call = decode_request(PushMethod::Single, &request.encode_to_vec()).unwrap();
+        let call = decode_request(
+            PushMethod::Single,
+            Bytes::copy_from_slice(&request.encode_to_vec()),
+        )
+        .unwrap();
         assert_eq!(call.recipients, vec!["u9".to_owned()]);
         assert_eq!(call.message.seq, Some(7));
 
@@ -408,7 +433,7 @@ pub(crate) mod tests {
         let mut wire = Vec::new();
         prost::encoding::message::encode(1, &first, &mut wire);
         prost::encoding::bytes::encode(1, &second, &mut wire);
-        let results = decode_response(PushMethod::Batch, &wire).unwrap();
+        let results = decode_response(PushMethod::Batch, Bytes::copy_from_slice(&wire)).unwrap();
         assert_eq!(
             results,
             vec![
@@ -442,7 +467,11 @@ pub(crate) mod tests {
                 },
             ],
         };
-        let results = decode_response(PushMethod::Single, &single.encode_to_vec()).unwrap();
+        let results = decode_response(
+            PushMethod::Single,
+            Bytes::copy_from_slice(&single.encode_to_vec()),
+        )
+        .unwrap();
         assert_eq!(results.len(), 1);
         assert!(results[0].online_push);
         assert_eq!(results[0].platforms.len(), 2);
@@ -451,9 +480,11 @@ pub(crate) mod tests {
     #[test]
     fn every_prefix_decodes_without_guessing() {
         let bytes = sample_request(&[7u8; 300], &["alice", "bob", "carol"]);
-        let full = decode_request(PushMethod::Batch, &bytes).unwrap();
+        let full = decode_request(PushMethod::Batch, Bytes::copy_from_slice(&bytes)).unwrap();
         for cut in 0..bytes.len() {
-            let call = decode_request_prefix(PushMethod::Batch, &bytes[..cut]).unwrap();
+            let call =
+                decode_request_prefix(PushMethod::Batch, Bytes::copy_from_slice(&bytes[..cut]))
+                    .unwrap();
             assert!(call.recipients_truncated);
             // Recipients found are exactly a prefix of the real list.
             assert!(
@@ -465,12 +496,17 @@ pub(crate) mod tests {
             }
         }
         // Cut in the last recipient: msgData complete, two recipients known.
-        let call = decode_request_prefix(PushMethod::Batch, &bytes[..bytes.len() - 2]).unwrap();
+        let call = decode_request_prefix(
+            PushMethod::Batch,
+            Bytes::copy_from_slice(&bytes[..bytes.len() - 2]),
+        )
+        .unwrap();
         assert_eq!(call.message, full.message);
         assert!(!call.message_truncated);
         assert_eq!(call.recipients, vec!["alice".to_owned(), "bob".to_owned()]);
         // Cut inside the content: ids before field 12 are known, seq (14) is not.
-        let call = decode_request_prefix(PushMethod::Batch, &bytes[..100]).unwrap();
+        let call = decode_request_prefix(PushMethod::Batch, Bytes::copy_from_slice(&bytes[..100]))
+            .unwrap();
         assert!(call.message_truncated);
         assert_eq!(call.message.client_msg_id.as_deref(), Some("client-abc"));
         assert_eq!(call.message.seq, None);
@@ -479,16 +515,22 @@ pub(crate) mod tests {
 
     #[test]
     fn invalid_wire_is_an_error() {
-        assert!(decode_request_prefix(PushMethod::Batch, &[0x07]).is_err());
-        assert!(decode_request_prefix(PushMethod::Batch, &[0x00]).is_err());
+        assert!(decode_request_prefix(PushMethod::Batch, Bytes::copy_from_slice(&[0x07])).is_err());
+        assert!(decode_request_prefix(PushMethod::Batch, Bytes::copy_from_slice(&[0x00])).is_err());
         // Unknown field 3 (varint) twice, then a cut key.
-        assert!(decode_request_prefix(PushMethod::Batch, &[0x18, 0x01, 0x18, 0x01, 0x18]).is_ok());
         assert!(
             decode_request_prefix(
                 PushMethod::Batch,
-                &[
+                Bytes::copy_from_slice(&[0x18, 0x01, 0x18, 0x01, 0x18])
+            )
+            .is_ok()
+        );
+        assert!(
+            decode_request_prefix(
+                PushMethod::Batch,
+                Bytes::copy_from_slice(&[
                     0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff
-                ]
+                ])
             )
             .is_err()
         );

@@ -1,6 +1,7 @@
 //! Hand-built HTTP/2 + gRPC byte streams for the decoders' and the scrubber's tests: frames,
 //! a small HPACK encoder, push requests and answers as grpc-go writes them.
 
+use bytes::Bytes;
 use openim_test_kit::http2::{
     DATA, END_HEADERS, END_STREAM, HEADERS, PING, SETTINGS, WINDOW_UPDATE, data_frames, frame,
     grpc_message, hpack_integer,
@@ -202,7 +203,7 @@ pub(crate) fn complete_call(recipients: &[&str]) -> PushCall {
     PushCall {
         message: sample_ids(),
         message_truncated: false,
-        recipients: recipients.iter().map(|&r| r.to_owned()).collect(),
+        recipients: recipients.iter().map(|&r| r.into()).collect(),
         recipients_truncated: false,
     }
 }
@@ -235,7 +236,11 @@ pub(crate) fn feed_cut(
     let mut facts = Vec::new();
     let mut start = 0usize;
     for &end in cuts.iter().chain([&bytes.len()]) {
-        facts.extend(decoder.feed(direction, start as u64, &bytes[start..end]));
+        facts.extend(decoder.feed(
+            direction,
+            start as u64,
+            &Bytes::copy_from_slice(&bytes[start..end]),
+        ));
         start = end;
     }
     facts

@@ -11,7 +11,7 @@ pub mod wire;
 
 pub use event::{ConnectionId, ConnectionKey, Direction, Event, EventKind, PortClass, TcpState};
 pub use routing::{
-    Gateway, GatewayAnswer, IpText, MessageIds, PlatformResult, Process, UserResult,
+    Gateway, GatewayAnswer, IpText, MessageIds, PlatformResult, Process, UserId, UserResult,
 };
 
 /// Timestamps are Unix nanoseconds throughout.

@@ -104,11 +104,15 @@ pub struct MessageIds {
     pub session_type: Option<i32>,
 }
 
+/// An OpenIM user id as push names it: held inline up to 24 bytes (OpenIM's are numbers of
+/// about ten digits), so a call's recipients and answers cost no allocation each.
+pub type UserId = CompactString;
+
 /// A gateway's answer for one requested user. No platforms means the gateway holds no
 /// connection for the user.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UserResult {
-    pub user_id: String,
+    pub user_id: UserId,
     pub online_push: bool,
     pub platforms: Vec<PlatformResult>,
 }

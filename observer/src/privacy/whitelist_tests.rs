@@ -2,6 +2,7 @@
 //! chunking, and a filtered stream decodes into the same facts. The decoders sit above this
 //! layer; tests may use them as an oracle.
 
+use bytes::Bytes;
 use openim_test_kit::http2::{
     END_HEADERS, HEADERS, data_frames, frame, grpc_message, hpack_integer, hpack_raw_string,
 };
@@ -69,7 +70,7 @@ fn filter_send(port_class: PortClass, stream: &[u8], chunk_len: usize) -> Vec<u8
 
 fn decoded(direction: Direction, stream: &[u8]) -> Vec<GrpcFact> {
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let mut facts = decoder.feed(direction, 0, stream);
+    let mut facts = decoder.feed(direction, 0, &Bytes::copy_from_slice(stream));
     facts.extend(decoder.finish());
     facts
 }

@@ -469,7 +469,7 @@ fn push_call(
                     resp: if online {
                         vec![SingleMsgToUserPlatform {
                             result_code: 0,
-                            recv_id: (*user).to_owned(),
+                            recv_id: Bytes::copy_from_slice(user.as_bytes()),
                             recv_platform_id: 2,
                         }]
                     } else {
