@@ -108,16 +108,34 @@ impl WebSocketDecoder {
             Direction::Send => &mut self.send,
             Direction::Recv => &mut self.recv,
         };
-        let fact = match reader.append(offset, payload, max_head_bytes) {
-            Err(reason) => Some(WebSocketFact::Undecodable { direction, reason }),
-            Ok(()) => match direction {
-                Direction::Send => parse_request(&reader.buffer).transpose(),
-                Direction::Recv => parse_response(&reader.buffer).transpose(),
+        if reader.done {
+            return None;
+        }
+        let parse = |head: &[u8]| {
+            match direction {
+                Direction::Send => parse_request(head).transpose(),
+                Direction::Recv => parse_response(head).transpose(),
             }
             .map(|parsed| match parsed {
                 Ok(fact) => fact,
                 Err(reason) => WebSocketFact::Undecodable { direction, reason },
-            }),
+            })
+        };
+        let fact = match reader.accept(offset, payload.len(), max_head_bytes) {
+            Err(reason) => Some(WebSocketFact::Undecodable { direction, reason }),
+            // Nearly every head comes whole in one chunk: it is parsed where it lies, and only
+            // an incomplete one is buffered.
+            Ok(()) if reader.buffer.is_empty() => {
+                let fact = parse(payload);
+                if fact.is_none() {
+                    reader.keep(payload);
+                }
+                fact
+            }
+            Ok(()) => {
+                reader.keep(payload);
+                parse(&reader.buffer)
+            }
         };
         if fact.is_some() {
             reader.done = true;
@@ -145,15 +163,9 @@ impl WebSocketDecoder {
 }
 
 impl HeadReader {
-    fn append(
-        &mut self,
-        offset: u64,
-        payload: &[u8],
-        max_head_bytes: usize,
-    ) -> Result<(), Http1Error> {
-        if self.done {
-            return Ok(());
-        }
+    /// Checks that a chunk of `len` bytes at `offset` continues the head within its limit, and
+    /// moves past it.
+    fn accept(&mut self, offset: u64, len: usize, max_head_bytes: usize) -> Result<(), Http1Error> {
         let expected = self.next_offset.unwrap_or(0);
         if offset != expected {
             self.done = true;
@@ -162,15 +174,19 @@ impl HeadReader {
                 Some(position) => Http1Error::Gap { position },
             });
         }
-        if self.buffer.len() + payload.len() > max_head_bytes {
+        if self.buffer.len() + len > max_head_bytes {
             return Err(Http1Error::HeadTooLarge(max_head_bytes));
         }
-        self.next_offset = Some(expected + payload.len() as u64);
-        self.buffer.extend_from_slice(payload);
+        self.next_offset = Some(expected + len as u64);
+        Ok(())
+    }
+
+    /// Buffers a chunk of an incomplete head.
+    fn keep(&mut self, chunk: &[u8]) {
+        self.buffer.extend_from_slice(chunk);
         // The capture layer redacts each chunk; a token split across chunks is only visible
         // once they are joined.
         redact_secrets(&mut self.buffer);
-        Ok(())
     }
 }
 
