@@ -72,6 +72,16 @@ async fn next_done(cluster: &mut Option<ClusterLink>) -> Done {
     }
 }
 
+/// Hands the memory freed since the last round back to the node. mimalloc, the binary's
+/// allocator, keeps freed pages for reuse until allocation activity purges them, so a quiet
+/// observer held what its start had freed (BTF, program loading): 49 MB resident idle, 27 MB
+/// with this call each reconciliation round (as with glibc's malloc, which trims on free).
+fn release_freed_memory() {
+    // SAFETY: `mi_collect` takes no pointer; it walks and purges mimalloc's own state, and is
+    // safe to call from any thread at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
 /// How often the engine's connections are checked against the kernel's (`Engine::reconcile`):
 /// state whose close was lost (a full ring drops records) ends within this long of its socket.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
@@ -248,6 +258,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 let alive = capture.reconcile();
                 sink.engine.reconcile(&alive, unix_now_ns(), &mut sink.alerts);
                 sink.flush()?;
+                release_freed_memory();
             }
             done = next_done(&mut sink.cluster) => {
                 sink.apply(done);
