@@ -96,7 +96,9 @@ impl WebSocketDecoder {
     }
 
     /// Feeds one captured chunk that starts at stream position `offset` of `direction`; returns
-    /// a fact once that direction's head is complete (or can't be).
+    /// a fact once that direction's head is complete (or can't be). Chunks come as the capture
+    /// layer hands them on, credentials redacted in each: a head whole in one chunk is parsed as
+    /// it is, one joined from several is redacted again once joined (a token may straddle two).
     pub fn feed(
         &mut self,
         direction: Direction,

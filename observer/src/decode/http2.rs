@@ -77,7 +77,8 @@ pub enum StreamEvent {
         fields: Vec<HeaderField>,
         end_stream: bool,
     },
-    /// A DATA frame's payload: a slice of the direction's buffer, not a copy of it.
+    /// A DATA frame's payload: a slice of the captured chunk when the frame lay whole in it,
+    /// else copied out of the buffer that joined its pieces.
     Data {
         stream_id: u32,
         data: Bytes,
