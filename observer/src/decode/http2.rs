@@ -11,6 +11,8 @@
 //! a frame boundary (`find_frame_boundary`), then decodes frames as usual with an HPACK table
 //! that knows only the entries added since (`HpackDecoder::joined_mid_stream`).
 
+use bytes::Bytes;
+
 use crate::model::{
     Direction,
     wire::{
@@ -19,8 +21,6 @@ use crate::model::{
         FRAME_PRIORITY, FRAME_PUSH_PROMISE, FRAME_RST_STREAM, FRAME_SETTINGS, FRAME_WINDOW_UPDATE,
     },
 };
-
-use bytes::Bytes;
 
 use super::Limits;
 use crate::hpack::{HeaderField, HpackDecoder, HpackError};

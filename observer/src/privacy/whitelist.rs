@@ -8,8 +8,9 @@
 //!   through a `HeaderWhitelist` per direction; GOAWAY's debug text is masked; DATA is read as
 //!   gRPC messages whose protobuf fields are kept only where the engine reads them
 //!   (`protobuf_whitelist::Schema`): in a push request, `msgData`'s message ids, seq and
-//!   session type, and the recipients; in an answer, each user's id, results and online flag. Every other field is masked at any nesting: a length-delimited value zeroed,
-//!   a varint rewritten as an over-long zero of the same length, a fixed one zeroed.
+//!   session type, and the recipients; in an answer, each user's id, results and online flag.
+//!   Every other field is masked at any nesting: a length-delimited value zeroed, a varint
+//!   rewritten as an over-long zero of the same length, a fixed one zeroed.
 //! - What cannot be followed is zeroed rather than passed: a compressed message's body, the rest
 //!   of a message whose protobuf does not parse, a DATA frame with impossible padding, and
 //!   after a gap, or a direction first seen past position 0 (frame sync lost), every later byte
