@@ -354,7 +354,7 @@ impl GrpcConnectionDecoder {
         match stream.request.push(data, cap) {
             Some(ReadMessage::Complete { flag, body }) => {
                 let body = match (flag, stream.push_method) {
-                    (0, Some(method)) => match protobuf::decode_request(method, body.clone()) {
+                    (0, Some(method)) => match protobuf::decode_request(method, body) {
                         Ok(call) => RequestBody::Push(call),
                         Err(error) => {
                             self.counters.protobuf_failures += 1;

@@ -238,12 +238,10 @@ impl MessageReader {
                 && self.body().len() >= length
             {
                 self.done = true;
-                let mut message = std::mem::take(&mut self.pending);
-                message.truncate(MESSAGE_HEADER_LEN + length);
-                message.drain(..MESSAGE_HEADER_LEN);
+                let message = Bytes::from(std::mem::take(&mut self.pending));
                 return Some(ReadMessage::Complete {
                     flag,
-                    body: Bytes::from(message),
+                    body: message.slice(MESSAGE_HEADER_LEN..MESSAGE_HEADER_LEN + length),
                 });
             }
             if data.is_empty() {
