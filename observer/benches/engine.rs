@@ -22,7 +22,7 @@ use openim_test_kit::synthetic;
 
 /// The allocator the `observer` binary ships with (see its `main.rs`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: observer::allocator::Mimalloc = observer::allocator::Mimalloc;
 
 /// The proxy keeps one upstream WebSocket per online user open, so 100k users need more than
 /// the default 65,536 decoded connections (`--max-connections`); sized as the daemon sizes

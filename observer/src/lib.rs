@@ -6,7 +6,7 @@
 //!
 //! Layers, bottom-up; each imports only from those before it in this list (README:
 //! Architecture): `model`, `budget`, `openim`, `hpack`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
-//! the edges `lines`, `cluster`, `identity`, `metrics`, `tools`, `daemon`.
+//! the edges `allocator`, `lines`, `cluster`, `identity`, `metrics`, `tools`, `daemon`.
 
 // The shared vocabulary and OpenIM knowledge.
 pub mod model;
@@ -22,6 +22,7 @@ pub mod privacy;
 pub mod alert;
 pub mod correlate;
 // Edges.
+pub mod allocator;
 pub mod cluster;
 pub mod daemon;
 pub mod identity;

@@ -38,7 +38,7 @@ enum Command {
 /// mimalloc rather than glibc's malloc: 14% fewer instructions for the engine on its bench
 /// (callgrind), at about the same peak RSS (the README's performance section has the figures).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: observer::allocator::Mimalloc = observer::allocator::Mimalloc;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {

@@ -45,17 +45,18 @@ fn decode_in_chunks(send: &[u8], recv: &[u8], chunk_len: usize) -> Vec<GrpcFact>
     for (direction, bytes) in [(Direction::Send, send), (Direction::Recv, recv)] {
         let mut offset = 0u64;
         for chunk in bytes.chunks(chunk_len) {
-            facts.extend(decoder.feed(direction, offset, &Bytes::copy_from_slice(chunk)));
+            decoder.feed(direction, offset, &Bytes::copy_from_slice(chunk), &mut facts);
             offset += chunk.len() as u64;
         }
     }
-    facts.extend(decoder.finish());
+    decoder.finish(&mut facts);
     facts
 }
 
 /// Directions alternate as bits 2..8 of `control` say, and every seventh chunk skips a byte.
 fn decode_interleaved_with_gaps(control: u8, send: &[u8], recv: &[u8], chunk_len: usize) {
     let mut decoder = GrpcConnectionDecoder::new(LIMITS);
+    let mut facts = Vec::new();
     let mut send_chunks = send.chunks(chunk_len);
     let mut recv_chunks = recv.chunks(chunk_len);
     let mut offsets = [0u64; 2];
@@ -81,8 +82,14 @@ fn decode_interleaved_with_gaps(control: u8, send: &[u8], recv: &[u8], chunk_len
             Direction::Recv
         };
         let skip = u64::from(round % 7 == 6);
-        decoder.feed(direction, offsets[side] + skip, &Bytes::copy_from_slice(chunk));
+        decoder.feed(
+            direction,
+            offsets[side] + skip,
+            &Bytes::copy_from_slice(chunk),
+            &mut facts,
+        );
+        facts.clear();
         offsets[side] += skip + chunk.len() as u64;
     }
-    decoder.finish();
+    decoder.finish(&mut facts);
 }

@@ -11,7 +11,7 @@ use hashbrown::{HashMap, HashSet};
 use crate::{
     alert::DegradedReason,
     budget::{self, CONNECTION_BYTES, UPGRADED_CONNECTION_BYTES},
-    decode::{DecodeCounters, GrpcConnectionDecoder, Limits, WebSocketDecoder},
+    decode::{DecodeCounters, GrpcConnectionDecoder, GrpcFact, Limits, WebSocketDecoder},
     model::{
         ConnectionId, Direction, Event, EventKind, Gateway, PortClass, Process, TcpState,
         wire::starts_like_http1_request,
@@ -110,7 +110,15 @@ pub struct ConnectionDecoders {
     shed_decoded: u64,
     /// What the decoders lost since the last `take_blind_spots`.
     blind_spots: BlindSpots,
+    /// The facts of the chunk being decoded: one list for every gRPC decoder, emptied after
+    /// each chunk and kept (see `GrpcConnectionDecoder::feed`), down to `KEPT_GRPC_FACTS`
+    /// entries after a chunk that held more.
+    grpc_facts: Vec<GrpcFact>,
 }
+
+/// Facts a chunk usually completes (a call's request, or its answer and trailers) with room to
+/// spare; a packet hook's chunk of 512 KiB of resets could complete tens of thousands.
+const KEPT_GRPC_FACTS: usize = 64;
 
 /// Upgraded WebSocket connections remembered per decoder slot (`max_connections`): with the
 /// decoders themselves, `tracked` stays within `max_connections * (1 + UPGRADED_PER_SLOT)`.
@@ -128,6 +136,7 @@ impl ConnectionDecoders {
             shed_undecoded: 0,
             shed_decoded: 0,
             blind_spots: BlindSpots::default(),
+            grpc_facts: Vec::new(),
         }
     }
 
@@ -424,7 +433,8 @@ impl ConnectionDecoders {
                 }
             }
             Protocol::Grpc(decoder) => {
-                for fact in decoder.feed(direction, offset, payload) {
+                decoder.feed(direction, offset, payload, &mut self.grpc_facts);
+                for fact in self.grpc_facts.drain(..) {
                     note_http2_loss(spots, &fact, event.connection, view.process);
                     observations.extend(grpc_observation(
                         event.ts_ns,
@@ -434,6 +444,7 @@ impl ConnectionDecoders {
                         counters,
                     ));
                 }
+                self.grpc_facts.shrink_to(KEPT_GRPC_FACTS);
             }
         }
         if let Some(connection) = self.connections.get_mut(&event.connection) {
@@ -467,7 +478,8 @@ impl ConnectionDecoders {
                     process: &connection.process,
                     gateway: &connection.gateway,
                 };
-                for fact in decoder.finish() {
+                decoder.finish(&mut self.grpc_facts);
+                for fact in self.grpc_facts.drain(..) {
                     note_http2_loss(&mut self.blind_spots, &fact, connection_id, view.process);
                     observations.extend(grpc_observation(
                         ts_ns,
@@ -477,6 +489,7 @@ impl ConnectionDecoders {
                         &mut self.counters,
                     ));
                 }
+                self.grpc_facts.shrink_to(KEPT_GRPC_FACTS);
                 self.counters.decode.add(decoder.counters());
             }
             Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {

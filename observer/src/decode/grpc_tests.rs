@@ -20,13 +20,13 @@ fn decodes_a_push_call_and_its_answer() {
     let message = grpc_message(0, &sample_request(CANARY, &["alice", "bob"]));
     let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let mut facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send));
-    facts.extend(decoder.feed(
+    let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
+    facts.extend(decoder.feed_all(
         Direction::Recv,
         0,
         &Bytes::copy_from_slice(&response_stream(1)),
     ));
-    facts.extend(decoder.finish());
+    facts.extend(decoder.finish_all());
     let mut expected = vec![push_request(1, complete_call(&["alice", "bob"]))];
     expected.extend(expected_response_facts(1));
     assert_eq!(facts, expected);
@@ -137,8 +137,8 @@ fn dynamic_table_carries_over_between_requests() {
     ));
 
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let mut facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send));
-    facts.extend(decoder.feed(Direction::Recv, 0, &Bytes::copy_from_slice(&recv)));
+    let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
+    facts.extend(decoder.feed_all(Direction::Recv, 0, &Bytes::copy_from_slice(&recv)));
     let mut expected = vec![
         push_request(1, complete_call(&["dave"])),
         push_request(3, complete_call(&["erin"])),
@@ -165,7 +165,7 @@ fn joined_mid_stream_reports_nothing_else() {
     let message = grpc_message(0, &sample_request(CANARY, &["alice"]));
     let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let facts = decoder.feed(Direction::Send, 24, &Bytes::copy_from_slice(&send[24..]));
+    let facts = decoder.feed_all(Direction::Send, 24, &Bytes::copy_from_slice(&send[24..]));
     assert_eq!(
         facts,
         vec![GrpcFact::Undecodable(Undecodable::JoinedMidStream {
@@ -175,25 +175,25 @@ fn joined_mid_stream_reports_nothing_else() {
     );
     assert!(
         decoder
-            .feed(
+            .feed_all(
                 Direction::Recv,
                 0,
                 &Bytes::copy_from_slice(&response_stream(1))
             )
             .is_empty()
     );
-    assert!(decoder.finish().is_empty());
+    assert!(decoder.finish_all().is_empty());
     assert_eq!(decoder.counters().undecodable_joined_mid_stream, 1);
 
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send[9..]));
+    let facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send[9..]));
     assert_eq!(
         facts,
         vec![GrpcFact::Undecodable(Undecodable::NoClientPreface)]
     );
     assert!(
         decoder
-            .feed(
+            .feed_all(
                 Direction::Send,
                 send.len() as u64 - 9,
                 &Bytes::copy_from_slice(b"more")
@@ -212,7 +212,7 @@ fn a_gap_truncates_the_call_but_keeps_what_was_read() {
     let budget = 256 << 10;
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     let mut facts = feed_in_chunks(&mut decoder, Direction::Send, &send[..budget], 4096);
-    facts.extend(decoder.feed(
+    facts.extend(decoder.feed_all(
         Direction::Send,
         send.len() as u64 - 100,
         &Bytes::copy_from_slice(&send[send.len() - 100..]),
@@ -240,7 +240,7 @@ fn a_gap_truncates_the_call_but_keeps_what_was_read() {
     assert_eq!(decoder.counters().lost_sync_gap, 1);
     // The answer still decodes: the receive side has its own HPACK state.
     assert_eq!(
-        decoder.feed(
+        decoder.feed_all(
             Direction::Recv,
             0,
             &Bytes::copy_from_slice(&response_stream(1))
@@ -258,7 +258,7 @@ fn a_cut_inside_the_recipients_lists_the_complete_ones() {
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     assert!(
         decoder
-            .feed(Direction::Send, 0, &Bytes::copy_from_slice(captured))
+            .feed_all(Direction::Send, 0, &Bytes::copy_from_slice(captured))
             .is_empty()
     );
     let call = PushCall {
@@ -267,7 +267,7 @@ fn a_cut_inside_the_recipients_lists_the_complete_ones() {
         recipients: vec!["alice".into(), "bob".into()],
         recipients_truncated: true,
     };
-    assert_eq!(decoder.finish(), vec![push_request(1, call)]);
+    assert_eq!(decoder.finish_all(), vec![push_request(1, call)]);
 }
 
 #[test]
@@ -279,7 +279,7 @@ fn compressed_messages_are_reported_not_parsed() {
         16384,
     );
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send));
+    let facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
     assert_eq!(
         facts,
         vec![GrpcFact::Request {
@@ -302,8 +302,8 @@ fn other_methods_are_named_not_decoded() {
         16384,
     );
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let mut facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send));
-    facts.extend(decoder.feed(
+    let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
+    facts.extend(decoder.feed_all(
         Direction::Recv,
         0,
         &Bytes::copy_from_slice(&response_stream(1)),
@@ -333,7 +333,7 @@ fn protocol_errors_are_typed() {
     send.extend(frame(DATA, 0, 1, b"xx"));
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     assert_eq!(
-        decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send)),
+        decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send)),
         vec![GrpcFact::Undecodable(Undecodable::Framing {
             direction: Direction::Send,
             error: FrameError::ContinuationExpected { frame_type: DATA },
@@ -349,7 +349,7 @@ fn protocol_errors_are_typed() {
         &[0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],
     ));
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send));
+    let facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
     assert!(matches!(
         facts.as_slice(),
         [GrpcFact::Undecodable(Undecodable::Hpack { .. })]
@@ -371,7 +371,7 @@ fn protocol_errors_are_typed() {
     ));
     send.extend(frame(RST_STREAM, 0, 3, &[0, 0, 0, 8]));
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send));
+    let facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
     assert_eq!(facts.len(), 2);
     assert!(matches!(
         &facts[0],
@@ -429,15 +429,15 @@ fn the_message_content_never_reaches_a_fact() {
     let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
     for cut in (0..send.len()).step_by(3) {
         let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-        let mut facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send[..cut]));
-        facts.extend(decoder.feed(
+        let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send[..cut]));
+        facts.extend(decoder.feed_all(
             Direction::Send,
             cut as u64 + 1,
             &Bytes::copy_from_slice(send.get(cut + 1..).unwrap_or_default()),
         ));
         let state = format!("{decoder:?}");
         assert!(!state.contains("CANARY") && state.contains("counters"));
-        facts.extend(decoder.finish());
+        facts.extend(decoder.finish_all());
         let debug = format!("{facts:?}");
         assert!(!debug.contains("CANARY"), "cut {cut}: {debug}");
     }
@@ -483,7 +483,7 @@ fn random_and_mutated_bytes_never_panic() {
         let chunk = 1 + (rng.next() % 64) as usize;
         feed_in_chunks(&mut decoder, Direction::Send, &send, chunk);
         feed_in_chunks(&mut decoder, Direction::Recv, &recv, chunk);
-        decoder.finish();
+        decoder.finish_all();
     }
 }
 
@@ -519,9 +519,9 @@ fn trailers_only_answer_and_single_push() {
     ]);
     let recv = frame(HEADERS, END_HEADERS | END_STREAM, 1, &answer);
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let mut facts = decoder.feed(Direction::Send, 0, &Bytes::copy_from_slice(&send));
-    facts.extend(decoder.feed(Direction::Recv, 0, &Bytes::copy_from_slice(&recv)));
-    facts.extend(decoder.finish());
+    let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
+    facts.extend(decoder.feed_all(Direction::Recv, 0, &Bytes::copy_from_slice(&recv)));
+    facts.extend(decoder.finish_all());
     let call = PushCall {
         message: MessageIds {
             client_msg_id: Some("c1".into()),
@@ -590,12 +590,12 @@ fn adopted_connection_resyncs_and_recognises_pushes_by_shape() {
     let mut decoder = GrpcConnectionDecoder::joined_mid_stream(Limits::default());
     // Positions count from the adoption, in chunks as a writer might make them.
     let mut facts = feed_in_chunks(&mut decoder, Direction::Send, &send[joined_at..], 5);
-    facts.extend(decoder.feed(
+    facts.extend(decoder.feed_all(
         Direction::Recv,
         0,
         &Bytes::copy_from_slice(&recv[recv_joined_at..]),
     ));
-    facts.extend(decoder.finish());
+    facts.extend(decoder.finish_all());
     assert_eq!(
         facts,
         vec![

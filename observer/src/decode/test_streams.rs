@@ -226,6 +226,27 @@ pub(crate) fn expected_response_facts(stream_id: u32) -> Vec<GrpcFact> {
     ]
 }
 
+/// The decoder's facts returned as a list per call, as the tests compare them (the engine
+/// passes one list it reuses).
+pub(crate) trait FactsPerCall {
+    fn feed_all(&mut self, direction: Direction, offset: u64, payload: &Bytes) -> Vec<GrpcFact>;
+    fn finish_all(&mut self) -> Vec<GrpcFact>;
+}
+
+impl FactsPerCall for GrpcConnectionDecoder {
+    fn feed_all(&mut self, direction: Direction, offset: u64, payload: &Bytes) -> Vec<GrpcFact> {
+        let mut facts = Vec::new();
+        self.feed(direction, offset, payload, &mut facts);
+        facts
+    }
+
+    fn finish_all(&mut self) -> Vec<GrpcFact> {
+        let mut facts = Vec::new();
+        self.finish(&mut facts);
+        facts
+    }
+}
+
 /// Feeds `bytes` of one direction as chunks ending at `cuts`.
 pub(crate) fn feed_cut(
     decoder: &mut GrpcConnectionDecoder,
@@ -236,7 +257,7 @@ pub(crate) fn feed_cut(
     let mut facts = Vec::new();
     let mut start = 0usize;
     for &end in cuts.iter().chain([&bytes.len()]) {
-        facts.extend(decoder.feed(
+        facts.extend(decoder.feed_all(
             direction,
             start as u64,
             &Bytes::copy_from_slice(&bytes[start..end]),

@@ -10,8 +10,8 @@ use openim_test_kit::http2::{
 use super::*;
 use crate::decode::protobuf::tests::sample_request;
 use crate::decode::test_streams::{
-    AUTHORITY, CANARY, Field, PUSH_PATH, header_block, hpack_string, push_request_stream,
-    request_stream, response_stream,
+    AUTHORITY, CANARY, FactsPerCall, Field, PUSH_PATH, header_block, hpack_string,
+    push_request_stream, request_stream, response_stream,
 };
 use crate::decode::{GrpcConnectionDecoder, GrpcFact, Limits};
 use crate::hpack::huffman_encode;
@@ -70,8 +70,8 @@ fn filter_send(port_class: PortClass, stream: &[u8], chunk_len: usize) -> Vec<u8
 
 fn decoded(direction: Direction, stream: &[u8]) -> Vec<GrpcFact> {
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
-    let mut facts = decoder.feed(direction, 0, &Bytes::copy_from_slice(stream));
-    facts.extend(decoder.finish());
+    let mut facts = decoder.feed_all(direction, 0, &Bytes::copy_from_slice(stream));
+    facts.extend(decoder.finish_all());
     facts
 }
 
