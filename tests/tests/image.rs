@@ -3,8 +3,8 @@
 //! `cargo xtask image` writes target/image/openim-observer.oci.tar (`cargo xtask test` and
 //! `cargo xtask image --test` build it first and name it in `OPENIM_IMAGE_ARCHIVE`). Each test
 //! unpacks it into an OCI bundle whose config.json is the pod of deploy/kubernetes (the base
-//! DaemonSet, or the base with the privileged overlay's patch) translated the way containerd's
-//! CRI plugin translates a pod, and runs it with runc:
+//! DaemonSet, or the base with the privileged overlay's patch or the packet-hook component's)
+//! translated the way containerd's CRI plugin translates a pod, and runs it with runc:
 //! - the container's `securityContext`: capabilities (from containerd's default set, `drop`
 //!   then `add`), `privileged` (every capability the runtime holds, no seccomp filter, no masked
 //!   or read-only /proc and /sys paths, writable /sys, every device allowed), `allowPrivilegeEscalation`
@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::DeepMerge;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
+use openim_test_kit::cgroup2::Cgroup2Mount;
 use serde_json::{Value, json};
 use tests::lab::netns::{self, Network, PodNet};
 use tests::privileges::{Needs, can_run};
@@ -213,6 +214,8 @@ enum Variant {
     Base,
     /// The base with overlays/privileged's patch.
     Privileged,
+    /// The base with components/packet-hook's JSON patch.
+    PacketHook,
 }
 
 fn daemonset(variant: Variant) -> DaemonSet {
@@ -223,12 +226,51 @@ fn daemonset(variant: Variant) -> DaemonSet {
         serde_norway::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
     };
     let mut daemonset = read("base/daemonset.yaml");
-    if let Variant::Privileged = variant {
+    match variant {
+        Variant::Base => {}
         // A strategic-merge patch; tests/tests/manifests.rs checks that the overlay is exactly
         // this merge on top of the base.
-        daemonset.merge_from(read("overlays/privileged/daemonset-privileged.yaml"));
+        Variant::Privileged => {
+            daemonset.merge_from(read("overlays/privileged/daemonset-privileged.yaml"));
+        }
+        Variant::PacketHook => {
+            let path =
+                workspace().join("deploy/kubernetes/components/packet-hook/daemonset-packets.yaml");
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|err| panic!("reading {}: {err}", path.display()));
+            let operations: Vec<Value> = serde_norway::from_str(&text)
+                .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+            let mut object = serde_json::to_value(&daemonset).expect("a DaemonSet serialises");
+            for operation in &operations {
+                apply_json_patch_add(&mut object, operation);
+            }
+            daemonset = serde_json::from_value(object).expect("the patched DaemonSet parses");
+        }
     }
     daemonset
+}
+
+/// One `add` operation of a JSON patch (RFC 6902), as kustomize applies a component's: to an
+/// object member, or appended to an array (`-`). Any other operation fails the test, so a
+/// component that starts using one is noticed here.
+fn apply_json_patch_add(document: &mut Value, operation: &Value) {
+    assert_eq!(
+        operation["op"], "add",
+        "only add is translated: {operation}"
+    );
+    let path = operation["path"].as_str().expect("an operation has a path");
+    let (parent, last) = path.rsplit_once('/').expect("a path below the root");
+    let target = document
+        .pointer_mut(parent)
+        .unwrap_or_else(|| panic!("{parent} is not in the base DaemonSet"));
+    let value = operation["value"].clone();
+    match target {
+        Value::Array(items) if last == "-" => items.push(value),
+        Value::Object(members) => {
+            members.insert(last.to_owned(), value);
+        }
+        other => panic!("add at {path}: not translated for {other}"),
+    }
 }
 
 fn pod_and_container(daemonset: &DaemonSet) -> (PodSpec, Container) {
@@ -986,11 +1028,11 @@ fn assert_runs_and_captures(pod: &Pod, daemonset: &DaemonSet, running: &mut Runn
 
     let listener = TcpListener::bind(("127.0.0.1", GRPC_PORT))
         .unwrap_or_else(|err| panic!("bind {GRPC_PORT}: {err}"));
-    let client = TcpStream::connect(("127.0.0.1", GRPC_PORT)).expect("connect to the watched port");
+    let mut client =
+        TcpStream::connect(("127.0.0.1", GRPC_PORT)).expect("connect to the watched port");
     let (server_side, _) = listener.accept().expect("accept");
     let connect =
         running.wait_for(|line| line["kind"] == "tcp_connect" && line["dport"] == GRPC_PORT);
-    drop((client, server_side));
     let connect = connect.unwrap_or_else(|| {
         panic!(
             "the container captured no tcp_connect to the watched port; its stdout: {:?}",
@@ -1003,6 +1045,22 @@ fn assert_runs_and_captures(pod: &Pod, daemonset: &DaemonSet, running: &mut Runn
         "host pid of the connecting process"
     );
     assert_eq!(connect["daddr"], "127.0.0.1");
+    // The bytes too, whichever hook copies them.
+    const WRITTEN: usize = 64;
+    client
+        .write_all(&[b'x'; WRITTEN])
+        .expect("write to the watched port");
+    let data = running.wait_for(|line| {
+        line["kind"] == "data" && line["dport"] == GRPC_PORT && line["direction"] == "send"
+    });
+    drop((client, server_side));
+    let data = data.unwrap_or_else(|| {
+        panic!(
+            "the container captured no bytes sent to the watched port; its stdout: {:?}",
+            running.seen
+        )
+    });
+    assert_eq!(data["len"], WRITTEN, "the write's bytes, in one record");
 
     let (status, stderr) = running.stop();
     assert!(status.success(), "exit after SIGTERM: {status}: {stderr}");
@@ -1100,6 +1158,52 @@ fn the_least_privilege_pod_starts_captures_and_serves_its_probes() {
     running.expect_started();
     assert_applied(&running, &container, true);
     assert_runs_and_captures(&pod, &daemonset, &mut running);
+}
+
+#[test]
+fn the_packet_hook_component_starts_and_captures_from_packets() {
+    if !ready() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let pod = Pod::new("packets");
+    // The node's cgroup v2 hierarchy, where the component's programs attach: this host's
+    // services may live in cgroup v1 only, so one mounted for the test stands in for it (every
+    // process, this test's own, is in its root until moved).
+    let hierarchy = Cgroup2Mount::mount();
+    let mut daemonset = daemonset(Variant::PacketHook);
+    set_host_path(&mut daemonset, "cgroup", hierarchy.root());
+    let (_, container) = pod_and_container(&daemonset);
+    assert_eq!(
+        capabilities(&container),
+        BTreeSet::from([
+            "CAP_BPF".to_owned(),
+            "CAP_NET_ADMIN".to_owned(),
+            "CAP_PERFMON".to_owned()
+        ]),
+        "the component adds NET_ADMIN to the base's"
+    );
+    let mut running = pod.run(&daemonset, DefaultProfile::Containerd);
+    running.expect_started();
+    let started = running
+        .wait_for(|line| line["kind"] == "observer_started")
+        .expect("it started");
+    assert_eq!(started["capture_hook"], "packets", "{started}");
+    assert_applied(&running, &container, true);
+    assert_runs_and_captures(&pod, &daemonset, &mut running);
+}
+
+/// Points the hostPath volume `name` of `daemonset` at `path`.
+fn set_host_path(daemonset: &mut DaemonSet, name: &str, path: &Path) {
+    let volume = daemonset
+        .spec
+        .as_mut()
+        .and_then(|spec| spec.template.spec.as_mut())
+        .and_then(|pod| pod.volumes.as_mut())
+        .and_then(|volumes| volumes.iter_mut().find(|volume| volume.name == name))
+        .and_then(|volume| volume.host_path.as_mut())
+        .unwrap_or_else(|| panic!("the DaemonSet has no hostPath volume {name}"));
+    volume.path = path.display().to_string();
 }
 
 #[test]
