@@ -24,7 +24,7 @@ use tokio::{
 
 use crate::{
     budget::MemoryCounters,
-    capture::kernel::KernelCounters,
+    capture::{kernel::KernelCounters, reorder::ReorderCounters},
     correlate::{EngineCounters, blindness::ReasonHealth},
 };
 
@@ -44,6 +44,7 @@ pub enum MetricsError {
 struct Exported {
     kernel: KernelCounters,
     engine: EngineCounters,
+    reorder: ReorderCounters,
 }
 
 /// Upper bounds of the `kernel_to_alert_seconds` buckets: ×1.5–2 steps from 100 µs to 100 ms,
@@ -72,6 +73,7 @@ pub struct Metrics {
     capture_degraded: Family<Labels, Gauge>,
     capture_degraded_episodes: Family<Labels, Gauge>,
     capture_losses: Family<Labels, Gauge>,
+    packet_reorder: Family<Labels, Counter>,
     exported: Exported,
 }
 
@@ -170,8 +172,15 @@ impl Default for Metrics {
             "Losses counted toward capture_degraded since start, by reason (records, connections or entries)",
             capture_losses.clone(),
         );
+        let packet_reorder = Family::<Labels, Counter>::default();
+        registry.register(
+            "packet_reorder",
+            "--capture-hook packets: records held behind a gap in a stream, gaps filled while they waited, gaps given up on (too long or too much held)",
+            packet_reorder.clone(),
+        );
         Self {
             registry,
+            packet_reorder,
             capture_degraded,
             capture_degraded_episodes,
             capture_losses,
@@ -286,10 +295,23 @@ impl Metrics {
         self.users_tracked
             .set(i64::try_from(engine.users_tracked).unwrap_or(i64::MAX));
         self.update_memory(&engine.memory, &previous.engine.memory);
-        self.exported = Exported {
-            kernel: kernel.clone(),
-            engine: engine.clone(),
-        };
+        self.exported.kernel = kernel.clone();
+        self.exported.engine = engine.clone();
+    }
+
+    /// Brings the packet hook's reordering series up to its totals.
+    pub fn update_reorder(&mut self, reorder: &ReorderCounters) {
+        let before = &self.exported.reorder;
+        for (what, now, was) in [
+            ("records_held", reorder.records_held, before.records_held),
+            ("gaps_filled", reorder.gaps_filled, before.gaps_filled),
+            ("gaps_released", reorder.gaps_released, before.gaps_released),
+        ] {
+            self.packet_reorder
+                .get_or_create(&[("what", what)])
+                .inc_by(now.saturating_sub(was));
+        }
+        self.exported.reorder = *reorder;
     }
 
     fn update_memory(&self, memory: &MemoryCounters, before: &MemoryCounters) {
@@ -556,6 +578,28 @@ mod tests {
             "openim_observer_capture_degraded{reason=\"ring_full\"} 1",
             "openim_observer_capture_degraded_episodes{reason=\"ring_full\"} 1",
             "openim_observer_capture_losses{reason=\"ring_full\"} 42",
+        ] {
+            assert!(text.contains(expected), "{expected} missing: {text}");
+        }
+    }
+
+    #[test]
+    fn packet_reorder_counters_follow_the_totals() {
+        let mut metrics = Metrics::default();
+        let mut reorder = ReorderCounters {
+            records_held: 5,
+            gaps_filled: 2,
+            gaps_released: 0,
+        };
+        metrics.update_reorder(&reorder);
+        reorder.records_held = 9;
+        reorder.gaps_released = 1;
+        metrics.update_reorder(&reorder);
+        let text = metrics.render();
+        for expected in [
+            "openim_observer_packet_reorder_total{what=\"records_held\"} 9",
+            "openim_observer_packet_reorder_total{what=\"gaps_filled\"} 2",
+            "openim_observer_packet_reorder_total{what=\"gaps_released\"} 1",
         ] {
             assert!(text.contains(expected), "{expected} missing: {text}");
         }

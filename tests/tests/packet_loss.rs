@@ -15,10 +15,11 @@ use std::time::Duration;
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use openim_test_kit::cgroup2::Cgroup2Mount;
 use serde_json::Value;
-use tests::observed::{ObserverProcess, find_observer_binary};
+use tests::observed::{ObserverProcess, find_observer_binary, metric_value, scrape_metrics};
 use tests::privileges::{Needs, can_run};
 
 const PORT: u16 = 18991;
+const METRICS_ADDR: &str = "127.0.0.1:18992";
 /// Writes of the server, each its own segment (`TCP_NODELAY`, a pause between them).
 const WRITES: usize = 40;
 const WRITE_SIZE: usize = 1000;
@@ -93,6 +94,8 @@ fn segments_lost_and_retransmitted_are_put_back_in_order() {
             &root,
             "--grpc-port",
             &port,
+            "--metrics-addr",
+            METRICS_ADDR,
         ],
     )
     .expect("observer attaches");
@@ -125,6 +128,22 @@ fn segments_lost_and_retransmitted_are_put_back_in_order() {
     let local_port = client.local_addr().unwrap().port();
     drop(client);
     server.join().unwrap();
+    // `/metrics` has the reordering too, within a second or two (the series update each second).
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let gaps_filled_series = "openim_observer_packet_reorder_total{what=\"gaps_filled\"}";
+    let mut scraped = String::new();
+    for _ in 0..50 {
+        scraped = runtime.block_on(scrape_metrics(METRICS_ADDR));
+        if scraped.contains(gaps_filled_series) && metric_value(&scraped, gaps_filled_series) >= 1.0
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        metric_value(&scraped, gaps_filled_series) >= 1.0,
+        "no gap filled on /metrics:\n{scraped}"
+    );
     std::thread::sleep(Duration::from_millis(500));
     let output = observer.stop().expect("observer stops cleanly");
 

@@ -245,6 +245,9 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                     && let Ok(mut metrics) = metrics.lock()
                 {
                     metrics.update(&kernel, &sink.engine.counters());
+                    if let Some(reorder) = capture.reorder_counters() {
+                        metrics.update_reorder(&reorder);
+                    }
                     if let Some(health) = &sink.health {
                         metrics.capture_health(&health.health());
                     }
