@@ -136,7 +136,7 @@ impl StreamState {
         let body = match self.request.header() {
             Some((1, _)) => request_body_for_flag(1, counters),
             Some((0, _)) | None => {
-                let prefix = Bytes::copy_from_slice(self.request.body());
+                let prefix = self.request.take_body();
                 match protobuf::decode_request_prefix(method, prefix) {
                     Ok(call) => {
                         counters.truncated_calls += 1;
@@ -179,7 +179,7 @@ impl StreamState {
         };
         let body = match self.response.header() {
             Some((0, _)) | None => {
-                let prefix = Bytes::copy_from_slice(self.response.body());
+                let prefix = self.response.take_body();
                 match protobuf::decode_response_prefix(method, prefix) {
                     Ok(results) => ResponseBody::Push {
                         results,
@@ -238,10 +238,9 @@ impl MessageReader {
                 && self.body().len() >= length
             {
                 self.done = true;
-                let message = Bytes::from(std::mem::take(&mut self.pending));
                 return Some(ReadMessage::Complete {
                     flag,
-                    body: message.slice(MESSAGE_HEADER_LEN..MESSAGE_HEADER_LEN + length),
+                    body: self.take_body().slice(..length),
                 });
             }
             if data.is_empty() {
@@ -272,6 +271,13 @@ impl MessageReader {
 
     fn body(&self) -> &[u8] {
         self.pending.get(MESSAGE_HEADER_LEN..).unwrap_or_default()
+    }
+
+    /// The body read so far, taken out of `pending` without a copy (the message is reported
+    /// from it, so `pending` is done with).
+    fn take_body(&mut self) -> Bytes {
+        let pending = Bytes::from(std::mem::take(&mut self.pending));
+        pending.slice(MESSAGE_HEADER_LEN.min(pending.len())..)
     }
 
     pub(super) fn has_partial_message(&self) -> bool {
