@@ -218,28 +218,28 @@ enum Variant {
     PacketHook,
 }
 
+/// A YAML file of deploy/kubernetes, parsed.
+fn read_manifest<T: serde::de::DeserializeOwned>(relative: &str) -> T {
+    let path = workspace().join("deploy/kubernetes").join(relative);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|err| panic!("reading {}: {err}", path.display()));
+    serde_norway::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
 fn daemonset(variant: Variant) -> DaemonSet {
-    let read = |relative: &str| -> DaemonSet {
-        let path = workspace().join("deploy/kubernetes").join(relative);
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|err| panic!("reading {}: {err}", path.display()));
-        serde_norway::from_str(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
-    };
-    let mut daemonset = read("base/daemonset.yaml");
+    let mut daemonset: DaemonSet = read_manifest("base/daemonset.yaml");
     match variant {
         Variant::Base => {}
         // A strategic-merge patch; tests/tests/manifests.rs checks that the overlay is exactly
         // this merge on top of the base.
         Variant::Privileged => {
-            daemonset.merge_from(read("overlays/privileged/daemonset-privileged.yaml"));
+            daemonset.merge_from(read_manifest(
+                "overlays/privileged/daemonset-privileged.yaml",
+            ));
         }
         Variant::PacketHook => {
-            let path =
-                workspace().join("deploy/kubernetes/components/packet-hook/daemonset-packets.yaml");
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|err| panic!("reading {}: {err}", path.display()));
-            let operations: Vec<Value> = serde_norway::from_str(&text)
-                .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+            let operations: Vec<Value> =
+                read_manifest("components/packet-hook/daemonset-packets.yaml");
             let mut object = serde_json::to_value(&daemonset).expect("a DaemonSet serialises");
             for operation in &operations {
                 apply_json_patch_add(&mut object, operation);

@@ -21,12 +21,13 @@ fn decodes_a_push_call_and_its_answer() {
     let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 16384);
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
-    facts.extend(decoder.feed_all(
+    decoder.feed(
         Direction::Recv,
         0,
         &Bytes::copy_from_slice(&response_stream(1)),
-    ));
-    facts.extend(decoder.finish_all());
+        &mut facts,
+    );
+    decoder.finish(&mut facts);
     let mut expected = vec![push_request(1, complete_call(&["alice", "bob"]))];
     expected.extend(expected_response_facts(1));
     assert_eq!(facts, expected);
@@ -138,7 +139,12 @@ fn dynamic_table_carries_over_between_requests() {
 
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
-    facts.extend(decoder.feed_all(Direction::Recv, 0, &Bytes::copy_from_slice(&recv)));
+    decoder.feed(
+        Direction::Recv,
+        0,
+        &Bytes::copy_from_slice(&recv),
+        &mut facts,
+    );
     let mut expected = vec![
         push_request(1, complete_call(&["dave"])),
         push_request(3, complete_call(&["erin"])),
@@ -212,11 +218,12 @@ fn a_gap_truncates_the_call_but_keeps_what_was_read() {
     let budget = 256 << 10;
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     let mut facts = feed_in_chunks(&mut decoder, Direction::Send, &send[..budget], 4096);
-    facts.extend(decoder.feed_all(
+    decoder.feed(
         Direction::Send,
         send.len() as u64 - 100,
         &Bytes::copy_from_slice(&send[send.len() - 100..]),
-    ));
+        &mut facts,
+    );
     let mut expected_call = PushCall {
         message: sample_ids(),
         message_truncated: true,
@@ -303,11 +310,12 @@ fn other_methods_are_named_not_decoded() {
     );
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
-    facts.extend(decoder.feed_all(
+    decoder.feed(
         Direction::Recv,
         0,
         &Bytes::copy_from_slice(&response_stream(1)),
-    ));
+        &mut facts,
+    );
     assert_eq!(
         facts,
         vec![
@@ -430,14 +438,15 @@ fn the_message_content_never_reaches_a_fact() {
     for cut in (0..send.len()).step_by(3) {
         let mut decoder = GrpcConnectionDecoder::new(Limits::default());
         let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send[..cut]));
-        facts.extend(decoder.feed_all(
+        decoder.feed(
             Direction::Send,
             cut as u64 + 1,
             &Bytes::copy_from_slice(send.get(cut + 1..).unwrap_or_default()),
-        ));
+            &mut facts,
+        );
         let state = format!("{decoder:?}");
         assert!(!state.contains("CANARY") && state.contains("counters"));
-        facts.extend(decoder.finish_all());
+        decoder.finish(&mut facts);
         let debug = format!("{facts:?}");
         assert!(!debug.contains("CANARY"), "cut {cut}: {debug}");
     }
@@ -520,8 +529,13 @@ fn trailers_only_answer_and_single_push() {
     let recv = frame(HEADERS, END_HEADERS | END_STREAM, 1, &answer);
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
-    facts.extend(decoder.feed_all(Direction::Recv, 0, &Bytes::copy_from_slice(&recv)));
-    facts.extend(decoder.finish_all());
+    decoder.feed(
+        Direction::Recv,
+        0,
+        &Bytes::copy_from_slice(&recv),
+        &mut facts,
+    );
+    decoder.finish(&mut facts);
     let call = PushCall {
         message: MessageIds {
             client_msg_id: Some("c1".into()),
@@ -590,12 +604,13 @@ fn adopted_connection_resyncs_and_recognises_pushes_by_shape() {
     let mut decoder = GrpcConnectionDecoder::joined_mid_stream(Limits::default());
     // Positions count from the adoption, in chunks as a writer might make them.
     let mut facts = feed_in_chunks(&mut decoder, Direction::Send, &send[joined_at..], 5);
-    facts.extend(decoder.feed_all(
+    decoder.feed(
         Direction::Recv,
         0,
         &Bytes::copy_from_slice(&recv[recv_joined_at..]),
-    ));
-    facts.extend(decoder.finish_all());
+        &mut facts,
+    );
+    decoder.finish(&mut facts);
     assert_eq!(
         facts,
         vec![

@@ -257,11 +257,12 @@ pub(crate) fn feed_cut(
     let mut facts = Vec::new();
     let mut start = 0usize;
     for &end in cuts.iter().chain([&bytes.len()]) {
-        facts.extend(decoder.feed_all(
+        decoder.feed(
             direction,
             start as u64,
             &Bytes::copy_from_slice(&bytes[start..end]),
-        ));
+            &mut facts,
+        );
         start = end;
     }
     facts

@@ -71,7 +71,7 @@ fn filter_send(port_class: PortClass, stream: &[u8], chunk_len: usize) -> Vec<u8
 fn decoded(direction: Direction, stream: &[u8]) -> Vec<GrpcFact> {
     let mut decoder = GrpcConnectionDecoder::new(Limits::default());
     let mut facts = decoder.feed_all(direction, 0, &Bytes::copy_from_slice(stream));
-    facts.extend(decoder.finish_all());
+    decoder.finish(&mut facts);
     facts
 }
 
