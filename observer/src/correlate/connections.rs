@@ -52,8 +52,14 @@ pub struct ConnectionCounters {
 }
 
 enum Protocol {
-    /// Nothing sent yet on a gRPC port: the first bytes decide.
-    Undetermined,
+    /// Nothing sent yet on a gRPC port: the client's first bytes decide. What the server sent
+    /// before them waits here: an HTTP/2 server's SETTINGS, sent as it accepts, which the packet
+    /// hook can see arrive before the client's first segment leaves (the syscall hook sees the
+    /// client write before it reads). Judged by it, a WebSocket upgrade sent to the port would
+    /// pass for a gRPC connection.
+    Undetermined {
+        server_first: Vec<Bytes>,
+    },
     WebSocket(WebSocketDecoder),
     Grpc(Box<GrpcConnectionDecoder>),
     UpgradeOnGrpcPort(WebSocketDecoder),
@@ -68,7 +74,8 @@ impl Protocol {
                 decoder.buffered_bytes()
             }
             Protocol::Grpc(decoder) => decoder.buffered_bytes(),
-            Protocol::Undetermined | Protocol::Shed => 0,
+            Protocol::Undetermined { server_first } => server_first.iter().map(Bytes::len).sum(),
+            Protocol::Shed => 0,
         }
     }
 
@@ -78,7 +85,7 @@ impl Protocol {
                 Some(decoder.counters())
             }
             Protocol::Grpc(decoder) => Some(decoder.counters()),
-            Protocol::Undetermined | Protocol::Shed => None,
+            Protocol::Undetermined { .. } | Protocol::Shed => None,
         }
     }
 }
@@ -115,6 +122,11 @@ pub struct ConnectionDecoders {
     /// entries after a chunk that held more.
     grpc_facts: Vec<GrpcFact>,
 }
+
+/// What a gRPC port's server may send before its client's first bytes and be held for them: an
+/// HTTP/2 server's SETTINGS and WINDOW_UPDATE are a few dozen bytes. Past this the connection is
+/// taken for gRPC without them.
+const MAX_SERVER_FIRST_BYTES: usize = 4096;
 
 /// Facts a chunk usually completes (a call's request, or its answer and trailers) with room to
 /// spare; a packet hook's chunk of 512 KiB of resets could complete tens of thousands.
@@ -197,7 +209,9 @@ impl ConnectionDecoders {
                     PortClass::Grpc if joined_mid_stream => Protocol::Grpc(Box::new(
                         GrpcConnectionDecoder::joined_mid_stream(self.limits),
                     )),
-                    PortClass::Grpc => Protocol::Undetermined,
+                    PortClass::Grpc => Protocol::Undetermined {
+                        server_first: Vec::new(),
+                    },
                 },
                 last_active_ns: event.ts_ns,
                 decoded: false,
@@ -378,7 +392,21 @@ impl ConnectionDecoders {
             return;
         };
         connection.last_active_ns = event.ts_ns;
-        if let Protocol::Undetermined = connection.protocol {
+        let mut server_first = Vec::new();
+        if let Protocol::Undetermined { server_first: held } = &mut connection.protocol {
+            let held_bytes: usize = held.iter().map(Bytes::len).sum();
+            if direction == Direction::Recv
+                && offset == held_bytes as u64
+                && held_bytes + payload.len() <= MAX_SERVER_FIRST_BYTES
+            {
+                // Copied: a slice would keep the whole record it came in alive.
+                held.push(Bytes::copy_from_slice(payload));
+                let buffered = held_bytes + payload.len();
+                self.buffered_bytes = self.buffered_bytes - connection.buffered + buffered;
+                connection.buffered = buffered;
+                return;
+            }
+            server_first = std::mem::take(held);
             let is_http1 =
                 direction == Direction::Send && offset == 0 && starts_like_http1_request(payload);
             connection.protocol = if is_http1 {
@@ -394,6 +422,38 @@ impl ConnectionDecoders {
                 Protocol::Grpc(Box::new(GrpcConnectionDecoder::new(limits)))
             };
         }
+        if server_first.is_empty() {
+            self.feed(event, direction, offset, payload, observations);
+            return;
+        }
+        // The server's first bytes follow the client's first bytes (what it answered them
+        // with, for an upgrade), or precede the rest of what it sent.
+        if direction == Direction::Send {
+            self.feed(event, direction, offset, payload, observations);
+        }
+        let mut server_offset = 0;
+        for held in &server_first {
+            self.feed(event, Direction::Recv, server_offset, held, observations);
+            server_offset += held.len() as u64;
+        }
+        if direction == Direction::Recv {
+            self.feed(event, direction, offset, payload, observations);
+        }
+    }
+
+    /// Feeds one chunk of a tracked connection to its decoder, and what the decoder learns to
+    /// `observations`.
+    fn feed(
+        &mut self,
+        event: &Event,
+        direction: Direction,
+        offset: u64,
+        payload: &Bytes,
+        observations: &mut Vec<Observation>,
+    ) {
+        let Some(connection) = self.connections.get_mut(&event.connection) else {
+            return;
+        };
         // What the decoder itself observes from here on (not the connection's opening).
         let observed_before = observations.len();
         let previously_buffered = connection.buffered;
@@ -407,7 +467,7 @@ impl ConnectionDecoders {
         } = connection;
         let view = ConnectionView { process, gateway };
         match protocol {
-            Protocol::Undetermined | Protocol::Shed => {}
+            Protocol::Undetermined { .. } | Protocol::Shed => {}
             Protocol::WebSocket(decoder) => {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
                     note_http1_loss(spots, &fact, event.connection, view.process);
@@ -495,7 +555,7 @@ impl ConnectionDecoders {
             Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
                 self.counters.decode.add(decoder.counters());
             }
-            Protocol::Undetermined | Protocol::Shed => {}
+            Protocol::Undetermined { .. } | Protocol::Shed => {}
         }
         observations.push(Observation::ConnectionClosed {
             connection: connection_id,
@@ -575,5 +635,67 @@ mod tests {
             [Observation::ConnectionClosed { connection: 7, .. }]
         ));
         assert_eq!(decoders.counters().tracked, 0);
+    }
+
+    /// A chunk on a gRPC port (88).
+    fn grpc_data(direction: Direction, bytes: &'static [u8]) -> Event {
+        Event {
+            dport: 88,
+            port_class: PortClass::Grpc,
+            ..data(direction, bytes)
+        }
+    }
+
+    /// An HTTP/2 server's first bytes, sent as it accepts: an empty SETTINGS frame.
+    const SERVER_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn an_upgrade_sent_to_a_grpc_port_is_told_by_the_client_even_when_the_server_spoke_first() {
+        let mut decoders = ConnectionDecoders::new(Limits::default(), 4);
+        let mut observations = Vec::new();
+        decoders.on_event(
+            &grpc_data(Direction::Recv, SERVER_SETTINGS),
+            &mut observations,
+        );
+        assert!(observations.is_empty(), "{observations:?}");
+        assert_eq!(decoders.buffered_bytes, SERVER_SETTINGS.len());
+        decoders.on_event(
+            &grpc_data(
+                Direction::Send,
+                b"GET /?sendID=42&platformID=2 HTTP/1.1\r\nHost: gw-0:88\r\nUpgrade: websocket\r\n\r\n",
+            ),
+            &mut observations,
+        );
+        assert!(
+            matches!(
+                observations.as_slice(),
+                [Observation::UpgradeOnGrpcPort { user: Some(user), .. }] if user == "42"
+            ),
+            "{observations:?}"
+        );
+    }
+
+    #[test]
+    fn a_grpc_client_is_told_by_its_preface_after_the_server_spoke_first() {
+        let mut decoders = ConnectionDecoders::new(Limits::default(), 4);
+        let mut observations = Vec::new();
+        decoders.on_event(
+            &grpc_data(Direction::Recv, SERVER_SETTINGS),
+            &mut observations,
+        );
+        decoders.on_event(
+            &grpc_data(Direction::Send, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+            &mut observations,
+        );
+        assert!(
+            matches!(
+                observations.as_slice(),
+                [Observation::GrpcConnectionOpened { connection: 7, .. }]
+            ),
+            "{observations:?}"
+        );
+        // The held SETTINGS went to the decoder, which keeps nothing of a whole frame.
+        assert_eq!(decoders.buffered_bytes, 0);
+        assert_eq!(decoders.counters().decode, DecodeCounters::default());
     }
 }
