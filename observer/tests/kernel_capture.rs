@@ -78,9 +78,18 @@ impl Observer {
         Self::start_with_env(args, &[])
     }
 
+    /// Starts `observer run --events ARGS`, with the syscall hook unless `args` name a hook:
+    /// `auto` would take the packet hook wherever this machine offers a cgroup v2 hierarchy,
+    /// and the tests of the syscall hook would then test the other one.
     fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let hook: &[&str] = if args.contains(&"--capture-hook") {
+            &[]
+        } else {
+            &["--capture-hook", "syscalls"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
             .args(["run", "--events"])
+            .args(hook)
             .args(args)
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
@@ -684,6 +693,80 @@ fn the_packet_hook_needs_a_cgroup2_root_and_says_so_in_one_line() {
         stderr.starts_with("observer: --cgroup-root ") && stderr.contains("not a cgroup v2"),
         "{stderr}"
     );
+}
+
+/// `auto`, the default, takes the packet hook at the root of a cgroup v2 hierarchy, and the
+/// syscall hook below one (a container's own cgroup namespace shows its cgroup as the root) or
+/// where no cgroup v2 is, saying why each time; either way the bytes written are captured.
+#[test]
+fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsewhere() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let mut cgroups = Cgroup2Mount::mount();
+    let root = cgroups.root().display().to_string();
+    let below_root = cgroups.child("auto").display().to_string();
+    let not_cgroup2 = tempfile::tempdir().unwrap();
+    let not_cgroup2 = not_cgroup2.path().display().to_string();
+    let cases = [
+        (
+            &root,
+            "packets",
+            format!("auto: CAP_NET_ADMIN held and {root} is the root of a cgroup v2 hierarchy"),
+        ),
+        (
+            &below_root,
+            "syscalls",
+            format!(
+                "auto: --cgroup-root {below_root} is a cgroup below its hierarchy's root (a container's own /sys/fs/cgroup is its cgroup), so programs there would see only its sockets; mount the node's /sys/fs/cgroup and pass it"
+            ),
+        ),
+        (
+            &not_cgroup2,
+            "syscalls",
+            format!(
+                "auto: --cgroup-root {not_cgroup2}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`)"
+            ),
+        ),
+    ];
+    for (index, (cgroup_root, hook, reason)) in (0u16..).zip(cases) {
+        let port = 18890 + index;
+        let listener = listen(port);
+        let port_arg = port.to_string();
+        let mut observer = Observer::start(&[
+            "--grpc-port",
+            &port_arg,
+            "--capture-hook",
+            "auto",
+            "--cgroup-root",
+            cgroup_root,
+        ]);
+        let started = observer
+            .wait_for(|line| line["kind"] == "observer_started")
+            .unwrap();
+        assert_eq!(started["capture_hook"], hook, "{started}");
+        assert_eq!(started["capture_hook_reason"], reason.as_str(), "{started}");
+
+        let written = pattern(3, 64);
+        let server = thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut received = Vec::new();
+            socket.read_to_end(&mut received).unwrap();
+            received
+        });
+        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        client.write_all(&written).unwrap();
+        drop(client);
+        assert_eq!(server.join().unwrap(), written);
+        assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
+        let (lines, _) = observer.stop();
+        assert_eq!(
+            captured_stream(&events_on_port(&lines, port), "send"),
+            written,
+            "{hook} at {cgroup_root}"
+        );
+    }
 }
 
 #[test]

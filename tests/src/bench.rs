@@ -81,9 +81,10 @@ pub struct BenchConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Watcher {
     Nothing,
-    /// The observer as shipped: the syscall hook.
-    Observer,
-    /// The observer with `--capture-hook packets`.
+    /// The observer with `--capture-hook syscalls`, what it falls back to without CAP_NET_ADMIN
+    /// or a cgroup v2 hierarchy.
+    SyscallHook,
+    /// The observer with `--capture-hook packets`, what `auto` takes where it can.
     PacketHook,
     Bpftrace,
 }
@@ -91,7 +92,7 @@ enum Watcher {
 impl Watcher {
     const ALL: [Self; 4] = [
         Self::Nothing,
-        Self::Observer,
+        Self::SyscallHook,
         Self::PacketHook,
         Self::Bpftrace,
     ];
@@ -99,7 +100,7 @@ impl Watcher {
     fn label(self) -> &'static str {
         match self {
             Self::Nothing => "no observer",
-            Self::Observer => "observer",
+            Self::SyscallHook => "observer, syscall hook",
             Self::PacketHook => "observer, packet hook",
             Self::Bpftrace => "bpftrace",
         }
@@ -141,7 +142,7 @@ impl Tools {
             .filter(|watcher| match watcher {
                 Watcher::Bpftrace => self.bpftrace.is_some(),
                 Watcher::PacketHook => self.cgroup2_root.is_some(),
-                Watcher::Nothing | Watcher::Observer => true,
+                Watcher::Nothing | Watcher::SyscallHook => true,
             })
     }
 }
@@ -226,9 +227,12 @@ impl WatcherProcess {
     ) -> anyhow::Result<Option<Self>> {
         let (mut command, ready_marker) = match watcher {
             Watcher::Nothing => return Ok(None),
-            Watcher::Observer | Watcher::PacketHook => {
+            Watcher::SyscallHook | Watcher::PacketHook => {
                 let mut command = Command::new(observer);
                 command.arg("run");
+                if watcher == Watcher::SyscallHook {
+                    command.args(["--capture-hook", "syscalls"]);
+                }
                 if watcher == Watcher::PacketHook {
                     let root = tools
                         .cgroup2_root
@@ -679,7 +683,7 @@ async fn measure_pushes(
 /// The timing program, shipped as source and built with the system's `cc` at run time.
 const SYSCALL_COST_SOURCE: &str = include_str!("../bench/syscall_cost.c");
 /// The observer's hooks, as the syscall table names them (`ATTACHMENTS` in observer/src/capture/programs.rs).
-const HOOK_STRATEGY: &str = "observer: per-syscall tracepoints (syscalls:sys_enter_*/sys_exit_* of connect, close and the read/write family), perf tracepoint path; array filters (WATCHING, CLAIMS) ahead of the hash lookups. packet hook: cgroup_skb egress/ingress at the cgroup v2 root, sock:inet_sock_set_state; no syscall hooked";
+const HOOK_STRATEGY: &str = "syscall hook: per-syscall tracepoints (syscalls:sys_enter_*/sys_exit_* of connect, close and the read/write family), perf tracepoint path; array filters (WATCHING, CLAIMS) ahead of the hash lookups. packet hook: cgroup_skb egress/ingress at the cgroup v2 root, sock:inet_sock_set_state; no syscall hooked";
 /// The cheap syscalls run this many times more calls than a TCP loop, for a similar duration.
 const CHEAP_CALLS_FACTOR: usize = 5;
 
@@ -991,7 +995,7 @@ fn render_floods(
             ratio_summary(&throughput),
             ratio_summary(&p99)
         );
-        if *watcher == Watcher::Observer {
+        if matches!(watcher, Watcher::SyscallHook | Watcher::PacketHook) {
             let _ = writeln!(
                 out,
                 "target: at most {TARGET_LOSS_PERCENT}% throughput loss: {}; p99 at most +{TARGET_P99_PERCENT}%: {}",
@@ -1001,15 +1005,15 @@ fn render_floods(
             );
         }
     }
-    let observer_drops: u64 = floods.get(&Watcher::Observer).map_or(0, |rounds| {
-        rounds
-            .iter()
-            .filter_map(|round| round.counts.ring_full_drops)
-            .sum()
-    });
+    let observer_drops: u64 = [Watcher::SyscallHook, Watcher::PacketHook]
+        .iter()
+        .filter_map(|watcher| floods.get(watcher))
+        .flatten()
+        .filter_map(|round| round.counts.ring_full_drops)
+        .sum();
     let _ = writeln!(
         out,
-        "observer ring-full drops during floods: {observer_drops}"
+        "observer ring-full drops during floods (both hooks): {observer_drops}"
     );
 }
 
@@ -1040,8 +1044,8 @@ fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &SyscallCosts)
         "{:<31} {:>18} {:>18} {:>26} {:>18} {:>26} {:>18} {:>26}",
         "call",
         "no observer ns",
-        "observer ns",
-        "observer ratio",
+        "syscall hook ns",
+        "syscall hook ratio",
         "packet hook ns",
         "packet hook ratio",
         "bpftrace ns",
@@ -1057,7 +1061,7 @@ fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &SyscallCosts)
     for syscall in Syscall::ALL {
         let baseline = clean_samples(Watcher::Nothing, syscall);
         let mut line = format!("{:<31} {:>18}", syscall.label(), nanos_summary(&baseline));
-        for watcher in [Watcher::Observer, Watcher::PacketHook, Watcher::Bpftrace] {
+        for watcher in [Watcher::SyscallHook, Watcher::PacketHook, Watcher::Bpftrace] {
             let with = clean_samples(watcher, syscall);
             if with.is_empty() {
                 let _ = write!(line, " {:>18} {:>26}", "—", "not run");
@@ -1079,7 +1083,7 @@ fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &SyscallCosts)
     }
     let _ = writeln!(
         out,
-        "observer ring-full drops during syscall loops: {} (a dropped record still paid the copy)",
+        "observer ring-full drops during syscall loops (both hooks): {} (a dropped record still paid the copy)",
         costs.observer_drops
     );
 }

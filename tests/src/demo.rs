@@ -199,7 +199,10 @@ async fn run_with_one_observer(
             "--overwrite",
         ],
     )?;
-    step("observer attached; starting the lab (every pod is a network namespace)");
+    step(&format!(
+        "observer attached, copying from {}; starting the lab (every pod is a network namespace)",
+        observer.capture_hook()
+    ));
     let lab_config = config.lab.clone();
     let outcome = async {
         let mut lab = Lab::start(lab_config).await?;

@@ -146,6 +146,22 @@ impl ObserverProcess {
         }
     }
 
+    /// Where its kernel programs copy the bytes, and why: `observer_started`'s `capture_hook`
+    /// and `capture_hook_reason`, as "packets (auto: …)".
+    pub fn capture_hook(&self) -> String {
+        let started = self
+            .stdout
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|line| line["kind"] == "observer_started")
+            .unwrap_or_default();
+        format!(
+            "{} ({})",
+            started["capture_hook"].as_str().unwrap_or("?"),
+            started["capture_hook_reason"].as_str().unwrap_or("?")
+        )
+    }
+
     /// Waits (bounded) for a stdout line that `accept` takes; the line is kept for
     /// [`ObserverProcess::stop`] like every other.
     pub fn wait_for_line(

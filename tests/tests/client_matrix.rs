@@ -67,7 +67,7 @@ fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressF
         .map(|cgroups| cgroups.root().display().to_string());
     let flags = match &root {
         Some(root) => vec!["--capture-hook", "packets", "--cgroup-root", root.as_str()],
-        None => Vec::new(),
+        None => vec!["--capture-hook", "syscalls"],
     };
     let (truth, output) = observe_lab(scenario(client_stack, family), &flags);
     assert_eq!(

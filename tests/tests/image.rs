@@ -3,7 +3,7 @@
 //! `cargo xtask image` writes target/image/openim-observer.oci.tar (`cargo xtask test` and
 //! `cargo xtask image --test` build it first and name it in `OPENIM_IMAGE_ARCHIVE`). Each test
 //! unpacks it into an OCI bundle whose config.json is the pod of deploy/kubernetes (the base
-//! DaemonSet, or the base with the privileged overlay's patch or the packet-hook component's)
+//! DaemonSet, or the base with the privileged overlay's patch or the syscall-hook component's)
 //! translated the way containerd's CRI plugin translates a pod, and runs it with runc:
 //! - the container's `securityContext`: capabilities (from containerd's default set, `drop`
 //!   then `add`), `privileged` (every capability the runtime holds, no seccomp filter, no masked
@@ -214,8 +214,8 @@ enum Variant {
     Base,
     /// The base with overlays/privileged's patch.
     Privileged,
-    /// The base with components/packet-hook's JSON patch.
-    PacketHook,
+    /// The base with components/syscall-hook's JSON patch.
+    SyscallHook,
 }
 
 /// A YAML file of deploy/kubernetes, parsed.
@@ -237,12 +237,12 @@ fn daemonset(variant: Variant) -> DaemonSet {
                 "overlays/privileged/daemonset-privileged.yaml",
             ));
         }
-        Variant::PacketHook => {
+        Variant::SyscallHook => {
             let operations: Vec<Value> =
-                read_manifest("components/packet-hook/daemonset-packets.yaml");
+                read_manifest("components/syscall-hook/daemonset-syscalls.yaml");
             let mut object = serde_json::to_value(&daemonset).expect("a DaemonSet serialises");
             for operation in &operations {
-                apply_json_patch_add(&mut object, operation);
+                apply_json_patch(&mut object, operation);
             }
             daemonset = serde_json::from_value(object).expect("the patched DaemonSet parses");
         }
@@ -250,26 +250,33 @@ fn daemonset(variant: Variant) -> DaemonSet {
     daemonset
 }
 
-/// One `add` operation of a JSON patch (RFC 6902), as kustomize applies a component's: to an
-/// object member, or appended to an array (`-`). Any other operation fails the test, so a
-/// component that starts using one is noticed here.
-fn apply_json_patch_add(document: &mut Value, operation: &Value) {
-    assert_eq!(
-        operation["op"], "add",
-        "only add is translated: {operation}"
-    );
+/// One `add` or `replace` operation of a JSON patch (RFC 6902), as kustomize applies a
+/// component's: `add` to an object member or appended to an array (`-`), `replace` of a value
+/// that exists. Any other operation fails the test, so a component that starts using one is
+/// noticed here.
+fn apply_json_patch(document: &mut Value, operation: &Value) {
     let path = operation["path"].as_str().expect("an operation has a path");
-    let (parent, last) = path.rsplit_once('/').expect("a path below the root");
-    let target = document
-        .pointer_mut(parent)
-        .unwrap_or_else(|| panic!("{parent} is not in the base DaemonSet"));
     let value = operation["value"].clone();
-    match target {
-        Value::Array(items) if last == "-" => items.push(value),
-        Value::Object(members) => {
-            members.insert(last.to_owned(), value);
+    match operation["op"].as_str() {
+        Some("replace") => {
+            *document
+                .pointer_mut(path)
+                .unwrap_or_else(|| panic!("{path} is not in the base DaemonSet")) = value;
         }
-        other => panic!("add at {path}: not translated for {other}"),
+        Some("add") => {
+            let (parent, last) = path.rsplit_once('/').expect("a path below the root");
+            let target = document
+                .pointer_mut(parent)
+                .unwrap_or_else(|| panic!("{parent} is not in the base DaemonSet"));
+            match target {
+                Value::Array(items) if last == "-" => items.push(value),
+                Value::Object(members) => {
+                    members.insert(last.to_owned(), value);
+                }
+                other => panic!("add at {path}: not translated for {other}"),
+            }
+        }
+        _ => panic!("only add and replace are translated: {operation}"),
     }
 }
 
@@ -1141,37 +1148,17 @@ fn the_image_holds_the_observer_and_the_libraries_it_loads_only() {
 }
 
 #[test]
-fn the_least_privilege_pod_starts_captures_and_serves_its_probes() {
+fn the_least_privilege_pod_starts_captures_from_packets_and_serves_its_probes() {
     if !ready() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let pod = Pod::new("base");
-    let daemonset = daemonset(Variant::Base);
-    let (_, container) = pod_and_container(&daemonset);
-    assert_eq!(
-        capabilities(&container),
-        BTreeSet::from(["CAP_BPF".to_owned(), "CAP_PERFMON".to_owned()]),
-        "the base holds BPF and PERFMON only"
-    );
-    let mut running = pod.run(&daemonset, DefaultProfile::Containerd);
-    running.expect_started();
-    assert_applied(&running, &container, true);
-    assert_runs_and_captures(&pod, &daemonset, &mut running);
-}
-
-#[test]
-fn the_packet_hook_component_starts_and_captures_from_packets() {
-    if !ready() {
-        return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let pod = Pod::new("packets");
-    // The node's cgroup v2 hierarchy, where the component's programs attach: this host's
-    // services may live in cgroup v1 only, so one mounted for the test stands in for it (every
-    // process, this test's own, is in its root until moved).
+    // The node's cgroup v2 hierarchy, where the packet programs attach: this host's services
+    // may live in cgroup v1 only, so one mounted for the test stands in for it (every process,
+    // this test's own, is in its root until moved).
     let hierarchy = Cgroup2Mount::mount();
-    let mut daemonset = daemonset(Variant::PacketHook);
+    let mut daemonset = daemonset(Variant::Base);
     set_host_path(&mut daemonset, "cgroup", hierarchy.root());
     let (_, container) = pod_and_container(&daemonset);
     assert_eq!(
@@ -1181,7 +1168,7 @@ fn the_packet_hook_component_starts_and_captures_from_packets() {
             "CAP_NET_ADMIN".to_owned(),
             "CAP_PERFMON".to_owned()
         ]),
-        "the component adds NET_ADMIN to the base's"
+        "the base holds BPF, NET_ADMIN and PERFMON only"
     );
     let mut running = pod.run(&daemonset, DefaultProfile::Containerd);
     running.expect_started();
@@ -1189,6 +1176,39 @@ fn the_packet_hook_component_starts_and_captures_from_packets() {
         .wait_for(|line| line["kind"] == "observer_started")
         .expect("it started");
     assert_eq!(started["capture_hook"], "packets", "{started}");
+    assert_eq!(
+        started["capture_hook_reason"],
+        "auto: CAP_NET_ADMIN held and /host/sys/fs/cgroup is the root of a cgroup v2 hierarchy",
+        "{started}"
+    );
+    assert_applied(&running, &container, true);
+    assert_runs_and_captures(&pod, &daemonset, &mut running);
+}
+
+#[test]
+fn the_syscall_hook_component_starts_without_net_admin_and_captures_at_syscalls() {
+    if !ready() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let pod = Pod::new("syscalls");
+    let daemonset = daemonset(Variant::SyscallHook);
+    let (_, container) = pod_and_container(&daemonset);
+    assert_eq!(
+        capabilities(&container),
+        BTreeSet::from(["CAP_BPF".to_owned(), "CAP_PERFMON".to_owned()]),
+        "the component takes NET_ADMIN from the base's"
+    );
+    let mut running = pod.run(&daemonset, DefaultProfile::Containerd);
+    running.expect_started();
+    let started = running
+        .wait_for(|line| line["kind"] == "observer_started")
+        .expect("it started");
+    assert_eq!(started["capture_hook"], "syscalls", "{started}");
+    assert_eq!(
+        started["capture_hook_reason"], "--capture-hook syscalls",
+        "{started}"
+    );
     assert_applied(&running, &container, true);
     assert_runs_and_captures(&pod, &daemonset, &mut running);
 }

@@ -54,7 +54,7 @@ fn started_on_a_live_node_it_adopts_existing_connections_and_says_what_it_cannot
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    started_on_a_live_node(&[]);
+    started_on_a_live_node(&["--capture-hook", "syscalls"]);
 }
 
 /// With `--capture-hook packets`, push's connections are adopted at their first packet after
@@ -266,7 +266,17 @@ fn an_adopted_connection_is_captured_from_the_start_on_and_its_close_is_seen() {
     let observer_binary = find_observer_binary().expect("observer binary");
     let observer = ObserverProcess::start(
         &observer_binary,
-        &["--events", "--grpc-port", "18088", "--ws-port", "18080"],
+        &[
+            "--events",
+            "--grpc-port",
+            "18088",
+            "--ws-port",
+            "18080",
+            // Adopted at once through its descriptor (the packet hook adopts at the next packet,
+            // tested above).
+            "--capture-hook",
+            "syscalls",
+        ],
     )
     .expect("observer attaches");
     client.write_all(b"request").unwrap();

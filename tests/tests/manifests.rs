@@ -38,8 +38,8 @@ const VARIANTS: [&str; 5] = [
     "base",
     "overlays/cluster",
     "overlays/example",
-    "overlays/packet-hook",
     "overlays/privileged",
+    "overlays/syscall-hook",
 ];
 
 fn workspace() -> PathBuf {
@@ -406,7 +406,7 @@ fn container(daemonset: &DaemonSet, place: &str) -> Container {
 
 /// The security the base promises; the example overlay must keep all of it.
 fn assert_least_privilege(daemonset: &DaemonSet, place: &str) {
-    assert_least_privilege_with(daemonset, place, &["BPF", "PERFMON"]);
+    assert_least_privilege_with(daemonset, place, &["BPF", "NET_ADMIN", "PERFMON"]);
 }
 
 /// The base's security with exactly the capabilities `expected_added` (sorted) added.
@@ -568,6 +568,14 @@ fn base_runs_with_least_privilege_and_no_api_access() {
             .contains(&"--kube".to_owned()),
         "{place}: --kube belongs to the pod-names component"
     );
+    assert!(
+        !container(&daemonset, &place)
+            .args
+            .unwrap_or_default()
+            .iter()
+            .any(|arg| arg.starts_with("--capture-hook")),
+        "{place}: the base leaves the hook to `auto`, which falls back where packets cannot be had"
+    );
 }
 
 #[test]
@@ -580,18 +588,18 @@ fn example_overlay_keeps_least_privilege_and_adds_pod_names() {
 }
 
 #[test]
-fn packet_hook_overlay_is_the_example_with_the_hook_and_net_admin_only() {
-    let Some((daemonset, place)) = build_variant("overlays/packet-hook") else {
+fn syscall_hook_overlay_is_the_example_with_the_hook_and_without_net_admin() {
+    let Some((daemonset, place)) = build_variant("overlays/syscall-hook") else {
         return;
     };
-    assert_least_privilege_with(&daemonset, &place, &["BPF", "NET_ADMIN", "PERFMON"]);
+    assert_least_privilege_with(&daemonset, &place, &["BPF", "PERFMON"]);
     assert_pod_names_and_image(&daemonset, &place);
     let args = container(&daemonset, &place).args.unwrap_or_default();
     assert_eq!(
         args.iter()
             .filter(|arg| arg.starts_with("--capture-hook"))
             .collect::<Vec<_>>(),
-        ["--capture-hook=packets"],
+        ["--capture-hook=syscalls"],
         "{place}: args"
     );
 }

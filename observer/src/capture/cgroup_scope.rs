@@ -48,6 +48,31 @@ pub fn open_root(path: &Path) -> Result<File, ScopeError> {
     })
 }
 
+/// The root of the cgroup v2 hierarchy at `path`, or, on a hybrid host (cgroup v1 there), at
+/// `path/unified`; or why neither is one, in a few words.
+pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), String> {
+    let (path, directory) = match open_cgroup2_directory(path) {
+        Ok(directory) => (path.to_owned(), directory),
+        Err(reason) => {
+            let unified = path.join("unified");
+            match open_cgroup2_directory(&unified) {
+                Ok(directory) => (unified, directory),
+                Err(_) => return Err(format!("{}: {reason}", path.display())),
+            }
+        }
+    };
+    // Every cgroup but a hierarchy's root has `cgroup.type`. Without it here, this is the root
+    // of the hierarchy of this cgroup namespace: a container's own /sys/fs/cgroup, a private
+    // namespace's, has it, since it shows the container's cgroup as its root.
+    if path.join("cgroup.type").exists() {
+        return Err(format!(
+            "{} is a cgroup below its hierarchy's root (a container's own /sys/fs/cgroup is its cgroup), so programs there would see only its sockets; mount the node's /sys/fs/cgroup and pass it",
+            path.display()
+        ));
+    }
+    Ok((path, directory))
+}
+
 /// Opens a directory of a cgroup v2 hierarchy, or says in a few words why it is not one.
 fn open_cgroup2_directory(path: &Path) -> Result<File, String> {
     let directory = File::open(path).map_err(|err| err.to_string())?;

@@ -7,35 +7,58 @@ use super::kernel::{CaptureError, CaptureHook};
 
 pub(super) const TRACEFS: &str = "/sys/kernel/tracing";
 
-/// Capabilities from /proc/self/status (`CapEff`); bit numbers from linux/capability.h.
+/// Bit numbers from linux/capability.h.
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// This process's effective capabilities (`CapEff` in /proc/self/status).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Capabilities(u64);
+
+impl Capabilities {
+    pub(super) fn effective() -> Self {
+        let effective = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| {
+                status.lines().find_map(|line| {
+                    line.strip_prefix("CapEff:")
+                        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+                })
+            })
+            .unwrap_or(0);
+        Self(effective)
+    }
+
+    fn has(self, cap: u32) -> bool {
+        self.0 & (1u64 << cap) != 0
+    }
+
+    /// Whether the kernel lets this process load and attach network program types, the packet
+    /// hook's `cgroup_skb` ones: CAP_NET_ADMIN or CAP_SYS_ADMIN.
+    pub(super) fn may_attach_network_programs(self) -> bool {
+        self.has(CAP_NET_ADMIN) || self.has(CAP_SYS_ADMIN)
+    }
+}
+
 /// The capabilities the programs of `hook` need: CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN),
 /// and for the packet hook's cgroup programs CAP_NET_ADMIN too (the kernel loads network
 /// program types only for it or CAP_SYS_ADMIN).
-pub(super) fn check_privileges(hook: CaptureHook) -> Result<(), CaptureError> {
-    const CAP_NET_ADMIN: u32 = 12;
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let effective = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status.lines().find_map(|line| {
-                line.strip_prefix("CapEff:")
-                    .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-            })
-        })
-        .unwrap_or(0);
-    let has = |cap: u32| effective & (1u64 << cap) != 0;
+pub(super) fn check_privileges(
+    capabilities: Capabilities,
+    hook: CaptureHook,
+) -> Result<(), CaptureError> {
     let mut needed = vec![(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")];
     if hook == CaptureHook::Packets {
         needed.push((CAP_NET_ADMIN, "CAP_NET_ADMIN"));
     }
-    if has(CAP_SYS_ADMIN) || needed.iter().all(|(cap, _)| has(*cap)) {
+    if capabilities.has(CAP_SYS_ADMIN) || needed.iter().all(|(cap, _)| capabilities.has(*cap)) {
         return Ok(());
     }
     let missing: Vec<&str> = needed
         .into_iter()
-        .filter(|(cap, _)| !has(*cap))
+        .filter(|(cap, _)| !capabilities.has(*cap))
         .map(|(_, name)| name)
         .collect();
     Err(CaptureError::MissingPrivileges {

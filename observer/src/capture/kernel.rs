@@ -19,11 +19,13 @@ use observer_records::{
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
+pub use super::hook_choice::HookChoice;
 pub use super::programs::{CaptureHook, CopyWalk, program_names};
 pub use super::ring_records::Drained;
 use super::{
     adopt::{self, FoundConnection},
     cgroup_scope::{self, ScopeError},
+    hook_choice,
     host::{self, TRACEFS},
     programs,
     reorder::{Reorder, ReorderCounters},
@@ -121,7 +123,7 @@ pub struct CaptureOptions {
     /// cgroup v2 directories whose processes alone are watched; empty: every process.
     pub cgroup_scope: Vec<PathBuf>,
     pub copy_walk: CopyWalk,
-    pub capture_hook: CaptureHook,
+    pub capture_hook: HookChoice,
     /// The node's cgroup v2 hierarchy, where `CaptureHook::Packets` attaches.
     pub cgroup_root: PathBuf,
 }
@@ -199,6 +201,8 @@ pub struct KernelCapture {
     /// How the syscall hook walks a call's buffers; `None` with the packet hook.
     copy_walk: Option<CopyWalk>,
     capture_hook: CaptureHook,
+    /// Why this hook: the flag, or what `HookChoice::Auto` found.
+    capture_hook_reason: String,
     log_task: tokio::task::JoinHandle<()>,
     // Last: the programs must outlive the maps and logger taken from them.
     _ebpf: Ebpf,
@@ -219,13 +223,15 @@ impl KernelCapture {
         }
         // User input first: a mistyped directory is named whatever else is missing.
         let scope = cgroup_scope::open(&options.cgroup_scope)?;
-        let cgroup_root = match options.capture_hook {
-            CaptureHook::Packets => Some(cgroup_scope::open_root(&options.cgroup_root)?),
-            CaptureHook::Syscalls => None,
-        };
-        host::check_privileges(options.capture_hook)?;
+        let capabilities = host::Capabilities::effective();
+        let hook_choice::ChosenHook {
+            hook: capture_hook,
+            cgroup_root,
+            reason: capture_hook_reason,
+        } = hook_choice::choose(options.capture_hook, &options.cgroup_root, capabilities)?;
+        host::check_privileges(capabilities, capture_hook)?;
         host::ensure_tracefs()?;
-        tracepoint_format::check(Path::new(TRACEFS), options.capture_hook.tracepoints())?;
+        tracepoint_format::check(Path::new(TRACEFS), capture_hook.tracepoints())?;
         validate_options(options)?;
         host::raise_memlock_limit();
 
@@ -239,7 +245,7 @@ impl KernelCapture {
         };
         // The tables of the hook not in use get one entry: the object declares them all, and
         // hash maps are allocated whole, so full-size ones would cost kernel memory for nothing.
-        let (syscall_entries, packet_entries) = match options.capture_hook {
+        let (syscall_entries, packet_entries) = match capture_hook {
             CaptureHook::Syscalls => (options.max_watched_connections, 1),
             CaptureHook::Packets => (1, options.max_watched_connections),
         };
@@ -279,7 +285,7 @@ impl KernelCapture {
             // `cgroup_scope::open` allows at most MAX_CGROUP_SCOPES.
             cgroup_scopes: scope.len() as u32,
             wakeup_after_ns: 2 * READ_FOLLOW_UP.as_nanos() as u64,
-            capture_hook: options.capture_hook.kernel() as u32,
+            capture_hook: capture_hook.kernel() as u32,
             _reserved: 0,
         };
         let mut scope_map: CgroupArray<_> = take_map(&mut ebpf, "CGROUP_SCOPE")?;
@@ -321,11 +327,12 @@ impl KernelCapture {
             handed_over: std::collections::HashMap::new(),
             orphaned_descriptors: HashSet::new(),
             clock: MonotonicToWall::now(),
-            reorder: (options.capture_hook == CaptureHook::Packets).then(Reorder::default),
+            reorder: (capture_hook == CaptureHook::Packets).then(Reorder::default),
             released: Vec::new(),
             reorder_scratch: Vec::new(),
             copy_walk,
-            capture_hook: options.capture_hook,
+            capture_hook,
+            capture_hook_reason,
             log_task,
             _ebpf: ebpf,
         })
@@ -339,6 +346,11 @@ impl KernelCapture {
 
     pub fn capture_hook(&self) -> CaptureHook {
         self.capture_hook
+    }
+
+    /// Why `capture_hook`: the flag that asked for it, or what `HookChoice::Auto` found.
+    pub fn capture_hook_reason(&self) -> &str {
+        &self.capture_hook_reason
     }
 
     /// Waits until the kernel has produced records, then converts up to one batch of them.

@@ -3,6 +3,7 @@
 
 pub mod adopt;
 pub mod cgroup_scope;
+mod hook_choice;
 mod host;
 pub mod kernel;
 mod kernel_features;

@@ -52,8 +52,8 @@ const PACKET_PROGRAMS: &[(&str, CgroupSkbAttachType)] = &[
     ("packet_ingress", CgroupSkbAttachType::Ingress),
 ];
 
-/// Where the kernel copies the bytes of watched connections (`--capture-hook`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+/// Where the kernel copies the bytes of watched connections: what `HookChoice` came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CaptureHook {
     /// Tracepoints of the read and write syscalls: works everywhere the observer does; every

@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::{
     budget::MemoryBudget,
-    capture::kernel::{CaptureHook, CaptureOptions, CopyWalk},
+    capture::kernel::{CaptureOptions, CopyWalk, HookChoice},
     cluster::ClusterArgs,
     correlate::{EngineConfig, RouteLimits},
     tools::in_range,
@@ -32,13 +32,14 @@ pub struct RunArgs {
     /// counts from a connection's first byte).
     #[arg(long, value_name = "BYTES_PER_SEC", default_value_t = observer_records::DEFAULT_GRPC_BUDGET_REFILL, value_parser = clap::value_parser!(u32).range(0..=i64::from(observer_records::MAX_GRPC_BUDGET_REFILL)))]
     pub grpc_budget_refill: u32,
-    /// Where the kernel copies watched connections' bytes. `syscalls`: tracepoints on every
-    /// read and write, which every process on the node pays for (about ×1.4 for any syscall,
-    /// ×3 for a write; README, Benchmarks). `packets`: `cgroup_skb` programs at --cgroup-root
-    /// on the packets of watched connections only, no syscall pays; needs the node's cgroup v2
-    /// hierarchy and CAP_NET_ADMIN, and watches only connections made after it starts.
-    #[arg(long, value_enum, value_name = "HOOK", default_value_t = CaptureHook::Syscalls)]
-    pub capture_hook: CaptureHook,
+    /// Where the kernel copies watched connections' bytes. `packets`: `cgroup_skb` programs at
+    /// --cgroup-root on the packets of watched connections only, so no syscall pays; needs the
+    /// node's cgroup v2 hierarchy and CAP_NET_ADMIN. `syscalls`: tracepoints on every read and
+    /// write, which every process on the node pays for (about ×1.3 for any syscall, ×2.4 for a
+    /// write; README, Benchmarks). `auto`: `packets` where this process can, else `syscalls`;
+    /// `observer_started` says which and why (`capture_hook`, `capture_hook_reason`).
+    #[arg(long, value_enum, value_name = "HOOK", default_value_t = HookChoice::Auto)]
+    pub capture_hook: HookChoice,
     /// How the kernel follows a call's iovec entries: `bpf_loop` where the kernel has it
     /// (5.17+), else tail calls. For tests of either on any kernel.
     #[arg(long, value_enum, default_value_t = CopyWalk::Auto, hide = true)]
@@ -83,7 +84,7 @@ pub struct RunArgs {
     pub cgroup_scope: Vec<PathBuf>,
     /// The node's cgroup v2 hierarchy (its root): with --kube, where a process's cgroup leads
     /// to its pod; with --capture-hook packets, where the packet programs attach (a hybrid
-    /// host mounts it at /sys/fs/cgroup/unified).
+    /// host mounts it at /sys/fs/cgroup/unified, which `auto` looks for by itself).
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
     /// With --kube, pods remembered at most (the Kubernetes limit for one cluster is 150000);

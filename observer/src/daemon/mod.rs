@@ -161,6 +161,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "ring_bytes": options.ring_bytes,
         "max_watched_connections": options.max_watched_connections,
         "capture_hook": capture.capture_hook(),
+        "capture_hook_reason": capture.capture_hook_reason(),
         "copy_walk": capture.copy_walk(),
         "memory_budget": args.engine.memory_budget,
         "version": env!("CARGO_PKG_VERSION"),
@@ -183,6 +184,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         ws_ports = ?options.websocket_ports,
         adopted_grpc,
         adopted_websockets,
+        capture_hook = ?capture.capture_hook(),
+        capture_hook_reason = capture.capture_hook_reason(),
         "observer attached; adopted {} existing connection(s)",
         adopted_grpc + adopted_websockets
     );

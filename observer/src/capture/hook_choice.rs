@@ -1,0 +1,125 @@
+//! `--capture-hook`: which programs copy the watched bytes. `auto` takes the packet hook
+//! wherever the node allows it, since then no syscall on the node pays for the observer, and
+//! says why not where it falls back to the syscall hook.
+
+use std::{fs::File, path::Path};
+
+use super::{
+    cgroup_scope,
+    host::Capabilities,
+    kernel::{CaptureError, CaptureHook},
+};
+
+/// What `--capture-hook` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HookChoice {
+    /// `packets` where this process holds CAP_NET_ADMIN and --cgroup-root is the root of the
+    /// node's cgroup v2 hierarchy (or holds it at `unified`, as a hybrid host does), else
+    /// `syscalls`; `observer_started` says which, and why.
+    Auto,
+    /// Tracepoints of the read and write syscalls: works everywhere the observer does; every
+    /// read and write on the node pays a little, a watched one the copy.
+    Syscalls,
+    /// `cgroup_skb` programs on the packets of watched connections: no syscall pays anything.
+    /// Refuses to start without the node's cgroup v2 hierarchy (`--cgroup-root`) and
+    /// CAP_NET_ADMIN.
+    Packets,
+}
+
+/// The hook chosen, where its programs attach, and why.
+#[derive(Debug)]
+pub(super) struct ChosenHook {
+    pub hook: CaptureHook,
+    /// The cgroup the packet programs attach at; `None` with the syscall hook.
+    pub cgroup_root: Option<File>,
+    /// For `observer_started` and the log: the flag, or what `auto` found.
+    pub reason: String,
+}
+
+pub(super) fn choose(
+    choice: HookChoice,
+    cgroup_root: &Path,
+    capabilities: Capabilities,
+) -> Result<ChosenHook, CaptureError> {
+    Ok(match choice {
+        HookChoice::Syscalls => ChosenHook {
+            hook: CaptureHook::Syscalls,
+            cgroup_root: None,
+            reason: "--capture-hook syscalls".to_owned(),
+        },
+        HookChoice::Packets => ChosenHook {
+            hook: CaptureHook::Packets,
+            cgroup_root: Some(cgroup_scope::open_root(cgroup_root)?),
+            reason: "--capture-hook packets".to_owned(),
+        },
+        HookChoice::Auto => {
+            choose_automatically(cgroup_root, capabilities.may_attach_network_programs())
+        }
+    })
+}
+
+fn choose_automatically(cgroup_root: &Path, may_attach_network_programs: bool) -> ChosenHook {
+    let syscalls = |why: String| ChosenHook {
+        hook: CaptureHook::Syscalls,
+        cgroup_root: None,
+        reason: format!("auto: {why}"),
+    };
+    if !may_attach_network_programs {
+        return syscalls("no CAP_NET_ADMIN, which the packet hook's cgroup programs need".into());
+    }
+    match cgroup_scope::find_hierarchy_root(cgroup_root) {
+        Ok((path, directory)) => ChosenHook {
+            hook: CaptureHook::Packets,
+            cgroup_root: Some(directory),
+            reason: format!(
+                "auto: CAP_NET_ADMIN held and {} is the root of a cgroup v2 hierarchy",
+                path.display()
+            ),
+        },
+        Err(why) => syscalls(format!("--cgroup-root {why}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_cap_net_admin_auto_takes_the_syscall_hook_and_says_why() {
+        let chosen = choose_automatically(Path::new("/sys/fs/cgroup"), false);
+        assert_eq!(chosen.hook, CaptureHook::Syscalls);
+        assert!(chosen.cgroup_root.is_none());
+        assert_eq!(
+            chosen.reason,
+            "auto: no CAP_NET_ADMIN, which the packet hook's cgroup programs need"
+        );
+    }
+
+    #[test]
+    fn without_a_cgroup2_root_auto_takes_the_syscall_hook_and_names_the_directory() {
+        // Neither the directory nor its `unified` (here a plain directory) is cgroup v2.
+        let plain = tempfile::tempdir().unwrap();
+        std::fs::create_dir(plain.path().join("unified")).unwrap();
+        let chosen = choose_automatically(plain.path(), true);
+        assert_eq!(chosen.hook, CaptureHook::Syscalls);
+        assert_eq!(
+            chosen.reason,
+            format!(
+                "auto: --cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`)",
+                plain.path().display()
+            )
+        );
+    }
+
+    #[test]
+    fn asked_for_syscalls_needs_no_cgroup_root() {
+        let chosen = choose(
+            HookChoice::Syscalls,
+            Path::new("/nonexistent"),
+            Capabilities::effective(),
+        )
+        .unwrap();
+        assert_eq!(chosen.hook, CaptureHook::Syscalls);
+        assert_eq!(chosen.reason, "--capture-hook syscalls");
+    }
+}
