@@ -32,6 +32,7 @@ pub async fn measure(observer: &Path, replicas: usize) -> anyhow::Result<String>
     .await?;
     // Started first: the users' upgrades are what tell it where each user was placed.
     let mut process = tokio::task::block_in_place(|| ObserverProcess::start(observer, &[]))?;
+    let hook = process.capture_hook();
     lab.connect_users(0..PUSHES, false).await;
     eprintln!("bench: alert latency, {PUSHES} pushes, one every {PACE:?}");
     let mut latencies_us = Vec::new();
@@ -58,7 +59,7 @@ pub async fn measure(observer: &Path, replicas: usize) -> anyhow::Result<String>
         process.timed_lines_until(Instant::now() + SETTLE)
     }));
     tokio::task::block_in_place(|| process.stop()).context("stop the observer")?;
-    Ok(render(&mut latencies_us))
+    Ok(render(&mut latencies_us, &hook))
 }
 
 /// How long a `route_mismatch` line took, from its `ts` to `read_at`; `None` for other lines.
@@ -71,7 +72,8 @@ fn mismatch_latency_us(read_at: SystemTime, line: &str) -> Option<f64> {
     Some(read_at.duration_since(raised_at).ok()?.as_secs_f64() * 1e6)
 }
 
-fn render(latencies_us: &mut [f64]) -> String {
+/// The report line; `hook` is where the observer copied the bytes, as it said at start.
+fn render(latencies_us: &mut [f64], hook: &str) -> String {
     if latencies_us.is_empty() {
         return format!(
             "alert latency at low load: no route_mismatch alert in {PUSHES} pushes (is the lab misrouting?)\n"
@@ -83,7 +85,7 @@ fn render(latencies_us: &mut [f64]) -> String {
         latencies_us[index.min(latencies_us.len() - 1)] / 1e3
     };
     format!(
-        "alert latency at low load (one push every {} ms, {} route_mismatch alerts, from the answer's kernel timestamp to the line read from stdout): p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
+        "alert latency at low load (capture hook {hook}; one push every {} ms, {} route_mismatch alerts, from the answer's kernel timestamp to the line read from stdout): p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
         PACE.as_millis(),
         latencies_us.len(),
         at(0.50),
@@ -111,7 +113,8 @@ mod tests {
     #[test]
     fn percentiles_come_from_the_sorted_latencies() {
         let mut latencies: Vec<f64> = (1..=100).rev().map(|ms| f64::from(ms) * 1e3).collect();
-        let text = render(&mut latencies);
+        let text = render(&mut latencies, "packets (auto: …)");
+        assert!(text.contains("capture hook packets (auto: …);"), "{text}");
         assert!(text.contains("p50 50.00 ms"), "{text}");
         assert!(text.contains("p99 99.00 ms, max 100.00 ms"), "{text}");
     }
