@@ -769,6 +769,182 @@ fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsew
     }
 }
 
+/// A `cgroup_skb` program that lets every packet through, attached at a cgroup's egress in the
+/// exclusive mode (`BPF_PROG_ATTACH` without `BPF_F_ALLOW_MULTI`), as a tool older than BPF
+/// links may hold one: no program can attach beside it there. Detached on drop.
+struct ExclusiveEgressProgram {
+    cgroup: std::fs::File,
+    program: std::os::fd::OwnedFd,
+}
+
+impl ExclusiveEgressProgram {
+    /// linux/bpf.h: commands, the program type and the attach type.
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_ATTACH: libc::c_long = 8;
+    const BPF_PROG_DETACH: libc::c_long = 9;
+    const BPF_PROG_TYPE_CGROUP_SKB: u32 = 8;
+    const BPF_CGROUP_INET_EGRESS: u32 = 1;
+
+    fn attach(cgroup: &std::path::Path) -> Self {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // The leading fields of `union bpf_attr` for BPF_PROG_LOAD; the kernel zero-fills the rest.
+        #[repr(C)]
+        struct ProgramLoad {
+            prog_type: u32,
+            insn_cnt: u32,
+            insns: u64,
+            license: u64,
+            log_level: u32,
+            log_size: u32,
+            log_buf: u64,
+            kern_version: u32,
+            prog_flags: u32,
+            prog_name: [u8; 16],
+            prog_ifindex: u32,
+            expected_attach_type: u32,
+        }
+        // r0 = 1 (let the packet pass); exit.
+        let instructions: [u64; 2] = [
+            u64::from_le_bytes([0xb7, 0, 0, 0, 1, 0, 0, 0]),
+            u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0]),
+        ];
+        let license = c"GPL";
+        let load = ProgramLoad {
+            prog_type: Self::BPF_PROG_TYPE_CGROUP_SKB,
+            insn_cnt: 2,
+            insns: instructions.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level: 0,
+            log_size: 0,
+            log_buf: 0,
+            kern_version: 0,
+            prog_flags: 0,
+            prog_name: *b"test_exclusive\0\0",
+            prog_ifindex: 0,
+            expected_attach_type: Self::BPF_CGROUP_INET_EGRESS,
+        };
+        // SAFETY: bpf(2) reads `load` and the instructions and license it points to, all alive.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                Self::BPF_PROG_LOAD,
+                &load as *const ProgramLoad,
+                std::mem::size_of::<ProgramLoad>(),
+            )
+        };
+        assert!(
+            fd >= 0,
+            "BPF_PROG_LOAD: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a descriptor bpf(2) just returned to us.
+        let program = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+        let cgroup = std::fs::File::open(cgroup).expect("open the cgroup");
+        let result = Self::attachment(Self::BPF_PROG_ATTACH, &cgroup, program.as_raw_fd());
+        assert_eq!(
+            result,
+            0,
+            "BPF_PROG_ATTACH: {}",
+            std::io::Error::last_os_error()
+        );
+        Self { cgroup, program }
+    }
+
+    /// BPF_PROG_ATTACH or BPF_PROG_DETACH of `program` at the cgroup's egress, flags 0.
+    fn attachment(command: libc::c_long, cgroup: &std::fs::File, program: i32) -> libc::c_long {
+        use std::os::fd::AsRawFd;
+        // `union bpf_attr` for BPF_PROG_ATTACH/DETACH: target, program, type, flags.
+        let attr: [u32; 4] = [
+            cgroup.as_raw_fd() as u32,
+            program as u32,
+            Self::BPF_CGROUP_INET_EGRESS,
+            0,
+        ];
+        // SAFETY: bpf(2) reads the 16 bytes of `attr`.
+        unsafe { libc::syscall(libc::SYS_bpf, command, attr.as_ptr(), 16usize) }
+    }
+}
+
+impl Drop for ExclusiveEgressProgram {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        Self::attachment(
+            Self::BPF_PROG_DETACH,
+            &self.cgroup,
+            self.program.as_raw_fd(),
+        );
+    }
+}
+
+/// Where the kernel refuses the packet hook, `auto` hooks the syscalls and says why, and the
+/// bytes are captured all the same; `packets` asked for by name refuses to start, in one line.
+#[test]
+fn auto_hooks_the_syscalls_where_the_kernel_refuses_the_packet_hook() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let cgroups = Cgroup2Mount::mount();
+    let root = cgroups.root().display().to_string();
+    let _holder = ExclusiveEgressProgram::attach(cgroups.root());
+
+    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+        .args(["run", "--capture-hook", "packets", "--cgroup-root", &root])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("observer: eBPF setup failed: attaching packet_egress: "),
+        "{stderr}"
+    );
+
+    let port = 18894;
+    let listener = listen(port);
+    let port_arg = port.to_string();
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port_arg,
+        "--capture-hook",
+        "auto",
+        "--cgroup-root",
+        &root,
+    ]);
+    let started = observer
+        .wait_for(|line| line["kind"] == "observer_started")
+        .unwrap();
+    assert_eq!(started["capture_hook"], "syscalls", "{started}");
+    let reason = started["capture_hook_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "auto: the packet hook failed here (eBPF setup failed: attaching packet_egress: "
+        ),
+        "{started}"
+    );
+    let written = pattern(4, 64);
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut received = Vec::new();
+        socket.read_to_end(&mut received).unwrap();
+        received
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.write_all(&written).unwrap();
+    drop(client);
+    assert_eq!(server.join().unwrap(), written);
+    assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
+    let (lines, stderr) = observer.stop();
+    assert_eq!(
+        captured_stream(&events_on_port(&lines, port), "send"),
+        written
+    );
+    assert!(
+        stderr.contains("hooking the syscalls instead"),
+        "the fallback is logged: {stderr}"
+    );
+}
+
 #[test]
 fn a_full_ring_counts_its_drops() {
     if !can_run() {

@@ -58,6 +58,15 @@ pub(super) fn choose(
     })
 }
 
+/// The syscall hook, after the kernel refused the packet hook that `auto` chose.
+pub(super) fn after_packet_hook_refusal(refusal: &CaptureError) -> ChosenHook {
+    ChosenHook {
+        hook: CaptureHook::Syscalls,
+        cgroup_root: None,
+        reason: format!("auto: the packet hook failed here ({refusal})"),
+    }
+}
+
 fn choose_automatically(cgroup_root: &Path, may_attach_network_programs: bool) -> ChosenHook {
     let syscalls = |why: String| ChosenHook {
         hook: CaptureHook::Syscalls,

@@ -96,6 +96,9 @@ pub enum CaptureError {
     Scope(#[from] ScopeError),
     #[error("eBPF setup failed: {0}")]
     Setup(String),
+    /// The packet hook's programs failed to load or attach here.
+    #[error(transparent)]
+    PacketHook(Box<CaptureError>),
     #[error("reading the ring buffer failed: {0}")]
     Read(#[from] std::io::Error),
 }
@@ -224,11 +227,31 @@ impl KernelCapture {
         // User input first: a mistyped directory is named whatever else is missing.
         let scope = cgroup_scope::open(&options.cgroup_scope)?;
         let capabilities = host::Capabilities::effective();
+        let chosen = hook_choice::choose(options.capture_hook, &options.cgroup_root, capabilities)?;
+        match Self::start_hook(options, &scope, capabilities, chosen) {
+            // A kernel whose verifier refuses the packet programs, or a cgroup root another
+            // program holds exclusively: `auto` hooks the syscalls instead, and says why.
+            Err(CaptureError::PacketHook(refusal)) if options.capture_hook == HookChoice::Auto => {
+                let chosen = hook_choice::after_packet_hook_refusal(&refusal);
+                tracing::warn!("{}; hooking the syscalls instead", chosen.reason);
+                Self::start_hook(options, &scope, capabilities, chosen)
+            }
+            started => started,
+        }
+    }
+
+    /// `start` with the hook chosen. Everything it loaded and attached is released on failure.
+    fn start_hook(
+        options: &CaptureOptions,
+        scope: &[std::fs::File],
+        capabilities: host::Capabilities,
+        chosen: hook_choice::ChosenHook,
+    ) -> Result<Self, CaptureError> {
         let hook_choice::ChosenHook {
             hook: capture_hook,
             cgroup_root,
             reason: capture_hook_reason,
-        } = hook_choice::choose(options.capture_hook, &options.cgroup_root, capabilities)?;
+        } = chosen;
         host::check_privileges(capabilities, capture_hook)?;
         host::ensure_tracefs()?;
         tracepoint_format::check(Path::new(TRACEFS), capture_hook.tracepoints())?;
@@ -260,7 +283,6 @@ impl KernelCapture {
             .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
             .map_err(|err| programs::classify_load_error(&err))?;
-        let log_task = programs::spawn_kernel_log_reader(&mut ebpf)?;
 
         let mut watched: HashMap<_, u16, u8> = take_map(&mut ebpf, "WATCHED_PORTS")?;
         for (ports, class) in [
@@ -289,7 +311,7 @@ impl KernelCapture {
             _reserved: 0,
         };
         let mut scope_map: CgroupArray<_> = take_map(&mut ebpf, "CGROUP_SCOPE")?;
-        for (index, directory) in (0..).zip(&scope) {
+        for (index, directory) in (0..).zip(scope) {
             scope_map
                 .set(index, directory.as_fd(), 0)
                 .map_err(|err| CaptureError::Setup(format!("CGROUP_SCOPE: {err}")))?;
@@ -307,11 +329,14 @@ impl KernelCapture {
 
         let copy_walk = match &cgroup_root {
             Some(root) => {
-                programs::attach_packet_hook(&mut ebpf, root)?;
+                programs::attach_packet_hook(&mut ebpf, root)
+                    .map_err(|refusal| CaptureError::PacketHook(Box::new(refusal)))?;
                 None
             }
             None => Some(programs::attach_syscall_hook(&mut ebpf, options.copy_walk)?),
         };
+        // Last: a task spawned before a failure above would go on reading a released map.
+        let log_task = programs::spawn_kernel_log_reader(&mut ebpf)?;
         Ok(Self {
             // SAFETY: the ring owns its map fd and keeps it open while the AsyncFd holds it.
             ring: unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }

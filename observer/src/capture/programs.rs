@@ -135,12 +135,20 @@ pub(super) fn attach_packet_hook(ebpf: &mut Ebpf, cgroup_root: &File) -> Result<
                 reason: verifier_summary(&err),
             })?;
         // Beside any other program there (a CNI's, systemd's): ours only looks. On 5.7+ aya
-        // attaches through a BPF link, which always runs beside the others and refuses any
-        // mode flag ("Invalid argument" for `AllowMultiple`): `Single` is the flag-less mode.
+        // attaches through a BPF link, which runs beside every program attached through a link
+        // or with BPF_F_ALLOW_MULTI (not beside one attached without), and refuses any mode
+        // flag ("Invalid argument" for `AllowMultiple`): `Single` is the flag-less mode.
         program
             .attach(cgroup_root, *attach_type, CgroupAttachMode::Single)
             .map_err(|err| {
-                CaptureError::Setup(format!("attaching {program_name}: {}", with_cause(&err)))
+                let cause = with_cause(&err);
+                // With CAP_NET_ADMIN checked before, EPERM here is the cgroup's own refusal.
+                let hint = if cause.ends_with("(os error 1)") {
+                    " (a program attached there without BPF_F_ALLOW_MULTI admits no other)"
+                } else {
+                    ""
+                };
+                CaptureError::Setup(format!("attaching {program_name}: {cause}{hint}"))
             })?;
     }
     for (program_name, category, tracepoint) in PACKET_TRACEPOINTS {
