@@ -83,7 +83,7 @@ pub struct RunArgs {
     #[arg(long = "cgroup-scope", value_name = "DIR")]
     pub cgroup_scope: Vec<PathBuf>,
     /// The node's cgroup v2 hierarchy (its root): with --kube, where a process's cgroup leads
-    /// to its pod; with --capture-hook packets, where the packet programs attach (a hybrid
+    /// to its pod; with the packet hook (--capture-hook), where its programs attach (a hybrid
     /// host mounts it at /sys/fs/cgroup/unified, which `auto` looks for by itself).
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
