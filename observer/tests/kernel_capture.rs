@@ -733,40 +733,56 @@ fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsew
     for (index, (cgroup_root, hook, reason)) in (0u16..).zip(cases) {
         let port = 18890 + index;
         let listener = listen(port);
-        let port_arg = port.to_string();
-        let mut observer = Observer::start(&[
-            "--grpc-port",
-            &port_arg,
-            "--capture-hook",
-            "auto",
-            "--cgroup-root",
-            cgroup_root,
-        ]);
-        let started = observer
-            .wait_for(|line| line["kind"] == "observer_started")
-            .unwrap();
+        let (observer, started) = start_auto(port, cgroup_root);
         assert_eq!(started["capture_hook"], hook, "{started}");
         assert_eq!(started["capture_hook_reason"], reason.as_str(), "{started}");
-
-        let written = pattern(3, 64);
-        let server = thread::spawn(move || {
-            let (mut socket, _) = listener.accept().unwrap();
-            let mut received = Vec::new();
-            socket.read_to_end(&mut received).unwrap();
-            received
-        });
-        let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        client.write_all(&written).unwrap();
-        drop(client);
-        assert_eq!(server.join().unwrap(), written);
-        assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
-        let (lines, _) = observer.stop();
-        assert_eq!(
-            captured_stream(&events_on_port(&lines, port), "send"),
-            written,
-            "{hook} at {cgroup_root}"
-        );
+        sixty_four_written_bytes_are_captured(observer, listener, port);
     }
+}
+
+/// An observer of gRPC port `port` with `--capture-hook auto` at `cgroup_root`, and its
+/// `observer_started` line.
+fn start_auto(port: u16, cgroup_root: &str) -> (Observer, Value) {
+    let port = port.to_string();
+    let mut observer = Observer::start(&[
+        "--grpc-port",
+        &port,
+        "--capture-hook",
+        "auto",
+        "--cgroup-root",
+        cgroup_root,
+    ]);
+    let started = observer
+        .wait_for(|line| line["kind"] == "observer_started")
+        .unwrap();
+    (observer, started)
+}
+
+/// 64 bytes written on a new connection to `port` are captured by `observer`, which then
+/// stops; returns its stderr.
+fn sixty_four_written_bytes_are_captured(
+    mut observer: Observer,
+    listener: TcpListener,
+    port: u16,
+) -> String {
+    let written = pattern(3, 64);
+    let server = thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        let mut received = Vec::new();
+        socket.read_to_end(&mut received).unwrap();
+        received
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.write_all(&written).unwrap();
+    drop(client);
+    assert_eq!(server.join().unwrap(), written);
+    assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
+    let (lines, stderr) = observer.stop();
+    assert_eq!(
+        captured_stream(&events_on_port(&lines, port), "send"),
+        written
+    );
+    stderr
 }
 
 /// A `cgroup_skb` program that lets every packet through, attached at a cgroup's egress in the
@@ -902,18 +918,7 @@ fn auto_hooks_the_syscalls_where_the_kernel_refuses_the_packet_hook() {
 
     let port = 18894;
     let listener = listen(port);
-    let port_arg = port.to_string();
-    let mut observer = Observer::start(&[
-        "--grpc-port",
-        &port_arg,
-        "--capture-hook",
-        "auto",
-        "--cgroup-root",
-        &root,
-    ]);
-    let started = observer
-        .wait_for(|line| line["kind"] == "observer_started")
-        .unwrap();
+    let (observer, started) = start_auto(port, &root);
     assert_eq!(started["capture_hook"], "syscalls", "{started}");
     let reason = started["capture_hook_reason"].as_str().unwrap();
     assert!(
@@ -922,23 +927,7 @@ fn auto_hooks_the_syscalls_where_the_kernel_refuses_the_packet_hook() {
         ),
         "{started}"
     );
-    let written = pattern(4, 64);
-    let server = thread::spawn(move || {
-        let (mut socket, _) = listener.accept().unwrap();
-        let mut received = Vec::new();
-        socket.read_to_end(&mut received).unwrap();
-        received
-    });
-    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    client.write_all(&written).unwrap();
-    drop(client);
-    assert_eq!(server.join().unwrap(), written);
-    assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
-    let (lines, stderr) = observer.stop();
-    assert_eq!(
-        captured_stream(&events_on_port(&lines, port), "send"),
-        written
-    );
+    let stderr = sixty_four_written_bytes_are_captured(observer, listener, port);
     assert!(
         stderr.contains("hooking the syscalls instead"),
         "the fallback is logged: {stderr}"

@@ -649,8 +649,9 @@ mod tests {
     /// An HTTP/2 server's first bytes, sent as it accepts: an empty SETTINGS frame.
     const SERVER_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
 
-    #[test]
-    fn an_upgrade_sent_to_a_grpc_port_is_told_by_the_client_even_when_the_server_spoke_first() {
+    /// A gRPC port's connection on which the server's SETTINGS come before `client_first`,
+    /// the client's first bytes: the decoders, and what they observed.
+    fn server_first(client_first: &'static [u8]) -> (ConnectionDecoders, Vec<Observation>) {
         let mut decoders = ConnectionDecoders::new(Limits::default(), 4);
         let mut observations = Vec::new();
         decoders.on_event(
@@ -658,13 +659,15 @@ mod tests {
             &mut observations,
         );
         assert!(observations.is_empty(), "{observations:?}");
-        assert_eq!(decoders.buffered_bytes, SERVER_SETTINGS.len());
-        decoders.on_event(
-            &grpc_data(
-                Direction::Send,
-                b"GET /?sendID=42&platformID=2 HTTP/1.1\r\nHost: gw-0:88\r\nUpgrade: websocket\r\n\r\n",
-            ),
-            &mut observations,
+        assert_eq!(decoders.buffered_bytes, SERVER_SETTINGS.len(), "held");
+        decoders.on_event(&grpc_data(Direction::Send, client_first), &mut observations);
+        (decoders, observations)
+    }
+
+    #[test]
+    fn an_upgrade_sent_to_a_grpc_port_is_told_by_the_client_even_when_the_server_spoke_first() {
+        let (_, observations) = server_first(
+            b"GET /?sendID=42&platformID=2 HTTP/1.1\r\nHost: gw-0:88\r\nUpgrade: websocket\r\n\r\n",
         );
         assert!(
             matches!(
@@ -677,16 +680,7 @@ mod tests {
 
     #[test]
     fn a_grpc_client_is_told_by_its_preface_after_the_server_spoke_first() {
-        let mut decoders = ConnectionDecoders::new(Limits::default(), 4);
-        let mut observations = Vec::new();
-        decoders.on_event(
-            &grpc_data(Direction::Recv, SERVER_SETTINGS),
-            &mut observations,
-        );
-        decoders.on_event(
-            &grpc_data(Direction::Send, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
-            &mut observations,
-        );
+        let (decoders, observations) = server_first(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
         assert!(
             matches!(
                 observations.as_slice(),
