@@ -55,8 +55,8 @@ enum Protocol {
     /// Nothing sent yet on a gRPC port: the client's first bytes decide. What the server sent
     /// before them waits here: an HTTP/2 server's SETTINGS, sent as it accepts, which the packet
     /// hook can see arrive before the client's first segment leaves (the syscall hook sees the
-    /// client write before it reads). Judged by it, a WebSocket upgrade sent to the port would
-    /// pass for a gRPC connection.
+    /// client write before it reads). Judged by those, a WebSocket upgrade sent to the port
+    /// would pass for a gRPC connection.
     Undetermined {
         server_first: Vec<Bytes>,
     },
