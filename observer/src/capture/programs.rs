@@ -53,8 +53,8 @@ const PACKET_PROGRAMS: &[(&str, CgroupSkbAttachType)] = &[
 ];
 
 /// Where the kernel copies the bytes of watched connections: what `HookChoice` came to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+/// Serialised by its `name`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaptureHook {
     /// Tracepoints of the read and write syscalls: works everywhere the observer does; every
     /// read and write on the node pays a little, a watched one the copy.
@@ -64,7 +64,21 @@ pub enum CaptureHook {
     Packets,
 }
 
+impl serde::Serialize for CaptureHook {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
 impl CaptureHook {
+    /// Its name as `observer_started` and `--capture-hook` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CaptureHook::Syscalls => "syscalls",
+            CaptureHook::Packets => "packets",
+        }
+    }
+
     /// The tracepoints this hook attaches, whose layouts are checked before loading.
     pub(super) fn tracepoints(self) -> &'static [(&'static str, &'static str, &'static str)] {
         match self {

@@ -184,7 +184,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         ws_ports = ?options.websocket_ports,
         adopted_grpc,
         adopted_websockets,
-        capture_hook = ?capture.capture_hook(),
+        capture_hook = capture.capture_hook().name(),
         capture_hook_reason = capture.capture_hook_reason(),
         "observer attached; adopted {} existing connection(s)",
         adopted_grpc + adopted_websockets
