@@ -48,19 +48,30 @@ pub fn open_root(path: &Path) -> Result<File, ScopeError> {
     })
 }
 
-/// The root of the cgroup v2 hierarchy at `path`, or, on a hybrid host (cgroup v1 there), at
+/// The cgroup v2 hierarchy at `path`, or, on a hybrid host (cgroup v1 there), at
 /// `path/unified`; or why neither is one, in a few words.
-pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), String> {
-    let (path, directory) = match open_cgroup2_directory(path) {
-        Ok(directory) => (path.to_owned(), directory),
+fn open_hierarchy(path: &Path) -> Result<(PathBuf, File), String> {
+    match open_cgroup2_directory(path) {
+        Ok(directory) => Ok((path.to_owned(), directory)),
         Err(reason) => {
             let unified = path.join("unified");
-            match open_cgroup2_directory(&unified) {
-                Ok(directory) => (unified, directory),
-                Err(_) => return Err(format!("{}: {reason}", path.display())),
-            }
+            open_cgroup2_directory(&unified)
+                .map(|directory| (unified, directory))
+                .map_err(|_| format!("{}: {reason}", path.display()))
         }
-    };
+    }
+}
+
+/// Where the cgroup v2 hierarchy of `--cgroup-root` is: `path`, or its `unified` on a hybrid
+/// host; `path` itself when neither is cgroup v2.
+pub fn hierarchy_path(path: &Path) -> PathBuf {
+    open_hierarchy(path).map_or_else(|_| path.to_owned(), |(path, _)| path)
+}
+
+/// The root of the cgroup v2 hierarchy at `path` or `path/unified` (`open_hierarchy`); or why
+/// neither is one, in a few words.
+pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), String> {
+    let (path, directory) = open_hierarchy(path)?;
     // Every cgroup but a hierarchy's root has `cgroup.type`. Without it here, this is the root
     // of the hierarchy of this cgroup namespace: a container's own /sys/fs/cgroup, a private
     // namespace's, has it, since it shows the container's cgroup as its root.
@@ -130,6 +141,42 @@ mod tests {
     fn more_scopes_than_the_map_holds_are_refused() {
         let paths = vec![PathBuf::from("/"); MAX_CGROUP_SCOPES as usize + 1];
         assert!(matches!(open(&paths), Err(ScopeError::TooMany { .. })));
+    }
+
+    #[test]
+    fn a_directory_without_cgroup2_is_its_own_hierarchy_path() {
+        let plain = tempfile::tempdir().unwrap();
+        std::fs::create_dir(plain.path().join("unified")).unwrap();
+        assert_eq!(hierarchy_path(plain.path()), plain.path());
+    }
+
+    /// A hybrid host's layout: a directory that is not cgroup v2, with the v2 hierarchy mounted
+    /// at its `unified`. Needs root to mount; skipped without.
+    #[test]
+    fn on_a_hybrid_layout_the_hierarchy_is_at_unified() {
+        let host = tempfile::tempdir().unwrap();
+        let unified = host.path().join("unified");
+        std::fs::create_dir(&unified).unwrap();
+        let target = std::ffi::CString::new(unified.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mount(2) with valid C strings and no data.
+        let mounted = unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                target.as_ptr(),
+                c"cgroup2".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        } == 0;
+        if !mounted {
+            return;
+        }
+        let found = find_hierarchy_root(host.path()).map(|(path, _)| path);
+        let path = hierarchy_path(host.path());
+        // SAFETY: umount2(2) of what was mounted above.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        assert_eq!(found, Ok(unified.clone()));
+        assert_eq!(path, unified);
     }
 
     #[test]

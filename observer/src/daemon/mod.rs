@@ -22,6 +22,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::{
     alert::{SCHEMA_VERSION, rfc3339},
     capture::{
+        cgroup_scope,
         kernel::{
             CaptureError, DRAIN_INTERVAL, Drained, KernelCapture, KernelCounters, READ_FOLLOW_UP,
         },
@@ -119,7 +120,11 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
         let pods = PodIndex::shared(args.kube_max_pods);
-        let cgroups = CgroupIndex::new(args.cgroup_root.clone(), CGROUP_RESCAN_INTERVAL);
+        // On a hybrid node the kernel's cgroup ids are those of the v2 hierarchy at `unified`.
+        let cgroups = CgroupIndex::new(
+            cgroup_scope::hierarchy_path(&args.cgroup_root),
+            CGROUP_RESCAN_INTERVAL,
+        );
         sink.pods = Some(PodDirectory::new(Arc::clone(&pods), cgroups));
         let namespaces = args.kube_namespaces.clone();
         Some(tokio::spawn(identity::watch_pods(client, pods, namespaces)))
