@@ -385,47 +385,56 @@ impl ConnectionDecoders {
                 missing,
             );
         }
-        let limits = self.limits;
         // A connection adopted at start and evicted since is still one joined mid-stream.
         self.open(event, is_adopted_connection(event.connection));
+        self.feed(event, direction, offset, payload, observations);
+    }
+
+    /// The first chunks of a gRPC port's connection, until its client's first bytes tell what
+    /// it is (`Protocol::Undetermined`); then each chunk held so far and this one go to the
+    /// decoder chosen, in stream order.
+    fn decide_protocol(
+        &mut self,
+        event: &Event,
+        direction: Direction,
+        offset: u64,
+        payload: &Bytes,
+        observations: &mut Vec<Observation>,
+    ) {
+        let limits = self.limits;
         let Some(connection) = self.connections.get_mut(&event.connection) else {
             return;
         };
-        connection.last_active_ns = event.ts_ns;
-        let mut server_first = Vec::new();
-        if let Protocol::Undetermined { server_first: held } = &mut connection.protocol {
-            let held_bytes: usize = held.iter().map(Bytes::len).sum();
-            if direction == Direction::Recv
-                && offset == held_bytes as u64
-                && held_bytes + payload.len() <= MAX_SERVER_FIRST_BYTES
-            {
-                // Copied: a slice would keep the whole record it came in alive.
-                held.push(Bytes::copy_from_slice(payload));
-                let buffered = held_bytes + payload.len();
-                self.buffered_bytes = self.buffered_bytes - connection.buffered + buffered;
-                connection.buffered = buffered;
-                return;
-            }
-            server_first = std::mem::take(held);
-            let is_http1 =
-                direction == Direction::Send && offset == 0 && starts_like_http1_request(payload);
-            connection.protocol = if is_http1 {
-                Protocol::UpgradeOnGrpcPort(WebSocketDecoder::new(limits))
-            } else {
-                // Only now is it a gRPC client connection (a WebSocket sent to this port is
-                // not one, and must not count as push churn).
-                observations.push(Observation::GrpcConnectionOpened {
-                    connection: event.connection,
-                    ts_ns: event.ts_ns,
-                    pusher: connection.process.clone(),
-                });
-                Protocol::Grpc(Box::new(GrpcConnectionDecoder::new(limits)))
-            };
-        }
-        if server_first.is_empty() {
-            self.feed(event, direction, offset, payload, observations);
+        let Protocol::Undetermined { server_first: held } = &mut connection.protocol else {
+            return;
+        };
+        let held_bytes: usize = held.iter().map(Bytes::len).sum();
+        if direction == Direction::Recv
+            && offset == held_bytes as u64
+            && held_bytes + payload.len() <= MAX_SERVER_FIRST_BYTES
+        {
+            // Copied: a slice would keep the whole record it came in alive.
+            held.push(Bytes::copy_from_slice(payload));
+            let buffered = held_bytes + payload.len();
+            self.buffered_bytes = self.buffered_bytes - connection.buffered + buffered;
+            connection.buffered = buffered;
             return;
         }
+        let server_first = std::mem::take(held);
+        let is_http1 =
+            direction == Direction::Send && offset == 0 && starts_like_http1_request(payload);
+        connection.protocol = if is_http1 {
+            Protocol::UpgradeOnGrpcPort(WebSocketDecoder::new(limits))
+        } else {
+            // Only now is it a gRPC client connection (a WebSocket sent to this port is
+            // not one, and must not count as push churn).
+            observations.push(Observation::GrpcConnectionOpened {
+                connection: event.connection,
+                ts_ns: event.ts_ns,
+                pusher: connection.process.clone(),
+            });
+            Protocol::Grpc(Box::new(GrpcConnectionDecoder::new(limits)))
+        };
         // The server's first bytes follow the client's first bytes (what it answered them
         // with, for an upgrade), or precede the rest of what it sent.
         if direction == Direction::Send {
@@ -442,7 +451,7 @@ impl ConnectionDecoders {
     }
 
     /// Feeds one chunk of a tracked connection to its decoder, and what the decoder learns to
-    /// `observations`.
+    /// `observations`; a gRPC port's first chunks go through `decide_protocol` first.
     fn feed(
         &mut self,
         event: &Event,
@@ -454,6 +463,11 @@ impl ConnectionDecoders {
         let Some(connection) = self.connections.get_mut(&event.connection) else {
             return;
         };
+        connection.last_active_ns = event.ts_ns;
+        if let Protocol::Undetermined { .. } = connection.protocol {
+            self.decide_protocol(event, direction, offset, payload, observations);
+            return;
+        }
         // What the decoder itself observes from here on (not the connection's opening).
         let observed_before = observations.len();
         let previously_buffered = connection.buffered;
