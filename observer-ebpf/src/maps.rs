@@ -6,6 +6,7 @@
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
 use aya_ebpf::{
+    bindings::BPF_F_MMAPABLE,
     macros::map,
     maps::{Array, CgroupArray, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
@@ -53,9 +54,10 @@ pub static CONFIG: Array<CaptureConfig> = Array::with_max_entries(1, 0);
 /// that woke it, or userspace's own stamp at each read while it polls; 0 once it said it waits
 /// for a wakeup. See `CaptureConfig::wakeup_after_ns`. One entry, written by the programs at
 /// most once per interval, so CPUs rarely contend for its cache line; two CPUs racing to wake
-/// the reader only wake it twice.
+/// the reader only wake it twice. Mappable (`BPF_F_MMAPABLE`, Linux 5.5): userspace stamps it
+/// at every read through its own mapping of the slot, without a bpf() syscall.
 #[map]
-pub static READER_AWAKE: Array<u64> = Array::with_max_entries(1, 0);
+pub static READER_AWAKE: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 
 /// cgroup v2 directories (written by userspace as directory fds) that bound what is watched:
 /// `CaptureConfig::cgroup_scopes` slots from index 0. Bound: `MAX_CGROUP_SCOPES`, the most

@@ -28,6 +28,7 @@ use super::{
     hook_choice,
     host::{self, TRACEFS},
     programs,
+    reader_awake::ReaderAwake,
     reorder::{Reorder, ReorderCounters},
     ring_records::{MonotonicToWall, drain_ring, monotonic_now_ns},
     tracepoint_format::{self, LayoutError},
@@ -181,7 +182,7 @@ pub struct KernelCapture {
     /// the processes whose descriptors it adds.
     watching: Array<MapData, u8>,
     /// When the reader last said it reads (`reader_polls`), 0 once it waits.
-    reader_awake: Array<MapData, u64>,
+    reader_awake: ReaderAwake,
     /// Whether `reader_awake` holds a stamp (so going quiet has something to clear).
     reader_stamped: bool,
     /// `CONNECTIONS` keys of the connections adopted at start and still alive, with the
@@ -325,7 +326,15 @@ impl KernelCapture {
         let sockets: HashMap<_, SocketKey, SocketState> = take_map(&mut ebpf, "SOCKETS")?;
         let adoptable: HashMap<_, ConnectionTuple, Connection> = take_map(&mut ebpf, "ADOPTABLE")?;
         let watching: Array<_, u8> = take_map(&mut ebpf, "WATCHING")?;
-        let reader_awake: Array<_, u64> = take_map(&mut ebpf, "READER_AWAKE")?;
+        let reader_awake = match ebpf.take_map("READER_AWAKE") {
+            Some(aya::maps::Map::Array(map)) => ReaderAwake::map(map, page_size() as usize)
+                .map_err(|err| CaptureError::Setup(format!("mapping READER_AWAKE: {err}")))?,
+            _ => {
+                return Err(CaptureError::Setup(
+                    "map READER_AWAKE is missing from the object".into(),
+                ));
+            }
+        };
 
         let copy_walk = match &cgroup_root {
             Some(root) => {
@@ -426,7 +435,7 @@ impl KernelCapture {
     /// Tells the programs the reader polls the ring: it reads again within `READ_FOLLOW_UP`,
     /// so records need not wake it.
     pub fn reader_polls(&mut self) {
-        self.set_reader_awake(monotonic_now_ns());
+        self.reader_awake.stamp(monotonic_now_ns());
         self.reader_stamped = true;
     }
 
@@ -436,17 +445,9 @@ impl KernelCapture {
         if !self.reader_stamped {
             return false;
         }
-        self.set_reader_awake(0);
+        self.reader_awake.stamp(0);
         self.reader_stamped = false;
         true
-    }
-
-    /// A failed update only costs wakeups or a timer's delay, never records: logged, not
-    /// returned.
-    fn set_reader_awake(&mut self, stamp: u64) {
-        if let Err(err) = self.reader_awake.set(0, stamp, 0) {
-            tracing::debug!("READER_AWAKE: {err}");
-        }
     }
 
     /// Converts up to one batch of the records already in the ring without waiting.

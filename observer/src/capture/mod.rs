@@ -8,6 +8,7 @@ mod host;
 pub mod kernel;
 mod kernel_features;
 mod programs;
+mod reader_awake;
 pub mod recording;
 pub mod reorder;
 mod ring_records;
