@@ -39,17 +39,18 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<File>, ScopeError> {
         .collect()
 }
 
-/// Opens `--cgroup-root`, where the packet programs attach: every socket of a process in a
-/// cgroup below it passes them.
-pub fn open_root(path: &Path) -> Result<File, ScopeError> {
-    open_cgroup2_directory(path).map_err(|reason| ScopeError::RootUnusable {
+/// Opens `--cgroup-root`'s cgroup v2 hierarchy (`path`, or `path/unified` on a hybrid host),
+/// where the packet programs attach: every socket of a process in a cgroup below it passes
+/// them. Returns where that was.
+pub fn open_root(path: &Path) -> Result<(PathBuf, File), ScopeError> {
+    open_hierarchy(path).map_err(|reason| ScopeError::RootUnusable {
         path: path.to_owned(),
         reason,
     })
 }
 
 /// The cgroup v2 hierarchy at `path`, or, on a hybrid host (cgroup v1 there), at
-/// `path/unified`; or why neither is one, in a few words.
+/// `path/unified`; or why `path` is not one, in a few words.
 fn open_hierarchy(path: &Path) -> Result<(PathBuf, File), String> {
     match open_cgroup2_directory(path) {
         Ok(directory) => Ok((path.to_owned(), directory)),
@@ -57,7 +58,7 @@ fn open_hierarchy(path: &Path) -> Result<(PathBuf, File), String> {
             let unified = path.join("unified");
             open_cgroup2_directory(&unified)
                 .map(|directory| (unified, directory))
-                .map_err(|_| format!("{}: {reason}", path.display()))
+                .map_err(|_| reason)
         }
     }
 }
@@ -71,7 +72,8 @@ pub fn hierarchy_path(path: &Path) -> PathBuf {
 /// The root of the cgroup v2 hierarchy at `path` or `path/unified` (`open_hierarchy`); or why
 /// neither is one, in a few words.
 pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), String> {
-    let (path, directory) = open_hierarchy(path)?;
+    let (path, directory) =
+        open_hierarchy(path).map_err(|reason| format!("{}: {reason}", path.display()))?;
     // Every cgroup but a hierarchy's root has `cgroup.type`. Without it here, this is the root
     // of the hierarchy of this cgroup namespace: a container's own /sys/fs/cgroup, a private
     // namespace's, has it, since it shows the container's cgroup as its root.

@@ -21,8 +21,8 @@ pub enum HookChoice {
     /// read and write on the node pays a little, a watched one the copy.
     Syscalls,
     /// `cgroup_skb` programs on the packets of watched connections: no syscall pays anything.
-    /// Refuses to start without the node's cgroup v2 hierarchy (`--cgroup-root`) and
-    /// CAP_NET_ADMIN.
+    /// Refuses to start without a cgroup v2 hierarchy at --cgroup-root (or at its `unified`)
+    /// and CAP_NET_ADMIN.
     Packets,
 }
 
@@ -47,11 +47,14 @@ pub(super) fn choose(
             cgroup_root: None,
             reason: "--capture-hook syscalls".to_owned(),
         },
-        HookChoice::Packets => ChosenHook {
-            hook: CaptureHook::Packets,
-            cgroup_root: Some(cgroup_scope::open_root(cgroup_root)?),
-            reason: "--capture-hook packets".to_owned(),
-        },
+        HookChoice::Packets => {
+            let (path, directory) = cgroup_scope::open_root(cgroup_root)?;
+            ChosenHook {
+                hook: CaptureHook::Packets,
+                cgroup_root: Some(directory),
+                reason: format!("--capture-hook packets, attached at {}", path.display()),
+            }
+        }
         HookChoice::Auto => {
             choose_automatically(cgroup_root, capabilities.may_attach_network_programs())
         }
@@ -130,5 +133,43 @@ mod tests {
         .unwrap();
         assert_eq!(chosen.hook, CaptureHook::Syscalls);
         assert_eq!(chosen.reason, "--capture-hook syscalls");
+    }
+
+    #[test]
+    fn asked_for_packets_without_a_cgroup2_hierarchy_refuses_in_one_line() {
+        let plain = tempfile::tempdir().unwrap();
+        std::fs::create_dir(plain.path().join("unified")).unwrap();
+        let refusal = choose(HookChoice::Packets, plain.path(), Capabilities::effective())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            refusal,
+            format!(
+                "--cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`)",
+                plain.path().display()
+            )
+        );
+    }
+
+    /// On a hybrid layout (a directory that is not cgroup v2, with the hierarchy at `unified`:
+    /// here a link to one the test kit mounts), `packets` attaches at `unified`, as `auto`
+    /// would, and says so. Needs root to mount; skipped without.
+    #[test]
+    fn asked_for_packets_on_a_hybrid_layout_attaches_at_unified() {
+        // SAFETY: geteuid(2) has no failure mode.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let hierarchy = openim_test_kit::cgroup2::Cgroup2Mount::mount();
+        let host = tempfile::tempdir().unwrap();
+        let unified = host.path().join("unified");
+        std::os::unix::fs::symlink(hierarchy.root(), &unified).unwrap();
+        let chosen = choose(HookChoice::Packets, host.path(), Capabilities::effective()).unwrap();
+        assert_eq!(chosen.hook, CaptureHook::Packets);
+        assert!(chosen.cgroup_root.is_some());
+        assert_eq!(
+            chosen.reason,
+            format!("--capture-hook packets, attached at {}", unified.display())
+        );
     }
 }
