@@ -929,7 +929,7 @@ fn render_floods(
     }
     let _ = writeln!(
         out,
-        "{:<12} {:>6} {:>10} {:>19} {:>8} {:>8} {:>8} {:>16} {:>13}  stdout lines",
+        "{:<22} {:>6} {:>10} {:>19} {:>8} {:>8} {:>8} {:>16} {:>13}  stdout lines",
         "watcher",
         "clean",
         "pushes/s",
@@ -948,7 +948,7 @@ fn render_floods(
         let calls = kept.iter().map(|r| r.report.calls).sum::<u64>().max(1) as f64;
         let _ = writeln!(
             out,
-            "{:<12} {:>6} {:>10.0} {:>19} {:>8.0} {:>8.0} {:>8} {:>16.1} {:>13.2}  {}",
+            "{:<22} {:>6} {:>10.0} {:>19} {:>8.0} {:>8.0} {:>8} {:>16.1} {:>13.2}  {}",
             watcher.label(),
             format!("{}/{}", kept.len(), rounds.len()),
             median(&per_round),
