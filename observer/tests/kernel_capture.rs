@@ -915,6 +915,12 @@ fn auto_hooks_the_syscalls_where_the_kernel_refuses_the_packet_hook() {
         stderr.starts_with("observer: eBPF setup failed: attaching packet_egress: "),
         "{stderr}"
     );
+    assert!(
+        stderr.trim_end().ends_with(
+            "Operation not permitted (os error 1) (a program attached there without BPF_F_ALLOW_MULTI admits no other)"
+        ),
+        "{stderr}"
+    );
 
     let port = 18894;
     let listener = listen(port);

@@ -157,7 +157,11 @@ pub(super) fn attach_packet_hook(ebpf: &mut Ebpf, cgroup_root: &File) -> Result<
             .map_err(|err| {
                 let cause = with_cause(&err);
                 // With CAP_NET_ADMIN checked before, EPERM here is the cgroup's own refusal.
-                let hint = if cause.ends_with("(os error 1)") {
+                let hint = if last_cause(&err)
+                    .downcast_ref::<std::io::Error>()
+                    .and_then(std::io::Error::raw_os_error)
+                    == Some(libc::EPERM)
+                {
                     " (a program attached there without BPF_F_ALLOW_MULTI admits no other)"
                 } else {
                     ""
@@ -302,16 +306,24 @@ fn is_verifier_statistics(line: &str) -> bool {
 
 /// An error's message followed by its innermost cause's: aya's messages name the system call
 /// that failed but not its answer ("Operation not permitted"), which says why.
-fn with_cause(err: &dyn std::error::Error) -> String {
-    let mut cause = err;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
+fn with_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let cause = last_cause(err);
     if std::ptr::addr_eq(cause, err) {
         err.to_string()
     } else {
         format!("{err}: {cause}")
     }
+}
+
+/// The end of `err`'s chain of sources: for a failed system call, its `io::Error`.
+fn last_cause<'e>(
+    err: &'e (dyn std::error::Error + 'static),
+) -> &'e (dyn std::error::Error + 'static) {
+    let mut cause = err;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause
 }
 
 pub(super) fn classify_load_error(err: &aya::EbpfError) -> CaptureError {
