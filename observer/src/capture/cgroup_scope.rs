@@ -107,6 +107,40 @@ fn open_cgroup2_directory(path: &Path) -> Result<File, String> {
     Ok(directory)
 }
 
+/// A hybrid host's layout, for tests: a directory that is not cgroup v2 whose `unified` links
+/// to a hierarchy the test kit mounts.
+#[cfg(test)]
+pub(super) struct HybridLayout {
+    _hierarchy: openim_test_kit::cgroup2::Cgroup2Mount,
+    host: tempfile::TempDir,
+}
+
+#[cfg(test)]
+impl HybridLayout {
+    /// `None` without root, which mounting needs.
+    pub(super) fn mount() -> Option<Self> {
+        // SAFETY: geteuid(2) has no failure mode.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let hierarchy = openim_test_kit::cgroup2::Cgroup2Mount::mount();
+        let host = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(hierarchy.root(), host.path().join("unified")).unwrap();
+        Some(Self {
+            _hierarchy: hierarchy,
+            host,
+        })
+    }
+
+    pub(super) fn host(&self) -> &Path {
+        self.host.path()
+    }
+
+    pub(super) fn unified(&self) -> PathBuf {
+        self.host.path().join("unified")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,20 +187,15 @@ mod tests {
     }
 
     /// A hybrid host's layout: a directory that is not cgroup v2, with the v2 hierarchy at its
-    /// `unified` (here a link to one mounted for the test). Needs root to mount; skipped without.
+    /// `unified`. Needs root to mount; skipped without.
     #[test]
     fn on_a_hybrid_layout_the_hierarchy_is_at_unified() {
-        // SAFETY: geteuid(2) has no failure mode.
-        if unsafe { libc::geteuid() } != 0 {
+        let Some(layout) = HybridLayout::mount() else {
             return;
-        }
-        let hierarchy = openim_test_kit::cgroup2::Cgroup2Mount::mount();
-        let host = tempfile::tempdir().unwrap();
-        let unified = host.path().join("unified");
-        std::os::unix::fs::symlink(hierarchy.root(), &unified).unwrap();
-        let found = find_hierarchy_root(host.path()).map(|(path, _)| path);
-        assert_eq!(found, Ok(unified.clone()));
-        assert_eq!(hierarchy_path(host.path()), unified);
+        };
+        let found = find_hierarchy_root(layout.host()).map(|(path, _)| path);
+        assert_eq!(found, Ok(layout.unified()));
+        assert_eq!(hierarchy_path(layout.host()), layout.unified());
     }
 
     #[test]

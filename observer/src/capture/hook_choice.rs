@@ -151,25 +151,28 @@ mod tests {
         );
     }
 
-    /// On a hybrid layout (a directory that is not cgroup v2, with the hierarchy at `unified`:
-    /// here a link to one the test kit mounts), `packets` attaches at `unified`, as `auto`
-    /// would, and says so. Needs root to mount; skipped without.
+    /// On a hybrid layout (a directory that is not cgroup v2, with the hierarchy at `unified`),
+    /// `packets` attaches at `unified`, as `auto` would, and says so. Needs root to mount;
+    /// skipped without.
     #[test]
     fn asked_for_packets_on_a_hybrid_layout_attaches_at_unified() {
-        // SAFETY: geteuid(2) has no failure mode.
-        if unsafe { libc::geteuid() } != 0 {
+        let Some(layout) = cgroup_scope::HybridLayout::mount() else {
             return;
-        }
-        let hierarchy = openim_test_kit::cgroup2::Cgroup2Mount::mount();
-        let host = tempfile::tempdir().unwrap();
-        let unified = host.path().join("unified");
-        std::os::unix::fs::symlink(hierarchy.root(), &unified).unwrap();
-        let chosen = choose(HookChoice::Packets, host.path(), Capabilities::effective()).unwrap();
+        };
+        let chosen = choose(
+            HookChoice::Packets,
+            layout.host(),
+            Capabilities::effective(),
+        )
+        .unwrap();
         assert_eq!(chosen.hook, CaptureHook::Packets);
         assert!(chosen.cgroup_root.is_some());
         assert_eq!(
             chosen.reason,
-            format!("--capture-hook packets, attached at {}", unified.display())
+            format!(
+                "--capture-hook packets, attached at {}",
+                layout.unified().display()
+            )
         );
     }
 }

@@ -20,10 +20,6 @@ pub(super) struct ReaderAwake {
     _map: MapData,
 }
 
-// SAFETY: the slot is shared memory that lives as long as the mapping, which this value owns;
-// it is only ever accessed atomically, from whichever thread holds the value.
-unsafe impl Send for ReaderAwake {}
-
 impl ReaderAwake {
     /// Maps the first page of `map`, an array of `u64` created with `BPF_F_MMAPABLE`.
     pub(super) fn map(map: MapData, page_size: usize) -> io::Result<Self> {
