@@ -28,6 +28,7 @@ use super::{
     hook_choice,
     host::{self, TRACEFS},
     programs,
+    read_pacing::{self, READ_FOLLOW_UP},
     reader_awake::ReaderAwake,
     reorder::{Reorder, ReorderCounters},
     ring_records::{MonotonicToWall, drain_ring, monotonic_now_ns},
@@ -56,12 +57,6 @@ const BPF_NOEXIST: u64 = 1;
 /// How often the reader drains the ring without being woken while it is quiet: a safety net,
 /// since the first record after a quiet spell wakes it (`CaptureConfig::wakeup_after_ns`).
 pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// While records keep coming the reader drains again this long after reading anything, and
-/// tells the programs so (`KernelCapture::reader_polls`): they wake it only when its last
-/// read is more than twice this old (a timer fires up to a millisecond late), or the ring
-/// fills. A busy ring then costs no wakeups, and a record waits about this long at most.
-pub const READ_FOLLOW_UP: std::time::Duration = std::time::Duration::from_millis(1);
 
 #[derive(Debug, Error)]
 pub enum CaptureError {
@@ -307,6 +302,8 @@ impl KernelCapture {
             wakeup_bytes: options.ring_bytes / 8,
             // `cgroup_scope::open` allows at most MAX_CGROUP_SCOPES.
             cgroup_scopes: scope.len() as u32,
+            // A poll a millisecond late (timer slack) wakes the reader; `read_pacing`'s
+            // longer follow-ups are stamped ahead by the difference.
             wakeup_after_ns: 2 * READ_FOLLOW_UP.as_nanos() as u64,
             capture_hook: capture_hook.kernel() as u32,
             _reserved: 0,
@@ -432,10 +429,12 @@ impl KernelCapture {
         self.reorder.as_ref().map(Reorder::counters)
     }
 
-    /// Tells the programs the reader polls the ring: it reads again within `READ_FOLLOW_UP`,
-    /// so records need not wake it.
-    pub fn reader_polls(&mut self) {
-        self.reader_awake.stamp(monotonic_now_ns());
+    /// Tells the programs the reader polls the ring: it reads again within `follow_up`
+    /// (`read_pacing`), so records need not wake it; they do once that is more than a
+    /// millisecond late, or the ring fills.
+    pub fn reader_polls(&mut self, follow_up: std::time::Duration) {
+        self.reader_awake
+            .stamp(read_pacing::awake_stamp(monotonic_now_ns(), follow_up));
         self.reader_stamped = true;
     }
 

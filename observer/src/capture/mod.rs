@@ -8,6 +8,7 @@ mod host;
 pub mod kernel;
 mod kernel_features;
 mod programs;
+pub mod read_pacing;
 mod reader_awake;
 pub mod recording;
 pub mod reorder;

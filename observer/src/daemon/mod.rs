@@ -23,9 +23,8 @@ use crate::{
     alert::{SCHEMA_VERSION, rfc3339},
     capture::{
         cgroup_scope,
-        kernel::{
-            CaptureError, DRAIN_INTERVAL, Drained, KernelCapture, KernelCounters, READ_FOLLOW_UP,
-        },
+        kernel::{CaptureError, DRAIN_INTERVAL, Drained, KernelCapture, KernelCounters},
+        read_pacing::ReadPacing,
         recording::{self, RecordingError},
         reorder::ReorderCounters,
     },
@@ -205,12 +204,13 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let mut clock = tokio::time::interval(Duration::from_secs(1));
     let mut reconcile_timer = tokio::time::interval(RECONCILE_INTERVAL);
     reconcile_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // Drains without a wakeup: soon after reading anything, telling the programs it polls so
-    // that records need not wake it; once a drain finds nothing it says it waits for wakeups,
-    // drains once more (a record made before that word reached the programs woke no one), and
-    // falls back to the quiet interval.
+    // Drains without a wakeup: soon after reading anything (how soon: `pacing`), telling the
+    // programs it polls so that records need not wake it; once a drain finds nothing it says
+    // it waits for wakeups, drains once more (a record made before that word reached the
+    // programs woke no one), and falls back to the quiet interval.
     let drain_timer = tokio::time::sleep(DRAIN_INTERVAL);
     tokio::pin!(drain_timer);
+    let mut pacing = ReadPacing::new(std::time::Instant::now());
     let mut batch = Vec::new();
     let mut malformed_records = 0;
     loop {
@@ -221,10 +221,10 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 sink.consume_batch(&mut batch)?;
                 sink.flush()?;
                 if drained.records > 0 {
-                    capture.reader_polls();
-                    drain_timer
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + READ_FOLLOW_UP);
+                    let now = tokio::time::Instant::now();
+                    let follow_up = pacing.follow_up(drained.records, now.into_std());
+                    capture.reader_polls(follow_up);
+                    drain_timer.as_mut().reset(now + follow_up);
                 }
             }
             () = &mut drain_timer => {
@@ -235,13 +235,15 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 }
                 malformed_records += drained.malformed;
                 sink.flush()?;
+                let now = tokio::time::Instant::now();
                 let next = if drained.records > 0 {
-                    capture.reader_polls();
-                    READ_FOLLOW_UP
+                    let follow_up = pacing.follow_up(drained.records, now.into_std());
+                    capture.reader_polls(follow_up);
+                    follow_up
                 } else {
                     DRAIN_INTERVAL
                 };
-                drain_timer.as_mut().reset(tokio::time::Instant::now() + next);
+                drain_timer.as_mut().reset(now + next);
             }
             _ = clock.tick() => {
                 let now_ns = unix_now_ns();

@@ -1,0 +1,118 @@
+//! How soon the reader reads the ring again after a read that found records.
+//!
+//! While records keep coming the reader polls instead of being woken (`KernelCapture::
+//! reader_polls`): each poll is a timer wakeup of the daemon, about a thousand a second at a
+//! one-millisecond follow-up, whatever the traffic. At low load that millisecond is most of an
+//! alert's delay (a push's answer arrives within a millisecond of its request, and waits for
+//! the next read), so it stays short there. Under sustained traffic a wakeup per millisecond
+//! is a quarter of the daemon's CPU (the lab's push flood: about 22 records a millisecond,
+//! each read handling a handful), while a few milliseconds more per alert cost nobody
+//! anything: past `BUSY_RECORDS_PER_SECOND`, measured over `BUSY_WINDOW`, the follow-up is
+//! `BUSY_READ_FOLLOW_UP`. Measured by hand on the push flood (release observer, packet hook,
+//! alternating runs of 8 s): wakeups per push 0.30–0.56 → 0.19–0.33, daemon CPU per push
+//! −20% in the two slower pairs of three.
+
+use std::time::{Duration, Instant};
+
+/// The follow-up at low load: an alert waits about this long for the read that finds it.
+pub const READ_FOLLOW_UP: Duration = Duration::from_millis(1);
+/// The follow-up under sustained traffic.
+pub const BUSY_READ_FOLLOW_UP: Duration = Duration::from_millis(3);
+/// The traffic that counts as sustained: records a second, over at least `BUSY_WINDOW`. A
+/// single push's burst (about 15 records within a millisecond) is far below it over the
+/// window, the lab's push flood (20,000–30,000 a second) far above.
+pub const BUSY_RECORDS_PER_SECOND: f64 = 5_000.0;
+pub const BUSY_WINDOW: Duration = Duration::from_millis(50);
+
+/// The records read since `window_start`, and whether the last full window was busy.
+#[derive(Debug)]
+pub struct ReadPacing {
+    window_start: Instant,
+    window_records: usize,
+    busy: bool,
+}
+
+impl ReadPacing {
+    pub fn new(now: Instant) -> Self {
+        Self {
+            window_start: now,
+            window_records: 0,
+            busy: false,
+        }
+    }
+
+    /// A read at `now` found `records` (at least one): when to read again. A window ends at
+    /// the first read past `BUSY_WINDOW`, so a quiet spell ends in a window with few records
+    /// over a long time, which is not busy.
+    pub fn follow_up(&mut self, records: usize, now: Instant) -> Duration {
+        self.window_records += records;
+        let elapsed = now.saturating_duration_since(self.window_start);
+        if elapsed >= BUSY_WINDOW {
+            self.busy =
+                self.window_records as f64 >= BUSY_RECORDS_PER_SECOND * elapsed.as_secs_f64();
+            self.window_start = now;
+            self.window_records = 0;
+        }
+        if self.busy {
+            BUSY_READ_FOLLOW_UP
+        } else {
+            READ_FOLLOW_UP
+        }
+    }
+}
+
+/// What the reader writes to `READER_AWAKE` at `now_ns` when it reads again within
+/// `follow_up`. The programs wake the reader once the stamp is `2 × READ_FOLLOW_UP` old (a
+/// timer fires up to a millisecond late), so a longer follow-up is stamped that much ahead.
+pub fn awake_stamp(now_ns: u64, follow_up: Duration) -> u64 {
+    let ahead = follow_up.saturating_sub(READ_FOLLOW_UP);
+    now_ns.saturating_add(u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn single_pushes_keep_the_short_follow_up() {
+        let start = Instant::now();
+        let mut pacing = ReadPacing::new(start);
+        // One push every 50 ms, its 15 records in two reads a millisecond apart.
+        for push in 0..20u32 {
+            let at = start + push * 50 * MS;
+            assert_eq!(pacing.follow_up(10, at), READ_FOLLOW_UP);
+            assert_eq!(pacing.follow_up(5, at + MS), READ_FOLLOW_UP);
+        }
+    }
+
+    #[test]
+    fn sustained_traffic_lengthens_it_and_a_quiet_spell_shortens_it_again() {
+        let start = Instant::now();
+        let mut pacing = ReadPacing::new(start);
+        // 22 records a millisecond: the first window is read at the short follow-up.
+        let mut at = start;
+        let mut follow_up = READ_FOLLOW_UP;
+        let mut reads = 0;
+        while at < start + 200 * MS {
+            let records = 22 * follow_up.as_millis() as usize;
+            follow_up = pacing.follow_up(records, at);
+            at += follow_up;
+            reads += 1;
+            if at > start + BUSY_WINDOW + 2 * MS {
+                assert_eq!(follow_up, BUSY_READ_FOLLOW_UP, "after {reads} reads");
+            }
+        }
+        // Silence for a second, then one push: the window that ends is not busy.
+        at += 1000 * MS;
+        assert_eq!(pacing.follow_up(15, at), READ_FOLLOW_UP);
+    }
+
+    #[test]
+    fn a_longer_follow_up_is_stamped_ahead_by_the_difference() {
+        assert_eq!(awake_stamp(1_000, READ_FOLLOW_UP), 1_000);
+        assert_eq!(awake_stamp(1_000, BUSY_READ_FOLLOW_UP), 1_000 + 2_000_000);
+        assert_eq!(awake_stamp(u64::MAX - 1, BUSY_READ_FOLLOW_UP), u64::MAX);
+    }
+}
