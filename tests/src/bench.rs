@@ -178,7 +178,18 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let floods = measure_pushes(&config, &tools).await?;
     let syscalls = measure_syscalls(&config, &tools).await?;
-    let latency = crate::alert_latency::measure(&config.observer, config.replicas).await?;
+    // The last syscall round's watcher (bpftrace's exit can take seconds) must be gone too.
+    let quiet = wait_until_quiet_async().await?;
+    let mut latency = crate::alert_latency::measure(&config.observer, config.replicas).await?;
+    if !quiet.reached {
+        latency.insert_str(
+            0,
+            &format!(
+                "NOISY (the machine was {:.0}% idle when this section started): ",
+                100.0 * quiet.idle_share
+            ),
+        );
+    }
     let memory = crate::memory_load::measure(&config.observer).await?;
     Ok(render(&config, load_before.trim(), &floods, &syscalls) + &latency + &memory)
 }
