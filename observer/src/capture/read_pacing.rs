@@ -6,7 +6,7 @@
 //! alert's delay (a push's answer arrives within a millisecond of its request, and waits for
 //! the next read), so it stays short there. Under sustained traffic a wakeup per millisecond
 //! is a quarter of the daemon's CPU (the lab's push flood: about 22 records a millisecond,
-//! each read handling a handful), while a few milliseconds more per alert cost nobody
+//! so a read handles about twenty), while a few milliseconds more per alert cost nobody
 //! anything: past `BUSY_RECORDS_PER_SECOND`, measured over `BUSY_WINDOW`, the follow-up is
 //! `BUSY_READ_FOLLOW_UP`. Measured by hand on the push flood (release observer, packet hook,
 //! alternating runs of 8 s): wakeups per push 0.28–0.55 → 0.16–0.34, the daemon's CPU over a
