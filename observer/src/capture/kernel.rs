@@ -31,7 +31,7 @@ use super::{
     read_pacing::{self, READ_FOLLOW_UP},
     reader_awake::ReaderAwake,
     reorder::{Reorder, ReorderCounters},
-    ring_records::{MonotonicToWall, drain_ring, monotonic_now_ns},
+    ring_records::{MonotonicToWall, PayloadArena, drain_ring, monotonic_now_ns},
     tracepoint_format::{self, LayoutError},
 };
 use crate::model::{Event, EventKind, PortClass, TcpState};
@@ -197,6 +197,8 @@ pub struct KernelCapture {
     reorder: Option<Reorder>,
     released: Vec<Event>,
     reorder_scratch: Vec<Event>,
+    /// Where the records' payloads are copied out of the ring.
+    payload_arena: PayloadArena,
     /// How the syscall hook walks a call's buffers; `None` with the packet hook.
     copy_walk: Option<CopyWalk>,
     capture_hook: CaptureHook,
@@ -361,6 +363,7 @@ impl KernelCapture {
             reorder: (capture_hook == CaptureHook::Packets).then(Reorder::default),
             released: Vec::new(),
             reorder_scratch: Vec::new(),
+            payload_arena: PayloadArena::default(),
             copy_walk,
             capture_hook,
             capture_hook_reason,
@@ -388,7 +391,12 @@ impl KernelCapture {
     pub async fn read_batch(&mut self, events: &mut Vec<Event>) -> Result<Drained, CaptureError> {
         let mut guard = self.ring.readable_mut().await?;
         let from = events.len();
-        let drained = drain_ring(guard.get_inner_mut(), &self.clock, events);
+        let drained = drain_ring(
+            guard.get_inner_mut(),
+            &self.clock,
+            &mut self.payload_arena,
+            events,
+        );
         // Records left behind keep the ring readable: the next call converts them at once
         // instead of waiting for a wakeup the programs may not send.
         if !drained.more {
@@ -452,7 +460,12 @@ impl KernelCapture {
     /// Converts up to one batch of the records already in the ring without waiting.
     pub fn drain(&mut self, events: &mut Vec<Event>) -> Drained {
         let from = events.len();
-        let drained = drain_ring(self.ring.get_mut(), &self.clock, events);
+        let drained = drain_ring(
+            self.ring.get_mut(),
+            &self.clock,
+            &mut self.payload_arena,
+            events,
+        );
         self.put_in_order(events, from);
         drained
     }

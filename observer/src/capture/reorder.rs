@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use hashbrown::{HashMap, HashSet};
 
 use observer_records::JOINED_STREAM_OFFSET;
@@ -109,7 +110,7 @@ impl Reorder {
             }
             self.counters.records_held += 1;
             self.held_bytes += len as usize;
-            if let Some(repeated) = stream.held.insert(offset, event) {
+            if let Some(repeated) = stream.held.insert(offset, with_own_payload(event)) {
                 self.held_bytes -= extent(&repeated).0;
             }
             if self.held_bytes > MAX_HELD_BYTES {
@@ -213,6 +214,15 @@ impl Reorder {
     }
 }
 
+/// `event` with a payload of its own: a record held past the read it came in would otherwise
+/// keep that read's whole block of payloads alive (`ring_records::PayloadArena`).
+fn with_own_payload(mut event: Event) -> Event {
+    if let EventKind::Data { payload, .. } = &mut event.kind {
+        *payload = Bytes::copy_from_slice(payload);
+    }
+    event
+}
+
 /// Passes `event` on without what `stream` passed already, and advances `stream` past it;
 /// returns its payload's size (as held).
 fn pass_on(stream: &mut Stream, event: Event, out: &mut Vec<Event>) -> usize {
@@ -259,8 +269,6 @@ fn past(next: u64, mut event: Event) -> Option<Event> {
 mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
-    use bytes::Bytes;
-
     use super::*;
     use crate::model::PortClass;
 
@@ -300,6 +308,28 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A record's payload is a slice of a block shared with other records of its read
+    /// (`PayloadArena`): held, it keeps none of that block.
+    #[test]
+    fn a_held_record_keeps_no_share_of_the_block_it_came_in() {
+        let block = Bytes::from(b"aaaabbbb".to_vec());
+        let mut ahead = data(4, b"bbbb");
+        if let EventKind::Data { payload, .. } = &mut ahead.kind {
+            *payload = block.slice(4..8);
+        }
+        let mut reorder = Reorder::default();
+        let mut out = Vec::new();
+        reorder.push(ahead, 0, &mut out);
+        assert!(out.is_empty(), "held ahead of the gap at 0");
+        assert!(block.is_unique(), "the held record copied its bytes");
+        reorder.push(data(0, b"aaaa"), 1, &mut out);
+        assert_eq!(offsets(&out), [0, 4]);
+        let EventKind::Data { payload, .. } = &out[1].kind else {
+            unreachable!()
+        };
+        assert_eq!(&payload[..], b"bbbb");
     }
 
     #[test]
