@@ -57,8 +57,8 @@ const PAYLOAD_BLOCK_BYTES: usize = 64 << 10;
 /// Where record payloads are copied out of the ring: each is a slice of a block shared by the
 /// records around it, so a record costs no allocation of its own, and a decoder that slices it
 /// further (HTTP/2 frames, gRPC messages) shares the block instead of allocating a reference
-/// count for it (each was an allocation, about 19 of the 45 a push cost the daemon under the
-/// lab's push flood, where allocation was a fifth of its CPU: the first touch of a free block
+/// count for it (each was an allocation: the daemon made 65 a push under the lab's push flood,
+/// 48 with this, and allocation was a fifth of its CPU there, the first touch of a free block
 /// gone cold since the last read). A slice kept after its read keeps its whole block alive, so
 /// whatever holds a payload past the read copies it first: `Reorder` holding a record ahead of
 /// a gap, a connection holding what a server sent before its protocol is known. Every other
