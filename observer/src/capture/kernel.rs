@@ -31,7 +31,7 @@ use super::{
     read_pacing::{self, READ_FOLLOW_UP},
     reader_awake::ReaderAwake,
     reorder::{Reorder, ReorderCounters},
-    ring_records::{MonotonicToWall, PayloadArena, drain_ring, monotonic_now_ns},
+    ring_records::{RecordConverter, monotonic_now_ns},
     tracepoint_format::{self, LayoutError},
 };
 use crate::model::{Event, EventKind, PortClass, TcpState};
@@ -191,14 +191,13 @@ pub struct KernelCapture {
     /// Descriptors (`(tgid, fd)` and the connection they named) whose connection was already
     /// gone at the last reconciliation: removed at the next one if still so (`reconcile`).
     orphaned_descriptors: HashSet<(u32, u32, u64)>,
-    clock: MonotonicToWall,
+    /// Ring records to events (kernel time to wall time, payloads into shared blocks).
+    records: RecordConverter,
     /// The packet hook's records back in stream order (`None` with the syscall hook), the
     /// events it let go outside a drain, and a buffer reused by every drain.
     reorder: Option<Reorder>,
     released: Vec<Event>,
     reorder_scratch: Vec<Event>,
-    /// Where the records' payloads are copied out of the ring.
-    payload_arena: PayloadArena,
     /// How the syscall hook walks a call's buffers; `None` with the packet hook.
     copy_walk: Option<CopyWalk>,
     capture_hook: CaptureHook,
@@ -359,11 +358,10 @@ impl KernelCapture {
             adoptable,
             handed_over: std::collections::HashMap::new(),
             orphaned_descriptors: HashSet::new(),
-            clock: MonotonicToWall::now(),
+            records: RecordConverter::new(),
             reorder: (capture_hook == CaptureHook::Packets).then(Reorder::default),
             released: Vec::new(),
             reorder_scratch: Vec::new(),
-            payload_arena: PayloadArena::default(),
             copy_walk,
             capture_hook,
             capture_hook_reason,
@@ -391,12 +389,7 @@ impl KernelCapture {
     pub async fn read_batch(&mut self, events: &mut Vec<Event>) -> Result<Drained, CaptureError> {
         let mut guard = self.ring.readable_mut().await?;
         let from = events.len();
-        let drained = drain_ring(
-            guard.get_inner_mut(),
-            &self.clock,
-            &mut self.payload_arena,
-            events,
-        );
+        let drained = self.records.drain(guard.get_inner_mut(), events);
         // Records left behind keep the ring readable: the next call converts them at once
         // instead of waiting for a wakeup the programs may not send.
         if !drained.more {
@@ -460,12 +453,7 @@ impl KernelCapture {
     /// Converts up to one batch of the records already in the ring without waiting.
     pub fn drain(&mut self, events: &mut Vec<Event>) -> Drained {
         let from = events.len();
-        let drained = drain_ring(
-            self.ring.get_mut(),
-            &self.clock,
-            &mut self.payload_arena,
-            events,
-        );
+        let drained = self.records.drain(self.ring.get_mut(), events);
         self.put_in_order(events, from);
         drained
     }
@@ -481,7 +469,7 @@ impl KernelCapture {
     /// start, has nothing left to copy and gets its event at once, as with syscalls.
     pub fn adopt_established(&mut self, options: &CaptureOptions) -> Adoption {
         let found = adopt::find_established(&options.grpc_ports, &options.websocket_ports);
-        let now_ns = self.clock.wall_ns(monotonic_now_ns());
+        let now_ns = self.records.clock.wall_ns(monotonic_now_ns());
         let mut adoption = Adoption::default();
         for connection in found {
             let adopted = if self.capture_hook == CaptureHook::Packets

@@ -64,7 +64,7 @@ const PAYLOAD_BLOCK_BYTES: usize = 64 << 10;
 /// a gap, a connection holding what a server sent before its protocol is known. Every other
 /// step copies what it keeps into buffers of its own.
 #[derive(Default)]
-pub(super) struct PayloadArena {
+struct PayloadArena {
     /// The unused rest of the current block.
     block: BytesMut,
 }
@@ -93,32 +93,47 @@ pub struct Drained {
     pub more: bool,
 }
 
-/// Converts the records in the ring into `events`, up to one batch.
-pub(super) fn drain_ring(
-    ring: &mut RingBuf<MapData>,
-    clock: &MonotonicToWall,
-    arena: &mut PayloadArena,
-    events: &mut Vec<Event>,
-) -> Drained {
-    let mut drained = Drained::default();
-    let mut payload_bytes = 0;
-    while events.len() < MAX_BATCH_RECORDS && payload_bytes < MAX_BATCH_PAYLOAD_BYTES {
-        let Some(item) = ring.next() else {
-            return drained;
-        };
-        drained.records += 1;
-        match event_from_record(&item, clock, arena) {
-            Some(event) => {
-                if let EventKind::Data { payload, .. } = &event.kind {
-                    payload_bytes += payload.len();
-                }
-                events.push(event);
-            }
-            None => drained.malformed += 1,
+/// Turns ring records into events: their kernel times into wall time, their payloads into
+/// shared blocks.
+pub(super) struct RecordConverter {
+    pub(super) clock: MonotonicToWall,
+    arena: PayloadArena,
+}
+
+impl RecordConverter {
+    pub(super) fn new() -> Self {
+        Self {
+            clock: MonotonicToWall::now(),
+            arena: PayloadArena::default(),
         }
     }
-    drained.more = true;
-    drained
+
+    /// Converts the records in the ring into `events`, up to one batch.
+    pub(super) fn drain(
+        &mut self,
+        ring: &mut RingBuf<MapData>,
+        events: &mut Vec<Event>,
+    ) -> Drained {
+        let mut drained = Drained::default();
+        let mut payload_bytes = 0;
+        while events.len() < MAX_BATCH_RECORDS && payload_bytes < MAX_BATCH_PAYLOAD_BYTES {
+            let Some(item) = ring.next() else {
+                return drained;
+            };
+            drained.records += 1;
+            match event_from_record(&item, &self.clock, &mut self.arena) {
+                Some(event) => {
+                    if let EventKind::Data { payload, .. } = &event.kind {
+                        payload_bytes += payload.len();
+                    }
+                    events.push(event);
+                }
+                None => drained.malformed += 1,
+            }
+        }
+        drained.more = true;
+        drained
+    }
 }
 
 fn event_from_record(
