@@ -8,6 +8,7 @@
 //! message content out of gRPC payloads before they are written anywhere.
 
 use std::{
+    borrow::Cow,
     collections::HashMap,
     fs::{File, OpenOptions, Permissions},
     io,
@@ -18,7 +19,7 @@ use std::{
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use thiserror::Error;
 
 use crate::alert::rfc3339;
@@ -110,15 +111,21 @@ enum LineKind {
     Close,
 }
 
+/// Text fields borrow from the line when it has no escapes in them (what `to_json_line` writes),
+/// so reading a line allocates only its payload.
 #[derive(Serialize, Deserialize)]
-struct EventLine {
+struct EventLine<'a> {
     kind: LineKind,
-    ts: String,
+    /// For people and tools reading the file; a replay takes `ts_ns`.
+    #[serde(borrow)]
+    ts: Cow<'a, str>,
     ts_ns: u64,
     /// Kernel socket address in hex: too large for a JSON number to carry exactly.
-    connection: String,
+    #[serde(borrow)]
+    connection: Cow<'a, str>,
     pid: u32,
-    comm: String,
+    #[serde(borrow)]
+    comm: Cow<'a, str>,
     cgroup_id: u64,
     saddr: IpAddr,
     sport: u16,
@@ -139,19 +146,34 @@ struct EventLine {
     call_len: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     truncated: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    payload_b64: Option<String>,
+    #[serde(
+        default,
+        borrow,
+        deserialize_with = "optional_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    payload_b64: Option<Cow<'a, str>>,
+}
+
+/// An optional string that borrows as a plain `Cow` field does: `Option<Cow<str>>` alone
+/// always deserializes owned.
+fn optional_text<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Cow<'de, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Text>::deserialize(deserializer)?.map(|text| text.0))
 }
 
 /// The event as one line of JSON (without the newline).
 pub fn to_json_line(event: &Event) -> String {
     let mut line = EventLine {
         kind: LineKind::Close,
-        ts: rfc3339(event.ts_ns),
+        ts: rfc3339(event.ts_ns).into(),
         ts_ns: event.ts_ns,
-        connection: format!("{:#x}", event.connection),
+        connection: format!("{:#x}", event.connection).into(),
         pid: event.pid,
-        comm: event.comm.to_string(),
+        comm: event.comm.as_str().into(),
         cgroup_id: event.cgroup_id,
         saddr: event.saddr,
         sport: event.sport,
@@ -187,7 +209,7 @@ pub fn to_json_line(event: &Event) -> String {
             line.len = Some(payload.len());
             line.call_len = Some(*call_len);
             line.truncated = Some(*truncated);
-            line.payload_b64 = Some(BASE64.encode(payload));
+            line.payload_b64 = Some(BASE64.encode(payload).into());
         }
         EventKind::Close => line.kind = LineKind::Close,
     }
@@ -322,7 +344,7 @@ pub fn from_json_line(text: &str, line_number: usize) -> Result<Event, Recording
         ts_ns: line.ts_ns,
         connection,
         pid: line.pid,
-        comm: line.comm.into(),
+        comm: line.comm.as_ref().into(),
         cgroup_id: line.cgroup_id,
         // Older recordings may spell the IPv4 peer of a dual-stack socket `::ffff:a.b.c.d`:
         // one identity per endpoint, as the programs record it now.
@@ -397,6 +419,26 @@ mod tests {
             let line = to_json_line(&event);
             assert_eq!(from_json_line(&line, 1).unwrap(), event, "{line}");
         }
+    }
+
+    /// The text fields borrow from a line as this module writes it; a line another tool
+    /// rewrote with escapes (`\/`, `\u0041`) reads the same.
+    #[test]
+    fn escaped_text_fields_read_as_plain_ones() {
+        let event = sample(EventKind::Data {
+            direction: Direction::Send,
+            offset: 0,
+            call_len: 3,
+            truncated: false,
+            payload: Bytes::from_static(&[0xfb, 0xff]),
+        });
+        let line = to_json_line(&event);
+        assert!(line.contains(r#""payload_b64":"+/8=""#), "{line}");
+        let escaped = line
+            .replace(r#""payload_b64":"+/8=""#, r#""payload_b64":"+\/8=""#)
+            .replace(r#""comm":"o"#, r#""comm":"\u006f"#);
+        assert_ne!(escaped, line);
+        assert_eq!(from_json_line(&escaped, 1).unwrap(), event, "{escaped}");
     }
 
     #[test]
