@@ -1576,7 +1576,7 @@ impl ForkedWriter {
     }
 
     /// Lets the child write `after`, and returns its exit status.
-    fn finish(self) -> i32 {
+    fn finish(mut self) -> i32 {
         let mut status = 0;
         // SAFETY: our pipe and our child.
         unsafe {
@@ -1584,7 +1584,23 @@ impl ForkedWriter {
             libc::close(self.go);
             libc::waitpid(self.pid, &mut status, 0);
         }
+        self.pid = 0;
         status
+    }
+}
+
+/// A test that failed before `finish` kills the child, which would otherwise wait on its pipe
+/// for ever, holding the test harness's output open.
+impl Drop for ForkedWriter {
+    fn drop(&mut self) {
+        if self.pid > 0 {
+            // SAFETY: our child and our pipe.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+                libc::close(self.go);
+            }
+        }
     }
 }
 
@@ -1698,6 +1714,87 @@ fn a_cgroup_scope_watches_only_the_processes_inside_it() {
     assert_eq!(connects[0]["pid"], child_pid);
     // Written after leaving the scope: not captured.
     assert_eq!(captured_stream(&ours, "send"), b"before");
+}
+
+/// A connection established before the start is adopted only when its process is inside
+/// `--cgroup-scope`: the programs test the scope as they see a connection being made, and no
+/// program saw these. With either hook, the one outside stays unwatched.
+#[test]
+fn connections_found_at_start_are_adopted_only_inside_the_cgroup_scope() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let mut cgroups = Cgroup2Mount::mount();
+    let inside = cgroups.child("adopted-inside");
+    for (port, hook) in [(18971, "packets"), (18972, "syscalls")] {
+        let listener = listen(port);
+        // This test process, outside the scope, and a process inside: both connected and
+        // written before the observer starts.
+        let mut outside = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (mut outside_server, _) = listener.accept().unwrap();
+        let child = ForkedWriter::start(&inside, port);
+        let child_pid = child.pid();
+        let (mut inside_server, _) = listener.accept().unwrap();
+        let mut before = [0u8; 6];
+        inside_server.read_exact(&mut before).unwrap();
+
+        let port_arg = port.to_string();
+        let root = cgroups.root().display().to_string();
+        let scope = inside.display().to_string();
+        let mut observer = Observer::start(&[
+            "--grpc-port",
+            &port_arg,
+            "--capture-hook",
+            hook,
+            "--cgroup-root",
+            &root,
+            "--cgroup-scope",
+            &scope,
+        ]);
+        let started = observer
+            .wait_for(|line| line["kind"] == "observer_started")
+            .unwrap();
+        let adopted = &started["adopted_connections"];
+        assert_eq!(adopted["grpc"], 1, "{hook}: {started}");
+        assert_eq!(adopted["outside_scope"], 1, "{hook}: {started}");
+
+        outside.write_all(b"outside").unwrap();
+        let mut received = [0u8; 7];
+        outside_server.read_exact(&mut received).unwrap();
+        assert_eq!(child.finish(), 0, "{hook}: the forked writer failed");
+        let mut after = Vec::new();
+        inside_server.read_to_end(&mut after).unwrap();
+        assert_eq!(after, b"after");
+        drop((outside, outside_server, inside_server));
+        assert!(
+            observer
+                .wait_for(|line| line["pid"] == child_pid && is_end_of(line, port))
+                .is_some(),
+            "{hook}: the adopted connection's end"
+        );
+        let (lines, _) = observer.stop();
+        let ours = events_on_port(&lines, port);
+        assert!(
+            ours.iter().all(|line| line["pid"] == child_pid),
+            "{hook}: a connection outside the scope was adopted: {ours:?}"
+        );
+        // Its process's cgroup, as the programs would have named it at connect.
+        let cgroup_id = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&inside).unwrap());
+        assert!(
+            ours.iter().all(|line| line["cgroup_id"] == cgroup_id),
+            "{hook}: {ours:?}"
+        );
+        let sent: usize = ours
+            .iter()
+            .filter(|line| line["kind"] == "data" && line["direction"] == "send")
+            .map(|line| line["len"].as_u64().unwrap() as usize)
+            .sum();
+        assert_eq!(
+            sent, 5,
+            "{hook}: the inside process's write after the start"
+        );
+    }
 }
 
 #[test]

@@ -22,8 +22,23 @@ use std::{
 
 use observer_records::{AF_INET, AF_INET6, Budget, Connection, SocketKey, SocketState};
 
-use super::socket_tables::{TableSocket, table_sockets};
-use crate::model::PortClass;
+use super::{
+    cgroup_scope::ScopeMembership,
+    socket_tables::{TableSocket, table_sockets},
+};
+use crate::model::{Event, PortClass};
+
+/// What `KernelCapture::adopt_established` found and did: how many connections of each class
+/// it adopted, and the events that announce those watched at once.
+#[derive(Debug, Default)]
+pub struct Adoption {
+    pub events: Vec<Event>,
+    pub grpc: usize,
+    pub websocket: usize,
+    /// Left alone: their process is outside `--cgroup-scope`, or in a cgroup this observer
+    /// cannot place (another cgroup namespace's).
+    pub outside_scope: usize,
+}
 
 /// A connection found established at start, with every descriptor that holds it.
 #[derive(Clone, Debug)]
@@ -107,9 +122,15 @@ fn address_bytes(ip: IpAddr) -> (u16, [u8; 16]) {
     }
 }
 
-/// Every established connection of this node whose remote port is watched, with the
-/// descriptors that hold it. Sockets no process holds (being torn down) are left out.
-pub fn find_established(grpc_ports: &[u16], websocket_ports: &[u16]) -> Vec<FoundConnection> {
+/// Every established connection of this node whose remote port is watched and whose owner
+/// `scope` admits (the programs test `--cgroup-scope` as they see a connection being made, and
+/// they saw none of these), with the descriptors that hold it; and how many `scope` left out.
+/// Sockets no process holds (being torn down) are left out too.
+pub fn find_established(
+    grpc_ports: &[u16],
+    websocket_ports: &[u16],
+    scope: &ScopeMembership,
+) -> (Vec<FoundConnection>, usize) {
     let class_of = |port: u16| {
         if grpc_ports.contains(&port) {
             Some(PortClass::Grpc)
@@ -129,7 +150,7 @@ pub fn find_established(grpc_ports: &[u16], websocket_ports: &[u16]) -> Vec<Foun
         }
     }
     if by_inode.is_empty() {
-        return Vec::new();
+        return (Vec::new(), 0);
     }
     let mut descriptors: HashMap<u64, Vec<(u32, u32)>> = HashMap::new();
     for_each_socket_descriptor(Path::new("/proc"), |tgid, fd, inode| {
@@ -137,6 +158,7 @@ pub fn find_established(grpc_ports: &[u16], websocket_ports: &[u16]) -> Vec<Foun
             descriptors.entry(inode).or_default().push((tgid, fd));
         }
     });
+    let mut outside_scope = 0;
     let mut found: Vec<FoundConnection> = descriptors
         .into_iter()
         .filter_map(|(inode, mut held_by)| {
@@ -144,6 +166,11 @@ pub fn find_established(grpc_ports: &[u16], websocket_ports: &[u16]) -> Vec<Foun
             held_by.sort_unstable();
             let owner = held_by.first()?.0;
             let process = PathBuf::from(format!("/proc/{owner}"));
+            let cgroup = cgroup_directory(scope.hierarchy(), &process);
+            if !scope.admits(cgroup.as_deref()) {
+                outside_scope += 1;
+                return None;
+            }
             Some(FoundConnection {
                 inode,
                 local: socket.key.local,
@@ -153,12 +180,14 @@ pub fn find_established(grpc_ports: &[u16], websocket_ports: &[u16]) -> Vec<Foun
                 comm: fs::read_to_string(process.join("comm"))
                     .map(|comm| comm.trim_end().to_owned())
                     .unwrap_or_default(),
-                cgroup_id: cgroup_id(&process).unwrap_or(0),
+                cgroup_id: cgroup
+                    .and_then(|directory| fs::metadata(directory).ok())
+                    .map_or(0, |metadata| metadata.ino()),
             })
         })
         .collect();
     found.sort_by_key(|connection| connection.inode);
-    found
+    (found, outside_scope)
 }
 
 /// Calls `visit(tgid, fd, inode)` for every descriptor of every process that is a socket.
@@ -206,13 +235,20 @@ fn socket_inode(link: &Path) -> Option<u64> {
         .ok()
 }
 
-/// The cgroup v2 id of a process, as `bpf_get_current_cgroup_id` gives it: the inode of its
-/// cgroup's directory under the unified hierarchy.
-fn cgroup_id(process: &Path) -> Option<u64> {
+/// A process's cgroup v2 directory under `hierarchy`, whose inode is the id
+/// `bpf_get_current_cgroup_id` gives. `/proc` spells the path from this observer's cgroup
+/// namespace: one that climbs out of it (`/../..`, a process of another pod seen from a pod
+/// with its own namespace) cannot be placed, and gives `None`.
+fn cgroup_directory(hierarchy: &Path, process: &Path) -> Option<PathBuf> {
     let text = fs::read_to_string(process.join("cgroup")).ok()?;
-    let path = text.lines().find_map(|line| line.strip_prefix("0::"))?;
-    let directory = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-    fs::metadata(directory).ok().map(|metadata| metadata.ino())
+    let path = Path::new(text.lines().find_map(|line| line.strip_prefix("0::"))?);
+    if path
+        .components()
+        .any(|part| part == std::path::Component::ParentDir)
+    {
+        return None;
+    }
+    Some(hierarchy.join(path.strip_prefix("/").unwrap_or(path)))
 }
 
 /// Whether one of `descriptors` (`(tgid, fd)`, as adoption found them) still holds the socket
@@ -250,7 +286,9 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let _server = listener.accept().unwrap();
-        let found = find_established(&[port], &[]);
+        let everyone = ScopeMembership::new(PathBuf::from("/sys/fs/cgroup"), &[]);
+        let (found, outside_scope) = find_established(&[port], &[], &everyone);
+        assert_eq!(outside_scope, 0);
         let mine: Vec<&FoundConnection> = found
             .iter()
             .filter(|connection| connection.local == client.local_addr().unwrap())

@@ -3,8 +3,8 @@
 //! fd is written into `CGROUP_SCOPE`, and tests membership itself.
 
 use std::{
-    fs::File,
-    os::fd::AsRawFd,
+    fs::{self, File},
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
 };
 
@@ -37,6 +37,51 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<File>, ScopeError> {
             })
         })
         .collect()
+}
+
+/// `--cgroup-scope` where userspace decides: the connections found established at start,
+/// which no program saw being made. The directories are held by identity (device and inode),
+/// so that any mount of the hierarchy names them.
+#[derive(Debug)]
+pub struct ScopeMembership {
+    /// The node's cgroup v2 hierarchy, where processes' cgroups are looked up.
+    hierarchy: PathBuf,
+    directories: Vec<(u64, u64)>,
+}
+
+impl ScopeMembership {
+    /// `scope` as `open` returned it; `hierarchy` as `hierarchy_path` finds it.
+    pub fn new(hierarchy: PathBuf, scope: &[File]) -> Self {
+        let directories = scope
+            .iter()
+            .filter_map(|directory| directory.metadata().ok())
+            .map(|metadata| (metadata.dev(), metadata.ino()))
+            .collect();
+        Self {
+            hierarchy,
+            directories,
+        }
+    }
+
+    pub fn hierarchy(&self) -> &Path {
+        &self.hierarchy
+    }
+
+    /// Whether a process in `cgroup` (a directory under the hierarchy) is watched: any process
+    /// without a scope; with one, a process in a scope directory or below one, and not a
+    /// process whose cgroup is unknown.
+    pub fn admits(&self, cgroup: Option<&Path>) -> bool {
+        if self.directories.is_empty() {
+            return true;
+        }
+        cgroup.is_some_and(|cgroup| {
+            cgroup
+                .ancestors()
+                .take_while(|directory| directory.starts_with(&self.hierarchy))
+                .filter_map(|directory| fs::metadata(directory).ok())
+                .any(|metadata| self.directories.contains(&(metadata.dev(), metadata.ino())))
+        })
+    }
 }
 
 /// Opens `--cgroup-root`'s cgroup v2 hierarchy (`path`, or `path/unified` on a hybrid host),
@@ -196,6 +241,35 @@ mod tests {
         let found = find_hierarchy_root(layout.host()).map(|(path, _)| path);
         assert_eq!(found, Ok(layout.unified()));
         assert_eq!(hierarchy_path(layout.host()), layout.unified());
+    }
+
+    /// Needs root to mount; skipped without.
+    #[test]
+    fn a_scope_admits_its_directories_and_those_below_them_only() {
+        // SAFETY: geteuid(2) has no failure mode.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let mut hierarchy = openim_test_kit::cgroup2::Cgroup2Mount::mount();
+        let inside = hierarchy.child("inside");
+        let below = inside.join("below");
+        std::fs::create_dir(&below).unwrap();
+        let outside = hierarchy.child("outside");
+        let membership = ScopeMembership::new(
+            hierarchy.root().to_owned(),
+            &open(std::slice::from_ref(&inside)).unwrap(),
+        );
+        assert!(membership.admits(Some(&inside)));
+        assert!(membership.admits(Some(&below)));
+        assert!(!membership.admits(Some(&outside)));
+        assert!(!membership.admits(Some(hierarchy.root())));
+        // A process whose cgroup could not be placed is not taken for one inside.
+        assert!(!membership.admits(None));
+        std::fs::remove_dir(&below).unwrap();
+
+        let everyone = ScopeMembership::new(hierarchy.root().to_owned(), &[]);
+        assert!(everyone.admits(None));
+        assert!(everyone.admits(Some(&outside)));
     }
 
     #[test]

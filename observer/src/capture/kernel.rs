@@ -23,8 +23,8 @@ pub use super::hook_choice::HookChoice;
 pub use super::programs::{CaptureHook, CopyWalk, program_names};
 pub use super::ring_records::Drained;
 use super::{
-    adopt::{self, FoundConnection},
-    cgroup_scope::{self, ScopeError},
+    adopt::{self, Adoption, FoundConnection},
+    cgroup_scope::{self, ScopeError, ScopeMembership},
     hook_choice,
     host::{self, TRACEFS},
     programs,
@@ -97,15 +97,6 @@ pub enum CaptureError {
     PacketHook(Box<CaptureError>),
     #[error("reading the ring buffer failed: {0}")]
     Read(#[from] std::io::Error),
-}
-
-/// What `KernelCapture::adopt_established` found and did: how many connections of each class
-/// it adopted, and the events that announce those watched at once.
-#[derive(Debug, Default)]
-pub struct Adoption {
-    pub events: Vec<Event>,
-    pub grpc: usize,
-    pub websocket: usize,
 }
 
 /// What to watch and how much to copy.
@@ -188,6 +179,8 @@ pub struct KernelCapture {
     /// from the table if it ends unseen).
     adoptable: HashMap<MapData, ConnectionTuple, Connection>,
     handed_over: std::collections::HashMap<ConnectionTuple, (u64, Vec<(u32, u32)>)>,
+    /// Which of the connections found at start `--cgroup-scope` lets this observer adopt.
+    scope_membership: ScopeMembership,
     /// Descriptors (`(tgid, fd)` and the connection they named) whose connection was already
     /// gone at the last reconciliation: removed at the next one if still so (`reconcile`).
     orphaned_descriptors: HashSet<(u32, u32, u64)>,
@@ -357,6 +350,10 @@ impl KernelCapture {
             adopted: std::collections::HashMap::new(),
             adoptable,
             handed_over: std::collections::HashMap::new(),
+            scope_membership: ScopeMembership::new(
+                cgroup_scope::hierarchy_path(&options.cgroup_root),
+                scope,
+            ),
             orphaned_descriptors: HashSet::new(),
             records: RecordConverter::new(),
             reorder: (capture_hook == CaptureHook::Packets).then(Reorder::default),
@@ -468,9 +465,16 @@ impl KernelCapture {
     /// announce it then, under its socket's address; a WebSocket one, upgraded before the
     /// start, has nothing left to copy and gets its event at once, as with syscalls.
     pub fn adopt_established(&mut self, options: &CaptureOptions) -> Adoption {
-        let found = adopt::find_established(&options.grpc_ports, &options.websocket_ports);
+        let (found, outside_scope) = adopt::find_established(
+            &options.grpc_ports,
+            &options.websocket_ports,
+            &self.scope_membership,
+        );
         let now_ns = self.records.clock.wall_ns(monotonic_now_ns());
-        let mut adoption = Adoption::default();
+        let mut adoption = Adoption {
+            outside_scope,
+            ..Adoption::default()
+        };
         for connection in found {
             let adopted = if self.capture_hook == CaptureHook::Packets
                 && connection.port_class == PortClass::Grpc

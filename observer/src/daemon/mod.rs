@@ -178,6 +178,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     }
     if !options.cgroup_scope.is_empty() {
         started["cgroup_scope"] = serde_json::json!(options.cgroup_scope);
+        started["adopted_connections"]["outside_scope"] = adopted.outside_scope.into();
     }
     sink.print_json(&started)?;
     for event in &adopted.events {
@@ -188,6 +189,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         ws_ports = ?options.websocket_ports,
         adopted_grpc,
         adopted_websockets,
+        not_adopted_outside_scope = adopted.outside_scope,
         capture_hook = capture.capture_hook().name(),
         capture_hook_reason = capture.capture_hook_reason(),
         "observer attached; adopted {} existing connection(s)",
