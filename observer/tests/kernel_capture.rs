@@ -82,16 +82,35 @@ impl Observer {
     /// `auto` would take the packet hook wherever this machine offers a cgroup v2 hierarchy,
     /// and the tests of the syscall hook would then test the other one.
     fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_observer"));
+        command.envs(env.iter().copied());
+        Self::spawn(command, args)
+    }
+
+    /// `start` in a cgroup namespace of its own, rooted at `cgroup` (as a pod's is on a cgroup
+    /// v2 node): /proc then spells other processes' cgroups from there.
+    fn start_in_cgroup_namespace(cgroup: &std::path::Path, args: &[&str]) -> Self {
+        let mut command = Command::new("sh");
+        command
+            .args([
+                "-c",
+                r#"echo $$ > "$0/cgroup.procs" && exec unshare --cgroup "$@""#,
+            ])
+            .arg(cgroup)
+            .arg(env!("CARGO_BIN_EXE_observer"));
+        Self::spawn(command, args)
+    }
+
+    fn spawn(mut command: Command, args: &[&str]) -> Self {
         let hook: &[&str] = if args.contains(&"--capture-hook") {
             &[]
         } else {
             &["--capture-hook", "syscalls"]
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_observer"))
+        let mut child = command
             .args(["run", "--events"])
             .args(hook)
             .args(args)
-            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -1718,7 +1737,8 @@ fn a_cgroup_scope_watches_only_the_processes_inside_it() {
 
 /// A connection established before the start is adopted only when its process is inside
 /// `--cgroup-scope`: the programs test the scope as they see a connection being made, and no
-/// program saw these. With either hook, the one outside stays unwatched.
+/// program saw these. With either hook, the one outside stays unwatched; and so from a cgroup
+/// namespace of the observer's own, where /proc spells the process's cgroup `/../…`.
 #[test]
 fn connections_found_at_start_are_adopted_only_inside_the_cgroup_scope() {
     if !can_run() {
@@ -1727,7 +1747,13 @@ fn connections_found_at_start_are_adopted_only_inside_the_cgroup_scope() {
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let mut cgroups = Cgroup2Mount::mount();
     let inside = cgroups.child("adopted-inside");
-    for (port, hook) in [(18971, "packets"), (18972, "syscalls")] {
+    let observer_namespace = cgroups.child("observer-namespace");
+    let cases = [
+        (18971, "packets", None),
+        (18972, "syscalls", None),
+        (18973, "packets", Some(&observer_namespace)),
+    ];
+    for (port, hook, namespace) in cases {
         let listener = listen(port);
         // This test process, outside the scope, and a process inside: both connected and
         // written before the observer starts.
@@ -1742,7 +1768,7 @@ fn connections_found_at_start_are_adopted_only_inside_the_cgroup_scope() {
         let port_arg = port.to_string();
         let root = cgroups.root().display().to_string();
         let scope = inside.display().to_string();
-        let mut observer = Observer::start(&[
+        let args = [
             "--grpc-port",
             &port_arg,
             "--capture-hook",
@@ -1751,7 +1777,11 @@ fn connections_found_at_start_are_adopted_only_inside_the_cgroup_scope() {
             &root,
             "--cgroup-scope",
             &scope,
-        ]);
+        ];
+        let mut observer = match namespace {
+            Some(cgroup) => Observer::start_in_cgroup_namespace(cgroup, &args),
+            None => Observer::start(&args),
+        };
         let started = observer
             .wait_for(|line| line["kind"] == "observer_started")
             .unwrap();

@@ -17,7 +17,7 @@ use std::{
     fs,
     net::{IpAddr, SocketAddr},
     os::unix::fs::MetadataExt,
-    path::{Path, PathBuf},
+    path::{Component, Path, PathBuf},
 };
 
 use observer_records::{AF_INET, AF_INET6, Budget, Connection, SocketKey, SocketState};
@@ -35,8 +35,8 @@ pub struct Adoption {
     pub events: Vec<Event>,
     pub grpc: usize,
     pub websocket: usize,
-    /// Left alone: their process is outside `--cgroup-scope`, or in a cgroup this observer
-    /// cannot place (another cgroup namespace's).
+    /// Left alone: their process is outside `--cgroup-scope`, or its cgroup could not be
+    /// placed under the hierarchy.
     pub outside_scope: usize,
 }
 
@@ -158,6 +158,7 @@ pub fn find_established(
             descriptors.entry(inode).or_default().push((tgid, fd));
         }
     });
+    let namespace_root = namespace_root(scope.hierarchy());
     let mut outside_scope = 0;
     let mut found: Vec<FoundConnection> = descriptors
         .into_iter()
@@ -166,7 +167,9 @@ pub fn find_established(
             held_by.sort_unstable();
             let owner = held_by.first()?.0;
             let process = PathBuf::from(format!("/proc/{owner}"));
-            let cgroup = cgroup_directory(scope.hierarchy(), &process);
+            let cgroup = namespace_root.as_deref().and_then(|namespace_root| {
+                cgroup_directory(scope.hierarchy(), namespace_root, &process)
+            });
             if !scope.admits(cgroup.as_deref()) {
                 outside_scope += 1;
                 return None;
@@ -235,20 +238,77 @@ fn socket_inode(link: &Path) -> Option<u64> {
         .ok()
 }
 
-/// A process's cgroup v2 directory under `hierarchy`, whose inode is the id
-/// `bpf_get_current_cgroup_id` gives. `/proc` spells the path from this observer's cgroup
-/// namespace: one that climbs out of it (`/../..`, a process of another pod seen from a pod
-/// with its own namespace) cannot be placed, and gives `None`.
-fn cgroup_directory(hierarchy: &Path, process: &Path) -> Option<PathBuf> {
-    let text = fs::read_to_string(process.join("cgroup")).ok()?;
-    let path = Path::new(text.lines().find_map(|line| line.strip_prefix("0::"))?);
-    if path
+/// Where `/proc/<pid>/cgroup` paths start: the root of this observer's cgroup namespace, as a
+/// directory under `hierarchy` (the node's cgroup v2 hierarchy). The host's init lives in the
+/// hierarchy's root: /proc spells its cgroup `/` when the observer shares the host's namespace,
+/// and the namespace root is the hierarchy's. In a namespace of its own (a pod's, on a cgroup
+/// v2 node) /proc spells every cgroup from that namespace's root, climbing out of it with `..`
+/// (`/../../..` for init); its root is then found from the directory whose `cgroup.procs`
+/// lists this process. `None` where neither works. (Init's namespace itself is not compared:
+/// reading another process's `ns/cgroup` needs CAP_SYS_PTRACE.)
+fn namespace_root(hierarchy: &Path) -> Option<PathBuf> {
+    let init = proc_cgroup_path(Path::new("/proc/1"))?;
+    if !init.components().any(|part| part == Component::ParentDir) {
+        return Some(hierarchy.to_owned());
+    }
+    let mut root = listing_cgroup(hierarchy, std::process::id(), MAX_CGROUP_DEPTH)?;
+    // This process's own path, from its namespace's root: as many levels above its cgroup.
+    for _ in proc_cgroup_path(Path::new("/proc/self"))?
         .components()
-        .any(|part| part == std::path::Component::ParentDir)
+        .filter(|part| matches!(part, Component::Normal(_)))
     {
+        if !root.pop() || !root.starts_with(hierarchy) {
+            return None;
+        }
+    }
+    Some(root)
+}
+
+/// How deep `listing_cgroup` looks: a pod's container is four levels down on a Kubernetes
+/// node (`kubepods.slice/kubepods-burstable.slice/…-pod….slice/cri-containerd-….scope`).
+const MAX_CGROUP_DEPTH: usize = 8;
+
+/// The directory at or below `directory` whose `cgroup.procs` lists `pid`, at most `depth`
+/// levels down. Read once at start, when the observer has its own cgroup namespace.
+fn listing_cgroup(directory: &Path, pid: u32, depth: usize) -> Option<PathBuf> {
+    let listed = fs::read_to_string(directory.join("cgroup.procs")).unwrap_or_default();
+    if listed.lines().any(|line| line.parse() == Ok(pid)) {
+        return Some(directory.to_owned());
+    }
+    if depth == 0 {
         return None;
     }
-    Some(hierarchy.join(path.strip_prefix("/").unwrap_or(path)))
+    fs::read_dir(directory)
+        .ok()?
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()))
+        .find_map(|entry| listing_cgroup(&entry.path(), pid, depth - 1))
+}
+
+/// A process's cgroup v2 path as /proc spells it (from this observer's cgroup namespace).
+fn proc_cgroup_path(process: &Path) -> Option<PathBuf> {
+    let text = fs::read_to_string(process.join("cgroup")).ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(PathBuf::from)
+}
+
+/// A process's cgroup v2 directory under `hierarchy`, whose inode is the id
+/// `bpf_get_current_cgroup_id` gives: its /proc path followed from `namespace_root`. `None`
+/// for a path that would leave the hierarchy.
+fn cgroup_directory(hierarchy: &Path, namespace_root: &Path, process: &Path) -> Option<PathBuf> {
+    let mut directory = namespace_root.to_owned();
+    for part in proc_cgroup_path(process)?.components() {
+        match part {
+            Component::ParentDir if directory != hierarchy => {
+                directory.pop();
+            }
+            Component::ParentDir => return None,
+            Component::Normal(name) => directory.push(name),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Some(directory)
 }
 
 /// Whether one of `descriptors` (`(tgid, fd)`, as adoption found them) still holds the socket
@@ -277,6 +337,27 @@ mod tests {
         assert_eq!(socket_inode(Path::new("socket:[4242]")), Some(4242));
         assert_eq!(socket_inode(Path::new("pipe:[4242]")), None);
         assert_eq!(socket_inode(Path::new("/dev/null")), None);
+    }
+
+    #[test]
+    fn a_proc_cgroup_path_is_followed_from_the_namespace_root_within_the_hierarchy() {
+        let hierarchy = Path::new("/host/sys/fs/cgroup");
+        let namespace_root = hierarchy.join("kubepods.slice/pod-a.slice/container-a.scope");
+        let process = tempfile::tempdir().unwrap();
+        let resolve = |line: &str| {
+            fs::write(process.path().join("cgroup"), format!("{line}\n")).unwrap();
+            cgroup_directory(hierarchy, &namespace_root, process.path())
+        };
+        // A process of another pod, seen from this pod's own namespace.
+        assert_eq!(
+            resolve("0::/../../pod-b.slice/container-b.scope"),
+            Some(hierarchy.join("kubepods.slice/pod-b.slice/container-b.scope"))
+        );
+        assert_eq!(resolve("0::/"), Some(namespace_root.clone()));
+        assert_eq!(resolve("0::/../../.."), Some(hierarchy.to_owned()));
+        assert_eq!(resolve("0::/../../../.."), None);
+        // A cgroup v1-only process line: no v2 path.
+        assert_eq!(resolve("4:memory:/user.slice"), None);
     }
 
     #[test]
