@@ -693,6 +693,8 @@ fn the_packet_hook_adopts_a_connection_established_before_it_at_its_next_packet(
     assert_eq!(last["new_state"], "CLOSE", "{last}");
 }
 
+/// Without a cgroup v2 hierarchy at `--cgroup-root`, and without CAP_SYS_ADMIN to mount one
+/// of its own (the DaemonSet grants none), `--capture-hook packets` refuses in one line.
 #[test]
 fn the_packet_hook_needs_a_cgroup2_root_and_says_so_in_one_line() {
     if !can_run() {
@@ -700,7 +702,7 @@ fn the_packet_hook_needs_a_cgroup2_root_and_says_so_in_one_line() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let not_cgroup2 = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_observer"))
+    let output = without_cap_sys_admin()
         .args(["run", "--capture-hook", "packets", "--cgroup-root"])
         .arg(not_cgroup2.path())
         .output()
@@ -709,14 +711,30 @@ fn the_packet_hook_needs_a_cgroup2_root_and_says_so_in_one_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
-        stderr.starts_with("observer: --cgroup-root ") && stderr.contains("not a cgroup v2"),
+        stderr.starts_with("observer: --cgroup-root ")
+            && stderr.contains("not a cgroup v2")
+            && stderr
+                .trim_end()
+                .ends_with("mounting one privately needs CAP_SYS_ADMIN"),
         "{stderr}"
     );
 }
 
-/// `auto`, the default, takes the packet hook at the root of a cgroup v2 hierarchy, and the
-/// syscall hook below one (a container's own cgroup namespace shows its cgroup as the root) or
-/// where no cgroup v2 is, saying why each time; either way the bytes written are captured.
+/// The observer as root without CAP_SYS_ADMIN (`setpriv`, from util-linux), as the DaemonSet
+/// runs it: every other capability a root process holds.
+fn without_cap_sys_admin() -> Command {
+    let mut command = Command::new("setpriv");
+    command
+        .args(["--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"])
+        .arg(env!("CARGO_BIN_EXE_observer"));
+    command
+}
+
+/// `auto`, the default, takes the packet hook at the root of a cgroup v2 hierarchy, and where
+/// `--cgroup-root` holds none (a cgroup v1 node) at the root of one it mounts itself; the
+/// syscall hook below a root (a container's own cgroup namespace shows its cgroup as the root),
+/// or without a hierarchy and CAP_SYS_ADMIN to mount one; saying why each time. Whichever it
+/// takes, the bytes written are captured.
 #[test]
 fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsewhere() {
     if !can_run() {
@@ -731,11 +749,13 @@ fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsew
     let cases = [
         (
             &root,
+            true,
             "packets",
             format!("auto: CAP_NET_ADMIN held and {root} is the root of a cgroup v2 hierarchy"),
         ),
         (
             &below_root,
+            true,
             "syscalls",
             format!(
                 "auto: --cgroup-root {below_root} is a cgroup below its hierarchy's root (a container's own /sys/fs/cgroup is its cgroup), so programs there would see only its sockets; mount the node's /sys/fs/cgroup and pass it"
@@ -743,16 +763,25 @@ fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsew
         ),
         (
             &not_cgroup2,
+            true,
+            "packets",
+            format!(
+                "auto: CAP_NET_ADMIN held and --cgroup-root {not_cgroup2} holds no cgroup v2 hierarchy, as on a cgroup v1 node, so attached at the root of one mounted privately"
+            ),
+        ),
+        (
+            &not_cgroup2,
+            false,
             "syscalls",
             format!(
-                "auto: --cgroup-root {not_cgroup2}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`)"
+                "auto: --cgroup-root {not_cgroup2}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`); mounting one privately needs CAP_SYS_ADMIN"
             ),
         ),
     ];
-    for (index, (cgroup_root, hook, reason)) in (0u16..).zip(cases) {
-        let port = 18890 + index;
+    for (index, (cgroup_root, sys_admin, hook, reason)) in (0u16..).zip(cases) {
+        let port = 18980 + index;
         let listener = listen(port);
-        let (observer, started) = start_auto(port, cgroup_root);
+        let (observer, started) = start_auto(port, cgroup_root, sys_admin);
         assert_eq!(started["capture_hook"], hook, "{started}");
         assert_eq!(started["capture_hook_reason"], reason.as_str(), "{started}");
         sixty_four_written_bytes_are_captured(observer, listener, port);
@@ -761,16 +790,21 @@ fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsew
 
 /// An observer of gRPC port `port` with `--capture-hook auto` at `cgroup_root`, and its
 /// `observer_started` line.
-fn start_auto(port: u16, cgroup_root: &str) -> (Observer, Value) {
+fn start_auto(port: u16, cgroup_root: &str, sys_admin: bool) -> (Observer, Value) {
     let port = port.to_string();
-    let mut observer = Observer::start(&[
+    let args = [
         "--grpc-port",
         &port,
         "--capture-hook",
         "auto",
         "--cgroup-root",
         cgroup_root,
-    ]);
+    ];
+    let mut observer = if sys_admin {
+        Observer::start(&args)
+    } else {
+        Observer::spawn(without_cap_sys_admin(), &args)
+    };
     let started = observer
         .wait_for(|line| line["kind"] == "observer_started")
         .unwrap();
@@ -943,7 +977,7 @@ fn auto_hooks_the_syscalls_where_the_kernel_refuses_the_packet_hook() {
 
     let port = 18894;
     let listener = listen(port);
-    let (observer, started) = start_auto(port, &root);
+    let (observer, started) = start_auto(port, &root, true);
     assert_eq!(started["capture_hook"], "syscalls", "{started}");
     let reason = started["capture_hook_reason"].as_str().unwrap();
     assert!(

@@ -4,7 +4,10 @@
 
 use std::{
     fs::{self, File},
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
     path::{Path, PathBuf},
 };
 
@@ -114,21 +117,95 @@ pub fn hierarchy_path(path: &Path) -> PathBuf {
     open_hierarchy(path).map_or_else(|_| path.to_owned(), |(path, _)| path)
 }
 
+/// Why `--cgroup-root` gives the packet programs no place to attach, in a few words each.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NoHierarchyRoot {
+    /// Neither `path` nor its `unified` is cgroup v2: a cgroup v1 node, or a wrong directory.
+    NotCgroup2(String),
+    /// A cgroup below its hierarchy's root (a container's own namespace shows it as the root).
+    BelowRoot(String),
+}
+
 /// The root of the cgroup v2 hierarchy at `path` or `path/unified` (`open_hierarchy`); or why
-/// neither is one, in a few words.
-pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), String> {
-    let (path, directory) =
-        open_hierarchy(path).map_err(|reason| format!("{}: {reason}", path.display()))?;
+/// neither is one.
+pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), NoHierarchyRoot> {
+    let (path, directory) = open_hierarchy(path)
+        .map_err(|reason| NoHierarchyRoot::NotCgroup2(format!("{}: {reason}", path.display())))?;
     // Every cgroup but a hierarchy's root has `cgroup.type`. Without it here, this is the root
     // of the hierarchy of this cgroup namespace: a container's own /sys/fs/cgroup, a private
     // namespace's, has it, since it shows the container's cgroup as its root.
     if path.join("cgroup.type").exists() {
-        return Err(format!(
+        return Err(NoHierarchyRoot::BelowRoot(format!(
             "{} is a cgroup below its hierarchy's root (a container's own /sys/fs/cgroup is its cgroup), so programs there would see only its sockets; mount the node's /sys/fs/cgroup and pass it",
             path.display()
-        ));
+        )));
     }
     Ok((path, directory))
+}
+
+/// From linux/mount.h (not in the `libc` crate).
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+
+/// The root of the node's cgroup v2 hierarchy through a mount of the observer's own that no
+/// directory holds (`fsopen`/`fsmount`, Linux 5.2): on a node whose cgroups are all v1 there
+/// is no other way to it, and nothing is left mounted behind, since the mount goes with the
+/// last descriptor of it (a program attached there holds the cgroup itself). Needs
+/// CAP_SYS_ADMIN. In a cgroup namespace of its own the mount shows that namespace's root,
+/// which is refused as any cgroup below the hierarchy's root is.
+pub fn mount_private_hierarchy() -> Result<File, String> {
+    let failed = |call: &str| format!("{call}: {}", std::io::Error::last_os_error());
+    // SAFETY: a NUL-terminated name and flags; the result is a new descriptor or -1.
+    let context = unsafe { libc::syscall(libc::SYS_fsopen, c"cgroup2".as_ptr(), FSOPEN_CLOEXEC) };
+    let context = owned_descriptor(context).ok_or_else(|| failed("fsopen(cgroup2)"))?;
+    let (null, no_value) = (
+        std::ptr::null::<libc::c_char>(),
+        std::ptr::null::<libc::c_void>(),
+    );
+    // SAFETY: our fs context descriptor; CMD_CREATE takes no key or value.
+    let created = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            context.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            null,
+            no_value,
+            0,
+        )
+    };
+    if created != 0 {
+        return Err(failed("fsconfig(create)"));
+    }
+    // SAFETY: our created fs context; no mount attributes.
+    let mount =
+        unsafe { libc::syscall(libc::SYS_fsmount, context.as_raw_fd(), FSMOUNT_CLOEXEC, 0) };
+    let mount = owned_descriptor(mount).ok_or_else(|| failed("fsmount"))?;
+    // SAFETY: a directory descriptor we own and a NUL-terminated relative path.
+    let root = unsafe {
+        libc::openat(
+            mount.as_raw_fd(),
+            c".".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    let root = owned_descriptor(libc::c_long::from(root)).ok_or_else(|| failed("openat"))?;
+    // Every cgroup but a hierarchy's root has `cgroup.type` (see `find_hierarchy_root`).
+    // SAFETY: a directory descriptor we own and a NUL-terminated relative path.
+    if unsafe { libc::faccessat(root.as_raw_fd(), c"cgroup.type".as_ptr(), libc::F_OK, 0) } == 0 {
+        return Err(
+            "the cgroup v2 hierarchy mounted shows this observer's cgroup namespace, not the node's root"
+                .to_owned(),
+        );
+    }
+    Ok(File::from(root))
+}
+
+/// A descriptor a syscall returned, or `None` for its -1.
+fn owned_descriptor(result: libc::c_long) -> Option<OwnedFd> {
+    let fd = libc::c_int::try_from(result).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: the kernel just gave us this descriptor, owned by nothing else.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Opens a directory of a cgroup v2 hierarchy, or says in a few words why it is not one.
@@ -270,6 +347,26 @@ mod tests {
         let everyone = ScopeMembership::new(hierarchy.root().to_owned(), &[]);
         assert!(everyone.admits(None));
         assert!(everyone.admits(Some(&outside)));
+    }
+
+    /// Needs root (CAP_SYS_ADMIN) to mount; skipped without.
+    #[test]
+    fn a_private_mount_reaches_the_root_of_the_same_hierarchy() {
+        // SAFETY: geteuid(2) has no failure mode.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let root = mount_private_hierarchy().unwrap();
+        let mounted = openim_test_kit::cgroup2::Cgroup2Mount::mount();
+        let (private, known) = (
+            root.metadata().unwrap(),
+            std::fs::metadata(mounted.root()).unwrap(),
+        );
+        assert_eq!(
+            (private.dev(), private.ino()),
+            (known.dev(), known.ino()),
+            "the private mount is the hierarchy's root"
+        );
     }
 
     #[test]

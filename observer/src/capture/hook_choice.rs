@@ -5,7 +5,7 @@
 use std::{fs::File, path::Path};
 
 use super::{
-    cgroup_scope,
+    cgroup_scope::{self, NoHierarchyRoot, ScopeError},
     host::Capabilities,
     kernel::{CaptureError, CaptureHook},
 };
@@ -14,15 +14,16 @@ use super::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HookChoice {
     /// `packets` where this process holds CAP_NET_ADMIN and --cgroup-root is the root of the
-    /// node's cgroup v2 hierarchy (or holds it at `unified`, as a hybrid host does), else
-    /// `syscalls`; `observer_started` says which, and why.
+    /// node's cgroup v2 hierarchy (or holds it at `unified`, as a hybrid host does), or holds
+    /// none (a cgroup v1 node) and CAP_SYS_ADMIN lets it mount the hierarchy privately; else
+    /// `syscalls`. `observer_started` says which, and why.
     Auto,
     /// Tracepoints of the read and write syscalls: works everywhere the observer does; every
     /// read and write on the node pays a little, a watched one the copy.
     Syscalls,
     /// `cgroup_skb` programs on the packets of watched connections: no syscall pays anything.
-    /// Refuses to start without a cgroup v2 hierarchy at --cgroup-root (or at its `unified`)
-    /// and CAP_NET_ADMIN.
+    /// Needs CAP_NET_ADMIN and a cgroup v2 hierarchy at --cgroup-root (or at its `unified`),
+    /// or CAP_SYS_ADMIN to mount one privately; refuses to start without.
     Packets,
 }
 
@@ -47,17 +48,31 @@ pub(super) fn choose(
             cgroup_root: None,
             reason: "--capture-hook syscalls".to_owned(),
         },
-        HookChoice::Packets => {
-            let (path, directory) = cgroup_scope::open_root(cgroup_root)?;
-            ChosenHook {
+        HookChoice::Packets => match cgroup_scope::open_root(cgroup_root) {
+            Ok((path, directory)) => ChosenHook {
                 hook: CaptureHook::Packets,
                 cgroup_root: Some(directory),
                 reason: format!("--capture-hook packets, attached at {}", path.display()),
+            },
+            Err(ScopeError::RootUnusable { path, reason }) => {
+                let directory = private_hierarchy(capabilities).map_err(|failure| {
+                    ScopeError::RootUnusable {
+                        path: path.clone(),
+                        reason: format!("{reason}; {failure}"),
+                    }
+                })?;
+                ChosenHook {
+                    hook: CaptureHook::Packets,
+                    cgroup_root: Some(directory),
+                    reason: format!(
+                        "--capture-hook packets, attached at the root of the cgroup v2 hierarchy, mounted privately ({} holds none)",
+                        path.display()
+                    ),
+                }
             }
-        }
-        HookChoice::Auto => {
-            choose_automatically(cgroup_root, capabilities.may_attach_network_programs())
-        }
+            Err(other) => return Err(other.into()),
+        },
+        HookChoice::Auto => choose_automatically(cgroup_root, capabilities),
     })
 }
 
@@ -70,26 +85,47 @@ pub(super) fn after_packet_hook_refusal(refusal: &CaptureError) -> ChosenHook {
     }
 }
 
-fn choose_automatically(cgroup_root: &Path, may_attach_network_programs: bool) -> ChosenHook {
+fn choose_automatically(cgroup_root: &Path, capabilities: Capabilities) -> ChosenHook {
     let syscalls = |why: String| ChosenHook {
         hook: CaptureHook::Syscalls,
         cgroup_root: None,
         reason: format!("auto: {why}"),
     };
-    if !may_attach_network_programs {
+    let packets = |directory: File, why: String| ChosenHook {
+        hook: CaptureHook::Packets,
+        cgroup_root: Some(directory),
+        reason: format!("auto: CAP_NET_ADMIN held and {why}"),
+    };
+    if !capabilities.may_attach_network_programs() {
         return syscalls("no CAP_NET_ADMIN, which the packet hook's cgroup programs need".into());
     }
     match cgroup_scope::find_hierarchy_root(cgroup_root) {
-        Ok((path, directory)) => ChosenHook {
-            hook: CaptureHook::Packets,
-            cgroup_root: Some(directory),
-            reason: format!(
-                "auto: CAP_NET_ADMIN held and {} is the root of a cgroup v2 hierarchy",
-                path.display()
+        Ok((path, directory)) => packets(
+            directory,
+            format!("{} is the root of a cgroup v2 hierarchy", path.display()),
+        ),
+        Err(NoHierarchyRoot::NotCgroup2(why)) => match private_hierarchy(capabilities) {
+            Ok(directory) => packets(
+                directory,
+                format!(
+                    "--cgroup-root {} holds no cgroup v2 hierarchy, as on a cgroup v1 node, so attached at the root of one mounted privately",
+                    cgroup_root.display()
+                ),
             ),
+            Err(failure) => syscalls(format!("--cgroup-root {why}; {failure}")),
         },
-        Err(why) => syscalls(format!("--cgroup-root {why}")),
+        Err(NoHierarchyRoot::BelowRoot(why)) => syscalls(format!("--cgroup-root {why}")),
     }
+}
+
+/// Where `--cgroup-root` holds no cgroup v2 hierarchy (a node whose cgroups are all v1), the
+/// node's all the same, through a mount of this process's own; or why not.
+fn private_hierarchy(capabilities: Capabilities) -> Result<File, String> {
+    if !capabilities.may_mount() {
+        return Err("mounting one privately needs CAP_SYS_ADMIN".to_owned());
+    }
+    cgroup_scope::mount_private_hierarchy()
+        .map_err(|failure| format!("mounting one privately failed ({failure})"))
 }
 
 #[cfg(test)]
@@ -98,7 +134,7 @@ mod tests {
 
     #[test]
     fn without_cap_net_admin_auto_takes_the_syscall_hook_and_says_why() {
-        let chosen = choose_automatically(Path::new("/sys/fs/cgroup"), false);
+        let chosen = choose_automatically(Path::new("/sys/fs/cgroup"), Capabilities::NONE);
         assert_eq!(chosen.hook, CaptureHook::Syscalls);
         assert!(chosen.cgroup_root.is_none());
         assert_eq!(
@@ -107,17 +143,39 @@ mod tests {
         );
     }
 
+    /// What the DaemonSet grants does not let `auto` mount a hierarchy of its own.
     #[test]
-    fn without_a_cgroup2_root_auto_takes_the_syscall_hook_and_names_the_directory() {
+    fn without_a_cgroup2_root_or_cap_sys_admin_auto_takes_the_syscall_hook_and_says_why() {
         // Neither the directory nor its `unified` (here a plain directory) is cgroup v2.
         let plain = tempfile::tempdir().unwrap();
         std::fs::create_dir(plain.path().join("unified")).unwrap();
-        let chosen = choose_automatically(plain.path(), true);
+        let chosen = choose_automatically(plain.path(), Capabilities::DAEMONSET);
         assert_eq!(chosen.hook, CaptureHook::Syscalls);
         assert_eq!(
             chosen.reason,
             format!(
-                "auto: --cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`)",
+                "auto: --cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`); mounting one privately needs CAP_SYS_ADMIN",
+                plain.path().display()
+            )
+        );
+    }
+
+    /// A node whose cgroups are all v1: as root, `auto` reaches the hierarchy's root through a
+    /// mount of its own. Skipped without root.
+    #[test]
+    fn without_a_cgroup2_root_auto_as_root_mounts_one_privately() {
+        // SAFETY: geteuid(2) has no failure mode.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let plain = tempfile::tempdir().unwrap();
+        let chosen = choose_automatically(plain.path(), Capabilities::effective());
+        assert_eq!(chosen.hook, CaptureHook::Packets);
+        assert!(chosen.cgroup_root.is_some());
+        assert_eq!(
+            chosen.reason,
+            format!(
+                "auto: CAP_NET_ADMIN held and --cgroup-root {} holds no cgroup v2 hierarchy, as on a cgroup v1 node, so attached at the root of one mounted privately",
                 plain.path().display()
             )
         );
@@ -136,16 +194,36 @@ mod tests {
     }
 
     #[test]
-    fn asked_for_packets_without_a_cgroup2_hierarchy_refuses_in_one_line() {
+    fn asked_for_packets_without_a_cgroup2_hierarchy_or_cap_sys_admin_refuses_in_one_line() {
         let plain = tempfile::tempdir().unwrap();
         std::fs::create_dir(plain.path().join("unified")).unwrap();
-        let refusal = choose(HookChoice::Packets, plain.path(), Capabilities::effective())
+        let refusal = choose(HookChoice::Packets, plain.path(), Capabilities::DAEMONSET)
             .unwrap_err()
             .to_string();
         assert_eq!(
             refusal,
             format!(
-                "--cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`)",
+                "--cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`); mounting one privately needs CAP_SYS_ADMIN",
+                plain.path().display()
+            )
+        );
+    }
+
+    /// As root, `packets` mounts a hierarchy of its own where `--cgroup-root` holds none.
+    /// Skipped without root.
+    #[test]
+    fn asked_for_packets_without_a_cgroup2_hierarchy_as_root_mounts_one_privately() {
+        // SAFETY: geteuid(2) has no failure mode.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let plain = tempfile::tempdir().unwrap();
+        let chosen = choose(HookChoice::Packets, plain.path(), Capabilities::effective()).unwrap();
+        assert_eq!(chosen.hook, CaptureHook::Packets);
+        assert_eq!(
+            chosen.reason,
+            format!(
+                "--capture-hook packets, attached at the root of the cgroup v2 hierarchy, mounted privately ({} holds none)",
                 plain.path().display()
             )
         );

@@ -40,6 +40,18 @@ impl Capabilities {
     pub(super) fn may_attach_network_programs(self) -> bool {
         self.has(CAP_NET_ADMIN) || self.has(CAP_SYS_ADMIN)
     }
+
+    /// Whether this process may mount a filesystem (a cgroup v2 hierarchy of its own).
+    pub(super) fn may_mount(self) -> bool {
+        self.has(CAP_SYS_ADMIN)
+    }
+}
+
+#[cfg(test)]
+impl Capabilities {
+    /// What the DaemonSet grants the observer, for the choices that depend on it.
+    pub(super) const DAEMONSET: Self = Self(1 << CAP_BPF | 1 << CAP_PERFMON | 1 << CAP_NET_ADMIN);
+    pub(super) const NONE: Self = Self(0);
 }
 
 /// The capabilities the programs of `hook` need: CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN),

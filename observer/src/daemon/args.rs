@@ -84,7 +84,9 @@ pub struct RunArgs {
     pub cgroup_scope: Vec<PathBuf>,
     /// The node's cgroup v2 hierarchy (its root): with --kube, where a process's cgroup leads
     /// to its pod; with the packet hook (--capture-hook), where its programs attach (a hybrid
-    /// host mounts it at /sys/fs/cgroup/unified, which is looked for by itself).
+    /// host mounts it at /sys/fs/cgroup/unified, which is looked for by itself; where neither
+    /// is cgroup v2, as on a cgroup v1 node, the packet hook mounts the hierarchy privately if
+    /// CAP_SYS_ADMIN allows).
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
     /// With --kube, pods remembered at most (the Kubernetes limit for one cluster is 150000);
