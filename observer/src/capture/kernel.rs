@@ -72,8 +72,9 @@ pub enum CaptureError {
     TracefsUnavailable { reason: String },
     #[error("this kernel has no BPF ring buffer (Linux 5.8 or newer is needed): {0}")]
     NoRingBuffer(String),
-    #[error("tracepoint {category}/{name} is missing from this kernel ({reason})")]
-    MissingTracepoint {
+    /// Its existence is checked before (`tracepoint_format::check`).
+    #[error("attaching tracepoint {category}/{name} failed: {reason}")]
+    TracepointAttach {
         category: String,
         name: String,
         reason: String,

@@ -269,12 +269,49 @@ fn attach(
     load_program(ebpf, program_name)?;
     tracepoint_program(ebpf, program_name)?
         .attach(category, tracepoint)
-        .map_err(|err| CaptureError::MissingTracepoint {
+        .map_err(|err| CaptureError::TracepointAttach {
             category: category.to_owned(),
             name: tracepoint.to_owned(),
-            reason: err.to_string(),
+            reason: attach_failure(&err),
         })?;
     Ok(())
+}
+
+/// Why a tracepoint did not attach, in one line: the failed call and its errno (aya's error
+/// and its source), and for a refusal what on the node decides it.
+fn attach_failure(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut refused = false;
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        refused |= cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .is_some_and(|errno| errno == libc::EACCES || errno == libc::EPERM);
+        source = cause.source();
+    }
+    if refused {
+        text.push_str(&perf_paranoia_hint(
+            std::fs::read_to_string(PERF_EVENT_PARANOID).ok().as_deref(),
+        ));
+    }
+    text
+}
+
+const PERF_EVENT_PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
+
+/// Debian's kernels (and kernels built like them) read `kernel.perf_event_paranoid` above 2 as
+/// "perf_event_open for CAP_SYS_ADMIN only", CAP_PERFMON or not, and default it to 3: every
+/// tracepoint the programs attach through is then refused to the least-privileged pod.
+fn perf_paranoia_hint(paranoid: Option<&str>) -> String {
+    match paranoid.and_then(|text| text.trim().parse::<i32>().ok()) {
+        Some(level) if level > 2 => format!(
+            " (kernel.perf_event_paranoid is {level}, which kernels with Debian's patch read as CAP_SYS_ADMIN only: set it to 2 on the node, `sysctl kernel.perf_event_paranoid=2`, or run with CAP_SYS_ADMIN)"
+        ),
+        _ => " (perf_event_open needs CAP_PERFMON or CAP_SYS_ADMIN; a seccomp profile or LSM may refuse it too)".to_owned(),
+    }
 }
 
 /// The verifier log can run to thousands of lines: a feature this kernel lacks is named as
@@ -364,4 +401,25 @@ pub(super) fn spawn_kernel_log_reader(
             guard.clear_ready();
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_debians_paranoia_level_and_its_fix() {
+        let debian = perf_paranoia_hint(Some("3\n"));
+        assert!(
+            debian.contains("kernel.perf_event_paranoid is 3")
+                && debian.contains("`sysctl kernel.perf_event_paranoid=2`"),
+            "{debian}"
+        );
+        for other in [Some("2\n"), Some("-1"), None] {
+            assert!(
+                perf_paranoia_hint(other).contains("needs CAP_PERFMON or CAP_SYS_ADMIN"),
+                "{other:?}"
+            );
+        }
+    }
 }
