@@ -280,24 +280,17 @@ fn attach(
 /// Why a tracepoint did not attach, in one line: the failed call and its errno (aya's error
 /// and its source), and for a refusal what on the node decides it.
 fn attach_failure(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut refused = false;
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        refused |= cause
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::raw_os_error)
-            .is_some_and(|errno| errno == libc::EACCES || errno == libc::EPERM);
-        source = cause.source();
-    }
+    let refused = last_cause(err)
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::raw_os_error)
+        .is_some_and(|errno| errno == libc::EACCES || errno == libc::EPERM);
+    let cause = with_cause(err);
     if refused {
-        text.push_str(&perf_paranoia_hint(
-            std::fs::read_to_string(PERF_EVENT_PARANOID).ok().as_deref(),
-        ));
+        let paranoid = std::fs::read_to_string(PERF_EVENT_PARANOID).ok();
+        format!("{cause}{}", perf_paranoia_hint(paranoid.as_deref()))
+    } else {
+        cause
     }
-    text
 }
 
 const PERF_EVENT_PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
