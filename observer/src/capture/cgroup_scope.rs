@@ -87,19 +87,11 @@ impl ScopeMembership {
     }
 }
 
-/// Opens `--cgroup-root`'s cgroup v2 hierarchy (`path`, or `path/unified` on a hybrid host),
-/// where the packet programs attach: every socket of a process in a cgroup below it passes
-/// them. Returns where that was.
-pub fn open_root(path: &Path) -> Result<(PathBuf, File), ScopeError> {
-    open_hierarchy(path).map_err(|reason| ScopeError::RootUnusable {
-        path: path.to_owned(),
-        reason,
-    })
-}
-
 /// The cgroup v2 hierarchy at `path`, or, on a hybrid host (cgroup v1 there), at
-/// `path/unified`; or why `path` is not one, in a few words.
-fn open_hierarchy(path: &Path) -> Result<(PathBuf, File), String> {
+/// `path/unified`, and where that was: with `--cgroup-root`, where the packet programs attach
+/// (every socket of a process in a cgroup below it passes them). Or why `path` is not one, in
+/// a few words.
+pub fn open_hierarchy(path: &Path) -> Result<(PathBuf, File), String> {
     match open_cgroup2_directory(path) {
         Ok(directory) => Ok((path.to_owned(), directory)),
         Err(reason) => {

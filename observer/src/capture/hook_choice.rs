@@ -48,16 +48,16 @@ pub(super) fn choose(
             cgroup_root: None,
             reason: "--capture-hook syscalls".to_owned(),
         },
-        HookChoice::Packets => match cgroup_scope::open_root(cgroup_root) {
+        HookChoice::Packets => match cgroup_scope::open_hierarchy(cgroup_root) {
             Ok((path, directory)) => ChosenHook {
                 hook: CaptureHook::Packets,
                 cgroup_root: Some(directory),
                 reason: format!("--capture-hook packets, attached at {}", path.display()),
             },
-            Err(ScopeError::RootUnusable { path, reason }) => {
+            Err(reason) => {
                 let directory = private_hierarchy(capabilities).map_err(|failure| {
                     ScopeError::RootUnusable {
-                        path: path.clone(),
+                        path: cgroup_root.to_owned(),
                         reason: format!("{reason}; {failure}"),
                     }
                 })?;
@@ -66,11 +66,10 @@ pub(super) fn choose(
                     cgroup_root: Some(directory),
                     reason: format!(
                         "--capture-hook packets, attached at the root of the cgroup v2 hierarchy, mounted privately ({} holds none)",
-                        path.display()
+                        cgroup_root.display()
                     ),
                 }
             }
-            Err(other) => return Err(other.into()),
         },
         HookChoice::Auto => choose_automatically(cgroup_root, capabilities),
     })
