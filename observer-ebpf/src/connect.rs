@@ -3,17 +3,17 @@
 use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_probe_read_user,
+        bpf_probe_read_kernel, bpf_probe_read_user,
     },
-    macros::tracepoint,
-    programs::TracePointContext,
+    macros::{raw_tracepoint, tracepoint},
+    programs::{RawTracePointContext, TracePointContext},
 };
 use aya_log_ebpf::debug;
-use observer_records::{AF_INET, AF_INET6, RecordKind, TcpState};
+use observer_records::{AF_INET, AF_INET6, RecordKind, SockLayout, TcpState};
 
 use crate::{
     maps::{
-        Budget, CONNECTIONS, Connection, PACKET_STREAMS, PENDING_CONNECTS, PacketStream,
+        Budget, CONFIG, CONNECTIONS, Connection, PACKET_STREAMS, PENDING_CONNECTS, PacketStream,
         PendingConnect, SOCKETS, SocketKey, SocketState, WATCHED_PORTS, insert_or_count,
         mark_watching, may_be_watching, packet_hook,
     },
@@ -40,9 +40,23 @@ pub fn sys_exit_connect(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// TCP state changes from the formatted tracepoint, where the kernel has no BTF to find
+/// `struct sock`'s fields in. Attached through perf_event_open, which a
+/// `kernel.perf_event_paranoid` above 2 refuses without CAP_SYS_ADMIN on Debian's kernels.
 #[tracepoint]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
-    let _ = try_inet_sock_set_state(&ctx);
+    let _ = try_inet_sock_set_state(&FormattedRecord(&ctx));
+    0
+}
+
+/// The same changes from the raw tracepoint (its arguments: the socket, the old state, the
+/// new one), reading the socket at the offsets userspace found in the kernel's BTF. Attached
+/// with BPF_RAW_TRACEPOINT_OPEN, which needs no perf event: this is what lets the packet hook
+/// run without CAP_SYS_ADMIN whatever `perf_event_paranoid` says, and it skips the formatted
+/// record the kernel would build for each state change.
+#[raw_tracepoint(tracepoint = "inet_sock_set_state")]
+pub fn raw_sock_state(ctx: RawTracePointContext) -> u32 {
+    let _ = try_raw_sock_state(&ctx);
     0
 }
 
@@ -122,18 +136,28 @@ fn try_sys_exit_connect(ctx: &TracePointContext) -> Result<(), i64> {
     Ok(())
 }
 
-fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i64> {
-    let protocol: u16 = unsafe { ctx.read_at(SOCK_PROTOCOL) }.map_err(i64::from)?;
-    if protocol != IPPROTO_TCP {
+fn try_raw_sock_state(ctx: &RawTracePointContext) -> Result<(), i64> {
+    let layout = &CONFIG.get(0).ok_or(0)?.sock_layout;
+    // Arguments are 64-bit slots; the states are `int`s.
+    let change = SocketFields {
+        sock: ctx.arg::<u64>(0),
+        old_state: ctx.arg::<u64>(1) as i32,
+        new_state: ctx.arg::<u64>(2) as i32,
+        layout,
+    };
+    try_inet_sock_set_state(&change)
+}
+
+fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
+    if change.protocol()? != IPPROTO_TCP {
         return Ok(());
     }
-    let sock: u64 = unsafe { ctx.read_at(SOCK_SKADDR) }.map_err(i64::from)?;
-    let old_state: i32 = unsafe { ctx.read_at(SOCK_OLDSTATE) }.map_err(i64::from)?;
-    let new_state: i32 = unsafe { ctx.read_at(SOCK_NEWSTATE) }.map_err(i64::from)?;
+    let sock = change.sock()?;
+    let (old_state, new_state) = change.states()?;
     let new_state = new_state as u32;
 
     if new_state == TcpState::SynSent as u32 {
-        return on_syn_sent(ctx, sock);
+        return on_syn_sent(change, sock);
     }
     let Some(conn) = CONNECTIONS.get_ptr_mut(sock) else {
         return Ok(());
@@ -143,7 +167,7 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i64> {
     let conn = unsafe { &mut *conn };
     // The source port is chosen after SYN_SENT is set (inet_hash_connect), so the 4-tuple is
     // only complete from the next state on: refresh it every time.
-    read_tuple(ctx, conn)?;
+    read_tuple(change, conn)?;
     let mut header = header_for(RecordKind::TcpState, sock, conn);
     header.old_state = old_state as u32;
     header.new_state = new_state;
@@ -155,14 +179,125 @@ fn try_inet_sock_set_state(ctx: &TracePointContext) -> Result<(), i64> {
     Ok(())
 }
 
+/// What a TCP state change tells: read from the formatted tracepoint's record, or from the
+/// socket the raw tracepoint hands over. Ports in host order, addresses as the wire has them.
+trait StateChange {
+    /// The socket's address, by which `CONNECTIONS` and the packet programs know it.
+    fn sock(&self) -> Result<u64, i64>;
+    /// The old state and the new one.
+    fn states(&self) -> Result<(i32, i32), i64>;
+    fn protocol(&self) -> Result<u16, i64>;
+    fn family(&self) -> Result<u16, i64>;
+    fn sport(&self) -> Result<u16, i64>;
+    fn dport(&self) -> Result<u16, i64>;
+    fn saddr(&self) -> Result<[u8; 4], i64>;
+    fn daddr(&self) -> Result<[u8; 4], i64>;
+    fn saddr_v6(&self) -> Result<[u8; 16], i64>;
+    fn daddr_v6(&self) -> Result<[u8; 16], i64>;
+}
+
+/// `sock/inet_sock_set_state`'s formatted record (offsets checked against tracefs at start).
+struct FormattedRecord<'a>(&'a TracePointContext);
+
+impl FormattedRecord<'_> {
+    fn read<T>(&self, offset: usize) -> Result<T, i64> {
+        // SAFETY: a read the helper bounds-checks, at offsets userspace checked against this
+        // kernel's tracefs before loading.
+        unsafe { self.0.read_at(offset) }.map_err(i64::from)
+    }
+}
+
+impl StateChange for FormattedRecord<'_> {
+    fn sock(&self) -> Result<u64, i64> {
+        self.read(SOCK_SKADDR)
+    }
+    fn states(&self) -> Result<(i32, i32), i64> {
+        Ok((self.read(SOCK_OLDSTATE)?, self.read(SOCK_NEWSTATE)?))
+    }
+    fn protocol(&self) -> Result<u16, i64> {
+        self.read(SOCK_PROTOCOL)
+    }
+    fn family(&self) -> Result<u16, i64> {
+        self.read(SOCK_FAMILY)
+    }
+    fn sport(&self) -> Result<u16, i64> {
+        self.read(SOCK_SPORT)
+    }
+    fn dport(&self) -> Result<u16, i64> {
+        self.read(SOCK_DPORT)
+    }
+    fn saddr(&self) -> Result<[u8; 4], i64> {
+        self.read(SOCK_SADDR)
+    }
+    fn daddr(&self) -> Result<[u8; 4], i64> {
+        self.read(SOCK_DADDR)
+    }
+    fn saddr_v6(&self) -> Result<[u8; 16], i64> {
+        self.read(SOCK_SADDR_V6)
+    }
+    fn daddr_v6(&self) -> Result<[u8; 16], i64> {
+        self.read(SOCK_DADDR_V6)
+    }
+}
+
+/// The raw tracepoint's arguments, and the socket's own fields where `layout` says they are.
+struct SocketFields<'a> {
+    sock: u64,
+    old_state: i32,
+    new_state: i32,
+    layout: &'a SockLayout,
+}
+
+impl SocketFields<'_> {
+    fn read<T>(&self, offset: u16) -> Result<T, i64> {
+        // SAFETY: a read of kernel memory the helper checks; the socket outlives its
+        // tracepoint, which runs under its lock.
+        unsafe { bpf_probe_read_kernel((self.sock + u64::from(offset)) as *const T) }
+            .map_err(i64::from)
+    }
+}
+
+impl StateChange for SocketFields<'_> {
+    fn sock(&self) -> Result<u64, i64> {
+        Ok(self.sock)
+    }
+    fn states(&self) -> Result<(i32, i32), i64> {
+        Ok((self.old_state, self.new_state))
+    }
+    fn protocol(&self) -> Result<u16, i64> {
+        self.read(self.layout.protocol)
+    }
+    fn family(&self) -> Result<u16, i64> {
+        self.read(self.layout.family)
+    }
+    fn sport(&self) -> Result<u16, i64> {
+        self.read(self.layout.sport).map(u16::from_be)
+    }
+    fn dport(&self) -> Result<u16, i64> {
+        self.read(self.layout.dport).map(u16::from_be)
+    }
+    fn saddr(&self) -> Result<[u8; 4], i64> {
+        self.read(self.layout.saddr)
+    }
+    fn daddr(&self) -> Result<[u8; 4], i64> {
+        self.read(self.layout.daddr)
+    }
+    fn saddr_v6(&self) -> Result<[u8; 16], i64> {
+        self.read(self.layout.v6_rcv_saddr)
+    }
+    fn daddr_v6(&self) -> Result<[u8; 16], i64> {
+        self.read(self.layout.v6_daddr)
+    }
+}
+
 /// A connection's `PACKET_STREAMS` entry at SYN_SENT: neither SYN seen yet.
 static NEW_PACKET_STREAM: PacketStream = PacketStream::NEW;
 
 /// SYN_SENT fires inside `connect`: the connecting thread is current, and if it is connecting
 /// to a watched port, its pending connect is waiting for this socket (with the packet hook,
 /// nothing waits: the port and the scope decide here).
-fn on_syn_sent(ctx: &TracePointContext, sock: u64) -> Result<(), i64> {
-    let dport: u16 = unsafe { ctx.read_at(SOCK_DPORT) }.map_err(i64::from)?;
+fn on_syn_sent(change: &impl StateChange, sock: u64) -> Result<(), i64> {
+    let dport = change.dport()?;
     let Some(class) = (unsafe { WATCHED_PORTS.get(dport) }).copied() else {
         return Ok(());
     };
@@ -194,7 +329,7 @@ fn on_syn_sent(ctx: &TracePointContext, sock: u64) -> Result<(), i64> {
         daddr: [0; 16],
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     };
-    read_tuple(ctx, &mut conn)?;
+    read_tuple(change, &mut conn)?;
     let mut header = header_for(RecordKind::TcpConnect, sock, &conn);
     header.new_state = TcpState::SynSent as u32;
     // By reference, as in `exit_connect`: Linux 6.1 refused this program with the `Connection`
@@ -223,26 +358,26 @@ fn on_syn_sent(ctx: &TracePointContext, sock: u64) -> Result<(), i64> {
     Ok(())
 }
 
-fn read_tuple(ctx: &TracePointContext, conn: &mut Connection) -> Result<(), i64> {
-    conn.family = unsafe { ctx.read_at(SOCK_FAMILY) }.map_err(i64::from)?;
-    conn.sport = unsafe { ctx.read_at(SOCK_SPORT) }.map_err(i64::from)?;
-    conn.dport = unsafe { ctx.read_at(SOCK_DPORT) }.map_err(i64::from)?;
-    let daddr_v6: [u8; 16] = unsafe { ctx.read_at(SOCK_DADDR_V6) }.map_err(i64::from)?;
-    if conn.family == AF_INET6 && !is_ipv4_mapped(&daddr_v6) {
-        conn.saddr = unsafe { ctx.read_at(SOCK_SADDR_V6) }.map_err(i64::from)?;
-        conn.daddr = daddr_v6;
-    } else {
-        // IPv4, or a dual-stack socket reaching an IPv4 peer (`::ffff:a.b.c.d`): one identity
-        // per endpoint, whichever socket family reached it, so it is recorded as IPv4. The
-        // tracepoint's IPv4 fields hold the same addresses then.
-        conn.family = AF_INET;
-        conn.saddr = [0; 16];
-        conn.daddr = [0; 16];
-        let saddr: [u8; 4] = unsafe { ctx.read_at(SOCK_SADDR) }.map_err(i64::from)?;
-        let daddr: [u8; 4] = unsafe { ctx.read_at(SOCK_DADDR) }.map_err(i64::from)?;
-        conn.saddr[..4].copy_from_slice(&saddr);
-        conn.daddr[..4].copy_from_slice(&daddr);
+fn read_tuple(change: &impl StateChange, conn: &mut Connection) -> Result<(), i64> {
+    conn.family = change.family()?;
+    conn.sport = change.sport()?;
+    conn.dport = change.dport()?;
+    if conn.family == AF_INET6 {
+        let daddr_v6 = change.daddr_v6()?;
+        if !is_ipv4_mapped(&daddr_v6) {
+            conn.saddr = change.saddr_v6()?;
+            conn.daddr = daddr_v6;
+            return Ok(());
+        }
     }
+    // IPv4, or a dual-stack socket reaching an IPv4 peer (`::ffff:a.b.c.d`): one identity per
+    // endpoint, whichever socket family reached it, so it is recorded as IPv4. The socket's
+    // IPv4 fields hold the same addresses then.
+    conn.family = AF_INET;
+    conn.saddr = [0; 16];
+    conn.daddr = [0; 16];
+    conn.saddr[..4].copy_from_slice(&change.saddr()?);
+    conn.daddr[..4].copy_from_slice(&change.daddr()?);
     Ok(())
 }
 

@@ -3,7 +3,9 @@
 //! userspace are defined in `observer-records` (`records/`).
 //!
 //! Tracepoints only (no kprobes: not every kernel we run on has CONFIG_KPROBES), all of them
-//! present since 4.16, with maps and helpers of 5.8 (ring buffer).
+//! present since 4.16, with maps and helpers of 5.8 (ring buffer). TCP state changes come from
+//! `inet_sock_set_state`'s raw tracepoint where the kernel's BTF tells userspace where the
+//! socket's fields are (no perf event to open), else from its formatted record (`connect`).
 //!
 //! How a connection becomes watched (`connect`):
 //! 1. `sys_enter_connect` sees a sockaddr whose port is in `WATCHED_PORTS` and remembers the

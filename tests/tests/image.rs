@@ -1181,6 +1181,9 @@ fn the_least_privilege_pod_starts_captures_from_packets_and_serves_its_probes() 
         "auto: CAP_NET_ADMIN held and /host/sys/fs/cgroup is the root of a cgroup v2 hierarchy",
         "{started}"
     );
+    // The kernel's BTF is readable in the pod: TCP state changes come from the raw tracepoint,
+    // so nothing of the packet hook goes through perf_event_open.
+    assert_eq!(started["state_tracepoint"], "raw", "{started}");
     assert_applied(&running, &container, true);
     assert_runs_and_captures(&pod, &daemonset, &mut running);
 }

@@ -222,6 +222,37 @@ pub struct CaptureConfig {
     /// connection becomes watched (a pending `connect`, or SYN_SENT alone).
     pub capture_hook: u32,
     pub _reserved: u32,
+    /// Where `struct sock`'s fields are on this kernel, from its BTF, for the raw tracepoint
+    /// of connection states (all zero when the formatted tracepoint is attached instead).
+    pub sock_layout: SockLayout,
+}
+
+/// Byte offsets from the kernel's `struct sock` of the fields the raw tracepoint of
+/// `inet_sock_set_state` reads (its arguments are the socket and the two states, not the
+/// formatted record), the same fields the formatted record is filled from: some in
+/// `struct sock`, some in the `struct inet_sock` that begins with it. They move with the
+/// kernel's configuration, so userspace finds them in the kernel's BTF
+/// (`/sys/kernel/btf/vmlinux`) before loading.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockLayout {
+    /// `sk.__sk_common.skc_family`: u16.
+    pub family: u16,
+    /// `sk.__sk_common.skc_dport`: the remote port, big-endian u16.
+    pub dport: u16,
+    /// `inet_sport`: the local port, big-endian u16. Not `skc_num`, which the kernel clears
+    /// when it releases the port at TCP_CLOSE, before the tracepoint runs.
+    pub sport: u16,
+    /// `sk.__sk_common.skc_daddr`: the remote IPv4 address, 4 bytes.
+    pub daddr: u16,
+    /// `inet_saddr`: the local IPv4 address, 4 bytes.
+    pub saddr: u16,
+    /// `sk.__sk_common.skc_v6_daddr`: the remote IPv6 address, 16 bytes.
+    pub v6_daddr: u16,
+    /// `sk.__sk_common.skc_v6_rcv_saddr`: the local IPv6 address, 16 bytes.
+    pub v6_rcv_saddr: u16,
+    /// `sk.sk_protocol`: u16 (a bitfield before Linux 5.6, which the programs do not support).
+    pub protocol: u16,
 }
 
 numbered_enum! {
@@ -439,7 +470,10 @@ const _: () = assert!(core::mem::size_of::<RecordHeader>().is_multiple_of(8));
 const _: () = assert!(
     core::mem::size_of::<DataRecord>() == core::mem::size_of::<RecordHeader>() + CHUNK_SIZE
 );
-const _: () = assert!(core::mem::size_of::<CaptureConfig>() == 6 * 4 + 8);
+const _: () = assert!(core::mem::size_of::<SockLayout>() == 8 * 2);
+const _: () = assert!(
+    core::mem::size_of::<CaptureConfig>() == 6 * 4 + 8 + core::mem::size_of::<SockLayout>()
+);
 const _: () = assert!(core::mem::size_of::<Connection>() == 8 + 4 + 3 * 2 + 1 + 5 + 3 * 16);
 const _: () = assert!(core::mem::size_of::<SocketKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ConnectionTuple>() == 2 * 16 + 4 * 2);

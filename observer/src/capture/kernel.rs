@@ -32,6 +32,7 @@ use super::{
     reader_awake::ReaderAwake,
     reorder::{Reorder, ReorderCounters},
     ring_records::{RecordConverter, monotonic_now_ns},
+    sock_layout::{self, SockLayoutError, StateTracepoint, VMLINUX_BTF},
     tracepoint_format::{self, LayoutError},
 };
 use crate::model::{Event, EventKind, PortClass, TcpState};
@@ -91,6 +92,8 @@ pub enum CaptureError {
     BadRingSize(u32),
     #[error(transparent)]
     Scope(#[from] ScopeError),
+    #[error(transparent)]
+    SockLayout(#[from] SockLayoutError),
     #[error("eBPF setup failed: {0}")]
     Setup(String),
     /// The packet hook's programs failed to load or attach here.
@@ -115,6 +118,7 @@ pub struct CaptureOptions {
     pub cgroup_scope: Vec<PathBuf>,
     pub copy_walk: CopyWalk,
     pub capture_hook: HookChoice,
+    pub state_tracepoint: sock_layout::StateTracepointChoice,
     /// The node's cgroup v2 hierarchy, where `CaptureHook::Packets` attaches.
     pub cgroup_root: PathBuf,
 }
@@ -197,6 +201,7 @@ pub struct KernelCapture {
     capture_hook: CaptureHook,
     /// Why this hook: the flag, or what `HookChoice::Auto` found.
     capture_hook_reason: String,
+    state_tracepoint: StateTracepoint,
     log_task: tokio::task::JoinHandle<()>,
     // Last: the programs must outlive the maps and logger taken from them.
     _ebpf: Ebpf,
@@ -219,13 +224,15 @@ impl KernelCapture {
         let scope = cgroup_scope::open(&options.cgroup_scope)?;
         let capabilities = host::Capabilities::effective();
         let chosen = hook_choice::choose(options.capture_hook, &options.cgroup_root, capabilities)?;
-        match Self::start_hook(options, &scope, capabilities, chosen) {
+        let state = sock_layout::choose(options.state_tracepoint, Path::new(VMLINUX_BTF))?;
+        let start_hook = |chosen| Self::start_hook(options, &scope, capabilities, chosen, state);
+        match start_hook(chosen) {
             // A kernel whose verifier refuses the packet programs, or a cgroup root another
             // program holds exclusively: `auto` hooks the syscalls instead, and says why.
             Err(CaptureError::PacketHook(refusal)) if options.capture_hook == HookChoice::Auto => {
                 let chosen = hook_choice::after_packet_hook_refusal(&refusal);
                 tracing::warn!("{}; hooking the syscalls instead", chosen.reason);
-                Self::start_hook(options, &scope, capabilities, chosen)
+                start_hook(chosen)
             }
             started => started,
         }
@@ -237,6 +244,7 @@ impl KernelCapture {
         scope: &[std::fs::File],
         capabilities: host::Capabilities,
         chosen: hook_choice::ChosenHook,
+        state: StateTracepoint,
     ) -> Result<Self, CaptureError> {
         let hook_choice::ChosenHook {
             hook: capture_hook,
@@ -244,8 +252,11 @@ impl KernelCapture {
             reason: capture_hook_reason,
         } = chosen;
         host::check_privileges(capabilities, capture_hook)?;
-        host::ensure_tracefs()?;
-        tracepoint_format::check(Path::new(TRACEFS), capture_hook.tracepoints())?;
+        let tracepoints = capture_hook.tracepoints(state);
+        if !tracepoints.is_empty() {
+            host::ensure_tracefs()?;
+            tracepoint_format::check(Path::new(TRACEFS), &tracepoints)?;
+        }
         validate_options(options)?;
         host::raise_memlock_limit();
 
@@ -302,6 +313,10 @@ impl KernelCapture {
             wakeup_after_ns: 2 * READ_FOLLOW_UP.as_nanos() as u64,
             capture_hook: capture_hook.kernel() as u32,
             _reserved: 0,
+            sock_layout: match state {
+                StateTracepoint::Raw(layout) => layout,
+                StateTracepoint::Formatted => Default::default(),
+            },
         };
         let mut scope_map: CgroupArray<_> = take_map(&mut ebpf, "CGROUP_SCOPE")?;
         for (index, directory) in (0..).zip(scope) {
@@ -330,11 +345,15 @@ impl KernelCapture {
 
         let copy_walk = match &cgroup_root {
             Some(root) => {
-                programs::attach_packet_hook(&mut ebpf, root)
+                programs::attach_packet_hook(&mut ebpf, root, state)
                     .map_err(|refusal| CaptureError::PacketHook(Box::new(refusal)))?;
                 None
             }
-            None => Some(programs::attach_syscall_hook(&mut ebpf, options.copy_walk)?),
+            None => Some(programs::attach_syscall_hook(
+                &mut ebpf,
+                options.copy_walk,
+                state,
+            )?),
         };
         // Last: a task spawned before a failure above would go on reading a released map.
         let log_task = programs::spawn_kernel_log_reader(&mut ebpf)?;
@@ -363,6 +382,7 @@ impl KernelCapture {
             copy_walk,
             capture_hook,
             capture_hook_reason,
+            state_tracepoint: state,
             log_task,
             _ebpf: ebpf,
         })
@@ -376,6 +396,11 @@ impl KernelCapture {
 
     pub fn capture_hook(&self) -> CaptureHook {
         self.capture_hook
+    }
+
+    /// Which tracepoint tells the programs about TCP state changes.
+    pub fn state_tracepoint(&self) -> StateTracepoint {
+        self.state_tracepoint
     }
 
     /// Why `capture_hook`: the flag that asked for it, or what `HookChoice::Auto` found.

@@ -13,5 +13,6 @@ mod reader_awake;
 pub mod recording;
 pub mod reorder;
 mod ring_records;
+pub mod sock_layout;
 pub mod socket_tables;
 pub mod tracepoint_format;

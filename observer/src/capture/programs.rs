@@ -6,11 +6,13 @@ use std::fs::File;
 use aya::{
     Ebpf,
     maps::{MapError, ProgramArray},
-    programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, ProgramError, TracePoint},
+    programs::{
+        CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, ProgramError, RawTracePoint, TracePoint,
+    },
 };
 use tokio::io::unix::AsyncFd;
 
-use super::kernel::CaptureError;
+use super::{kernel::CaptureError, sock_layout::StateTracepoint};
 
 /// Which program serves which tracepoints. One program may serve several syscalls whose
 /// arguments share a layout (write and sendto both start with fd, buf, len). Attached in this
@@ -42,8 +44,14 @@ pub(super) const ATTACHMENTS: &[(&str, &str, &str)] = &[
 
 /// The tracepoints of `CaptureHook::Packets`: connections become watched at SYN_SENT, the bytes
 /// come from `PACKET_PROGRAMS`.
-const PACKET_TRACEPOINTS: &[(&str, &str, &str)] =
-    &[("inet_sock_set_state", "sock", "inet_sock_set_state")];
+const PACKET_TRACEPOINTS: &[(&str, &str, &str)] = &[STATE_CHANGES];
+
+/// TCP state changes from the formatted tracepoint, in both hooks' lists; with
+/// `StateTracepoint::Raw`, `RAW_STATE_PROGRAM` serves them instead.
+const STATE_CHANGES: (&str, &str, &str) = ("inet_sock_set_state", "sock", "inet_sock_set_state");
+
+/// The raw tracepoint's program, and the tracepoint it attaches to.
+const RAW_STATE_PROGRAM: (&str, &str) = ("raw_sock_state", "inet_sock_set_state");
 
 /// The `cgroup_skb` programs of `CaptureHook::Packets`, attached at `--cgroup-root` before the
 /// tracepoint that feeds them.
@@ -79,12 +87,22 @@ impl CaptureHook {
         }
     }
 
-    /// The tracepoints this hook attaches, whose layouts are checked before loading.
-    pub(super) fn tracepoints(self) -> &'static [(&'static str, &'static str, &'static str)] {
-        match self {
+    /// The formatted tracepoints this hook attaches, whose layouts are checked before
+    /// loading: all of them, but TCP state changes only from the formatted one.
+    pub(super) fn tracepoints(
+        self,
+        state: StateTracepoint,
+    ) -> Vec<(&'static str, &'static str, &'static str)> {
+        let all = match self {
             CaptureHook::Syscalls => ATTACHMENTS,
             CaptureHook::Packets => PACKET_TRACEPOINTS,
-        }
+        };
+        all.iter()
+            .copied()
+            .filter(|attachment| {
+                *attachment != STATE_CHANGES || state == StateTracepoint::Formatted
+            })
+            .collect()
     }
 
     pub(super) fn kernel(self) -> observer_records::CaptureHook {
@@ -109,7 +127,9 @@ const COPY_CONTINUE_SLOT: u32 = 0;
 /// Names of our programs as the kernel lists them (truncated to 15 bytes by the kernel), so a
 /// check can tell whether any is still loaded.
 pub fn program_names() -> impl Iterator<Item = &'static str> {
-    tracepoint_program_names().chain(PACKET_PROGRAMS.iter().map(|(program, _)| *program))
+    tracepoint_program_names()
+        .chain(PACKET_PROGRAMS.iter().map(|(program, _)| *program))
+        .chain([RAW_STATE_PROGRAM.0])
 }
 
 /// Names of the programs attached to tracepoints, whose reads `tracepoint_format` checks.
@@ -135,7 +155,11 @@ pub enum CopyWalk {
 
 /// Loads and attaches the packet programs at `cgroup_root`, then the tracepoint that makes
 /// connections watched.
-pub(super) fn attach_packet_hook(ebpf: &mut Ebpf, cgroup_root: &File) -> Result<(), CaptureError> {
+pub(super) fn attach_packet_hook(
+    ebpf: &mut Ebpf,
+    cgroup_root: &File,
+    state: StateTracepoint,
+) -> Result<(), CaptureError> {
     for (program_name, attach_type) in PACKET_PROGRAMS {
         let program: &mut CgroupSkb = ebpf
             .program_mut(program_name)
@@ -170,7 +194,7 @@ pub(super) fn attach_packet_hook(ebpf: &mut Ebpf, cgroup_root: &File) -> Result<
             })?;
     }
     for (program_name, category, tracepoint) in PACKET_TRACEPOINTS {
-        attach(ebpf, program_name, category, tracepoint)?;
+        attach(ebpf, program_name, category, tracepoint, state)?;
     }
     Ok(())
 }
@@ -180,6 +204,7 @@ pub(super) fn attach_packet_hook(ebpf: &mut Ebpf, cgroup_root: &File) -> Result<
 pub(super) fn attach_syscall_hook(
     ebpf: &mut Ebpf,
     wanted: CopyWalk,
+    state: StateTracepoint,
 ) -> Result<CopyWalk, CaptureError> {
     let copy_walk = load_exit_program(ebpf, wanted)?;
     let exit_program = match copy_walk {
@@ -192,7 +217,7 @@ pub(super) fn attach_syscall_hook(
         } else {
             program_name
         };
-        attach(ebpf, program_name, category, tracepoint)?;
+        attach(ebpf, program_name, category, tracepoint, state)?;
     }
     Ok(copy_walk)
 }
@@ -260,12 +285,20 @@ fn load_program(ebpf: &mut Ebpf, program_name: &str) -> Result<(), CaptureError>
     Ok(())
 }
 
+/// Attaches `program_name` to a formatted tracepoint; TCP state changes to the raw one instead
+/// with `StateTracepoint::Raw`.
 fn attach(
     ebpf: &mut Ebpf,
     program_name: &str,
     category: &str,
     tracepoint: &str,
+    state: StateTracepoint,
 ) -> Result<(), CaptureError> {
+    if (program_name, category, tracepoint) == STATE_CHANGES
+        && let StateTracepoint::Raw(_) = state
+    {
+        return attach_raw_state_program(ebpf);
+    }
     load_program(ebpf, program_name)?;
     tracepoint_program(ebpf, program_name)?
         .attach(category, tracepoint)
@@ -273,6 +306,30 @@ fn attach(
             category: category.to_owned(),
             name: tracepoint.to_owned(),
             reason: attach_failure(&err),
+        })?;
+    Ok(())
+}
+
+/// The raw tracepoint of TCP state changes: BPF_RAW_TRACEPOINT_OPEN, no perf event.
+fn attach_raw_state_program(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
+    let (program_name, tracepoint) = RAW_STATE_PROGRAM;
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(program_name)
+        .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
+        .try_into()
+        .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))?;
+    program
+        .load()
+        .map_err(|err| CaptureError::ProgramRejected {
+            program: program_name.to_owned(),
+            reason: verifier_summary(&err),
+        })?;
+    program
+        .attach(tracepoint)
+        .map_err(|err| CaptureError::TracepointAttach {
+            category: "raw".to_owned(),
+            name: tracepoint.to_owned(),
+            reason: with_cause(&err),
         })?;
     Ok(())
 }

@@ -7,7 +7,10 @@ use clap::Args;
 
 use crate::{
     budget::MemoryBudget,
-    capture::kernel::{CaptureOptions, CopyWalk, HookChoice},
+    capture::{
+        kernel::{CaptureOptions, CopyWalk, HookChoice},
+        sock_layout::StateTracepointChoice,
+    },
     cluster::ClusterArgs,
     correlate::{EngineConfig, RouteLimits},
     tools::in_range,
@@ -44,6 +47,12 @@ pub struct RunArgs {
     /// (5.17+), else tail calls. For tests of either on any kernel.
     #[arg(long, value_enum, default_value_t = CopyWalk::Auto, hide = true)]
     pub copy_walk: CopyWalk,
+    /// Which tracepoint tells the kernel programs about TCP state changes: the raw one where
+    /// the kernel's BTF describes `struct sock` (no perf event, so no CAP_SYS_ADMIN whatever
+    /// kernel.perf_event_paranoid says), else the formatted one. For tests of either on any
+    /// kernel.
+    #[arg(long, value_enum, default_value_t = StateTracepointChoice::Auto, hide = true)]
+    pub state_tracepoint: StateTracepointChoice,
     /// Size of the kernel→userspace ring buffer (power of two, at least a page). Records that
     /// do not fit are counted as dropped.
     #[arg(long, value_name = "BYTES", default_value_t = 8 << 20)]
@@ -200,6 +209,7 @@ impl RunArgs {
             max_watched_connections: self.max_watched_connections,
             cgroup_scope: self.cgroup_scope.clone(),
             copy_walk: self.copy_walk,
+            state_tracepoint: self.state_tracepoint,
             capture_hook: self.capture_hook,
             cgroup_root: self.cgroup_root.clone(),
         }

@@ -167,6 +167,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "capture_hook": capture.capture_hook(),
         "capture_hook_reason": capture.capture_hook_reason(),
         "copy_walk": capture.copy_walk(),
+        "state_tracepoint": capture.state_tracepoint(),
         "memory_budget": args.engine.memory_budget,
         "version": env!("CARGO_PKG_VERSION"),
         "adopted_connections": {"grpc": adopted_grpc, "websocket": adopted_websockets},

@@ -1,0 +1,194 @@
+//! Which tracepoint tells the programs about TCP state changes, and, for the raw one, where the
+//! running kernel keeps the fields of `struct sock` it reads (`SockLayout`), found in the
+//! kernel's BTF.
+//!
+//! The formatted tracepoint (`sock/inet_sock_set_state`) hands the programs a record the kernel
+//! fills, but attaches through `perf_event_open`, which kernels built like Debian's refuse
+//! without CAP_SYS_ADMIN at their default `kernel.perf_event_paranoid` (3). The raw tracepoint
+//! attaches without a perf event and hands over the socket itself, whose fields move with the
+//! kernel's version and configuration: hence the BTF. Without BTF (a kernel built without
+//! CONFIG_DEBUG_INFO_BTF) the formatted one serves.
+
+use std::path::Path;
+
+use btfparse::{Offset, Readable, TypeInformation};
+use observer_records::SockLayout;
+
+/// The running kernel's own types.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Which tracepoint to attach for TCP state changes (`--state-tracepoint`, for tests of either
+/// on any kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StateTracepointChoice {
+    /// The raw tracepoint where the kernel's BTF describes `struct sock`, else the formatted one.
+    Auto,
+    /// The raw tracepoint; refuse to start without the kernel's BTF.
+    Raw,
+    /// The formatted tracepoint.
+    Formatted,
+}
+
+/// The tracepoint chosen. Serialised as `raw` or `formatted` (`observer_started`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateTracepoint {
+    Raw(SockLayout),
+    Formatted,
+}
+
+impl serde::Serialize for StateTracepoint {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(match self {
+            StateTracepoint::Raw(_) => "raw",
+            StateTracepoint::Formatted => "formatted",
+        })
+    }
+}
+
+/// Why the kernel's BTF gives no `SockLayout`.
+#[derive(Debug, thiserror::Error)]
+pub enum SockLayoutError {
+    #[error("reading the kernel's BTF ({path}): {reason}")]
+    Unreadable { path: String, reason: String },
+    #[error("the kernel's BTF has no struct inet_sock with a field {0}")]
+    MissingField(String),
+    #[error("struct inet_sock's field {field} is {found}, the programs read {expected} bytes")]
+    UnexpectedField {
+        field: String,
+        found: String,
+        expected: usize,
+    },
+}
+
+/// Decides the tracepoint: `Auto` takes the raw one when `btf_path` describes `struct sock`,
+/// and says on stderr why not otherwise.
+pub fn choose(
+    choice: StateTracepointChoice,
+    btf_path: &Path,
+) -> Result<StateTracepoint, SockLayoutError> {
+    match choice {
+        StateTracepointChoice::Formatted => Ok(StateTracepoint::Formatted),
+        StateTracepointChoice::Raw => read(btf_path).map(StateTracepoint::Raw),
+        StateTracepointChoice::Auto => Ok(match read(btf_path) {
+            Ok(layout) => StateTracepoint::Raw(layout),
+            Err(err) => {
+                tracing::info!(
+                    "TCP state changes from the formatted tracepoint (perf_event_open): {err}"
+                );
+                StateTracepoint::Formatted
+            }
+        }),
+    }
+}
+
+/// The offsets of the fields the raw tracepoint's program reads, from the BTF at `path`.
+pub fn read(path: &Path) -> Result<SockLayout, SockLayoutError> {
+    let unreadable = |reason: String| SockLayoutError::Unreadable {
+        path: path.display().to_string(),
+        reason,
+    };
+    let bytes = std::fs::read(path).map_err(|err| unreadable(err.to_string()))?;
+    let types = TypeInformation::new(&BtfBytes(&bytes))
+        .map_err(|err| unreadable(err.message().to_owned()))?;
+    // `struct inet_sock` begins with the `struct sock` the tracepoint hands over, and holds
+    // the ports and IPv4 source the formatted record is filled from.
+    let inet_sock = types
+        .id_of("inet_sock")
+        .ok_or_else(|| SockLayoutError::MissingField("(none: no struct inet_sock)".to_owned()))?;
+    let field = |path: &str, size: usize| field_offset(&types, inet_sock, path, size);
+    Ok(SockLayout {
+        family: field("sk.__sk_common.skc_family", 2)?,
+        dport: field("sk.__sk_common.skc_dport", 2)?,
+        sport: field("inet_sport", 2)?,
+        daddr: field("sk.__sk_common.skc_daddr", 4)?,
+        saddr: field("inet_saddr", 4)?,
+        v6_daddr: field("sk.__sk_common.skc_v6_daddr", 16)?,
+        v6_rcv_saddr: field("sk.__sk_common.skc_v6_rcv_saddr", 16)?,
+        protocol: field("sk.sk_protocol", 2)?,
+    })
+}
+
+/// The byte offset of the field at `path` (members found through anonymous unions and structs
+/// as C finds them), which must be a whole `size` bytes: not a bitfield.
+fn field_offset(
+    types: &TypeInformation,
+    container: u32,
+    path: &str,
+    size: usize,
+) -> Result<u16, SockLayoutError> {
+    let (field_type, offset) = types
+        .offset_of(container, path)
+        .map_err(|_| SockLayoutError::MissingField(path.to_owned()))?;
+    let unexpected = |found: String| SockLayoutError::UnexpectedField {
+        field: path.to_owned(),
+        found,
+        expected: size,
+    };
+    let Offset::ByteOffset(offset) = offset else {
+        return Err(unexpected("a bitfield".to_owned()));
+    };
+    match types.size_of(field_type) {
+        Ok(found) if found == size => {}
+        Ok(found) => return Err(unexpected(format!("{found} bytes"))),
+        Err(err) => return Err(unexpected(err.message().to_owned())),
+    }
+    u16::try_from(offset).map_err(|_| unexpected(format!("at byte {offset}")))
+}
+
+/// The BTF file's bytes, read whole (about 5 MiB for a distribution's kernel).
+struct BtfBytes<'a>(&'a [u8]);
+
+impl Readable for BtfBytes<'_> {
+    fn read(&self, offset: u64, buffer: &mut [u8]) -> btfparse::Result<()> {
+        let source = usize::try_from(offset)
+            .ok()
+            .and_then(|start| self.0.get(start..start.checked_add(buffer.len())?))
+            .ok_or_else(|| btfparse::Error::new(btfparse::ErrorKind::EOF, "past the BTF's end"))?;
+        buffer.copy_from_slice(source);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields at the start of `struct sock_common` have not moved since Linux 2.6; the
+    /// others depend on the configuration, and are found all the same.
+    #[test]
+    fn this_kernels_sock_layout_is_found_in_its_btf() {
+        if !Path::new(VMLINUX_BTF).exists() {
+            eprintln!("skipped: no {VMLINUX_BTF}");
+            return;
+        }
+        let layout = read(Path::new(VMLINUX_BTF)).unwrap();
+        assert_eq!(
+            (layout.daddr, layout.dport, layout.family),
+            (0, 12, 16),
+            "{layout:?}"
+        );
+        assert!(layout.v6_rcv_saddr == layout.v6_daddr + 16, "{layout:?}");
+        // `struct sock`'s own fields, then `struct inet_sock`'s after it.
+        assert!(layout.protocol > layout.v6_rcv_saddr, "{layout:?}");
+        assert!(layout.saddr > layout.protocol, "{layout:?}");
+        assert!(layout.sport > layout.protocol, "{layout:?}");
+    }
+
+    #[test]
+    fn a_missing_btf_is_named_in_one_line() {
+        let err = read(Path::new("/nonexistent/vmlinux")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("reading the kernel's BTF (/nonexistent/vmlinux): "),
+            "{err}"
+        );
+        assert_eq!(
+            choose(
+                StateTracepointChoice::Auto,
+                Path::new("/nonexistent/vmlinux")
+            )
+            .unwrap(),
+            StateTracepoint::Formatted
+        );
+    }
+}
