@@ -50,8 +50,9 @@ const VIRTIOFS_MODULES: &[(&str, &str)] = &[
 /// Guest memory; virtiofs needs it shared with virtiofsd.
 const GUEST_MEMORY_MIB: u32 = 1024;
 
-/// Boot plus the whole test binary under TCG takes about a minute; a hung guest is killed.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(600);
+/// Boot plus the whole test binary under TCG takes about 9 minutes here (each observer start
+/// 3-5 s of it, the kernel's BTF read at each 2 s); a hung guest is killed.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Printed by the guest's `/init` after the tests, with their exit status.
 const EXIT_MARKER: &str = "xtask-vm: tests exited with status ";
