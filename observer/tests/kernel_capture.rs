@@ -829,9 +829,9 @@ fn perf_event_paranoid() -> i32 {
         .unwrap()
 }
 
-/// Debian's kernels (the 6.1 and 6.12 guests) default `kernel.perf_event_paranoid` to 3 and
-/// then refuse perf_event_open, by which every tracepoint attaches, to all but CAP_SYS_ADMIN:
-/// the observer stops in one line that names the setting and the fix.
+/// Debian's kernels (the 5.10, 6.1 and 6.12 guests) default `kernel.perf_event_paranoid` to 3
+/// and then refuse perf_event_open, by which every formatted tracepoint attaches, to all but
+/// CAP_SYS_ADMIN: the syscall hook stops in one line that names the setting and the fix.
 fn tracepoints_refused_without_cap_sys_admin(port: u16, cgroup_root: &str) {
     let output = without_cap_sys_admin()
         .args(["run", "--capture-hook", "auto", "--grpc-port"])

@@ -44,7 +44,7 @@ enum Task {
     /// Everything CI checks: formatting, clippy -D warnings (host and eBPF crates), unit tests
     /// and the privileged integration tests (run as root: they load the real programs), a short
     /// run of every fuzz target (installs cargo-fuzz once), then the kernel tests under Linux
-    /// 6.1 and 6.12 (`vm`).
+    /// 5.10, 6.1 and 6.12 (`vm`).
     Test,
     /// The observer catching OpenIM 3.5.1's scale-out bug in a simulated cluster (network
     /// namespaces on this machine; needs root). Arguments go to `openim-lab demo`, e.g.
@@ -64,7 +64,7 @@ enum Task {
     },
     /// The privileged kernel tests (observer/tests/kernel_capture.rs) under another kernel:
     /// Debian's cloud kernel of that series, booted with qemu (TCG), fetched and cached under
-    /// target/vm. VERSION is a series (`6.1`, `6.12`: its newest kernel) or an exact release
+    /// target/vm. VERSION is a series (`5.10`, `6.1`, `6.12`: its newest kernel) or an exact release
     /// (`6.1.0-57`). Installs qemu-system-x86 when missing (apt).
     Vm {
         /// Repeat to run several kernels, one after the other.
@@ -321,8 +321,9 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     kernels.map(|_| ())
 }
 
-/// The kernels `cargo xtask test` boots: Debian 12's 6.1 LTS and the 6.12 LTS.
-const CI_KERNELS: &[&str] = &["6.1", "6.12"];
+/// The kernels `cargo xtask test` boots: Debian 11's 5.10 LTS (before `bpf_loop`: the tail-call
+/// walk, as Amazon Linux 2 would run it), Debian 12's 6.1 LTS and the 6.12 LTS.
+const CI_KERNELS: &[&str] = &["5.10", "6.1", "6.12"];
 
 struct TestTotals {
     passed: u64,

@@ -1,6 +1,6 @@
 //! `cargo xtask vm --kernel VERSION`: the privileged kernel tests under another kernel.
 //!
-//! The kernel is a Debian cloud kernel (the flavour of Debian 12 cloud nodes), fetched with
+//! The kernel is a Debian cloud kernel (the flavour of Debian 11 and 12 cloud nodes), fetched with
 //! `apt-get download` through a private apt configuration (its own sources and lists under the
 //! cache, so the host's apt setup is neither needed nor changed) and unpacked with `dpkg-deb`.
 //! qemu boots it with TCG (nested KVM fails on CI machines) and an initramfs built here:
@@ -21,14 +21,20 @@ use anyhow::{Context, Result, bail};
 
 use crate::{capture, status, step};
 
-/// Every suite a Debian 12 kernel comes from: 6.1 in bookworm and its security updates, 6.12
-/// in bookworm-security (linux-6.12) and bookworm-backports.
+/// Every suite a Debian 11 or 12 kernel comes from: 5.10 in bullseye and its security updates,
+/// 6.1 in bookworm and its security updates, 6.12 in bookworm-security (linux-6.12) and
+/// bookworm-backports.
 const APT_SOURCES: &str = "\
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bullseye main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bullseye-security main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-updates main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm-backports main
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
 ";
+
+/// The sources the lists were last fetched for, beside them.
+const LISTS_SOURCES: &str = "lists/sources.list";
 
 /// Package lists older than this are refreshed: new kernel ABIs replace old ones on the mirror.
 const LISTS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
@@ -50,8 +56,8 @@ const VIRTIOFS_MODULES: &[(&str, &str)] = &[
 /// Guest memory; virtiofs needs it shared with virtiofsd.
 const GUEST_MEMORY_MIB: u32 = 1024;
 
-/// Boot plus the whole test binary under TCG takes about 9 minutes here (each observer start
-/// 3-5 s of it, the kernel's BTF read at each 2 s); a hung guest is killed.
+/// Boot plus the whole test binary under TCG takes 5.5 (5.10) to 9 minutes (6.x) here (each
+/// observer start 3-5 s of it, the kernel's BTF read at each 2 s); a hung guest is killed.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Printed by the guest's `/init` after the tests, with their exit status.
@@ -164,7 +170,13 @@ impl PrivateApt {
         command
     }
 
+    /// Older than `LISTS_MAX_AGE`, or fetched for other sources than `APT_SOURCES` (a suite
+    /// added since).
     fn lists_are_stale(&self) -> bool {
+        let fetched_for = std::fs::read_to_string(self.root.join(LISTS_SOURCES));
+        if fetched_for.ok().as_deref() != Some(APT_SOURCES) {
+            return true;
+        }
         let newest = std::fs::read_dir(self.root.join("lists"))
             .into_iter()
             .flatten()
@@ -182,9 +194,12 @@ impl PrivateApt {
 
     fn update(&self) -> Result<()> {
         step(
-            "fetching Debian 12's package lists for the kernels (apt-get update, private lists)",
+            "fetching Debian 11's and 12's package lists for the kernels (apt-get update, private lists)",
             self.command("apt-get").args(["update", "-qq"]),
-        )
+        )?;
+        let fetched_for = self.root.join(LISTS_SOURCES);
+        std::fs::write(&fetched_for, APT_SOURCES)
+            .with_context(|| format!("writing {}", fetched_for.display()))
     }
 
     /// The kernel package for `request`: a series (`6.1`, `6.12`) picks its newest cloud kernel;
@@ -199,7 +214,7 @@ impl PrivateApt {
                 .unwrap_or(request);
             let package = format!("linux-image-{release}-{FLAVOUR}");
             if self.candidate(std::slice::from_ref(&package))?.is_empty() {
-                bail!("Debian 12 has no package {package}");
+                bail!("Debian 11 and 12 have no package {package}");
             }
             return Ok(package);
         }
@@ -232,7 +247,7 @@ impl PrivateApt {
         }
         newest
             .map(|(package, _)| package)
-            .with_context(|| format!("Debian 12 has no linux-image-{request}.*-{FLAVOUR}"))
+            .with_context(|| format!("Debian 11 and 12 have no linux-image-{request}.*-{FLAVOUR}"))
     }
 
     /// (package, candidate version) for each of `packages` apt can install.
