@@ -56,8 +56,8 @@ const VIRTIOFS_MODULES: &[(&str, &str)] = &[
 /// Guest memory; virtiofs needs it shared with virtiofsd.
 const GUEST_MEMORY_MIB: u32 = 1024;
 
-/// Boot plus the whole test binary under TCG takes 5.5 (5.10) to 9 minutes (6.x) here (each
-/// observer start 3-5 s of it, the kernel's BTF read at each 2 s); a hung guest is killed.
+/// Boot plus the whole test binary under TCG takes 3.5 to 4 minutes here, and took 9 while each
+/// observer start read the kernel's BTF unoptimised; a hung guest is killed.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Printed by the guest's `/init` after the tests, with their exit status.

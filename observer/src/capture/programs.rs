@@ -7,7 +7,8 @@ use aya::{
     Ebpf,
     maps::{MapError, ProgramArray},
     programs::{
-        CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, ProgramError, RawTracePoint, TracePoint,
+        CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, Program, ProgramError, RawTracePoint,
+        TracePoint,
     },
 };
 use tokio::io::unix::AsyncFd;
@@ -161,17 +162,8 @@ pub(super) fn attach_packet_hook(
     state: StateTracepoint,
 ) -> Result<(), CaptureError> {
     for (program_name, attach_type) in PACKET_PROGRAMS {
-        let program: &mut CgroupSkb = ebpf
-            .program_mut(program_name)
-            .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
-            .try_into()
-            .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))?;
-        program
-            .load()
-            .map_err(|err| CaptureError::ProgramRejected {
-                program: (*program_name).to_owned(),
-                reason: verifier_summary(&err),
-            })?;
+        let program: &mut CgroupSkb = typed_program(ebpf, program_name)?;
+        program.load().map_err(|err| rejected(program_name, &err))?;
         // Beside any other program there (a CNI's, systemd's): ours only looks. On 5.7+ aya
         // attaches through a BPF link, which runs beside every program attached through a link
         // or with BPF_F_ALLOW_MULTI (not beside one attached without), and refuses any mode
@@ -234,7 +226,7 @@ fn load_exit_program(ebpf: &mut Ebpf, wanted: CopyWalk) -> Result<CopyWalk, Capt
     }
     load_program(ebpf, EXIT_PROGRAM_BOUNDED)?;
     load_program(ebpf, COPY_CONTINUE_PROGRAM)?;
-    let continuation = tracepoint_program(ebpf, COPY_CONTINUE_PROGRAM)?
+    let continuation = typed_program::<TracePoint>(ebpf, COPY_CONTINUE_PROGRAM)?
         .fd()
         .map_err(|err| CaptureError::Setup(format!("{COPY_CONTINUE_PROGRAM}: {err}")))?
         .try_clone()
@@ -252,28 +244,32 @@ fn load_exit_program(ebpf: &mut Ebpf, wanted: CopyWalk) -> Result<CopyWalk, Capt
     Ok(CopyWalk::TailCalls)
 }
 
-fn tracepoint_program<'a>(
-    ebpf: &'a mut Ebpf,
-    program_name: &str,
-) -> Result<&'a mut TracePoint, CaptureError> {
+/// The object's program `program_name`, as the program type it was built as.
+fn typed_program<'a, P>(ebpf: &'a mut Ebpf, program_name: &str) -> Result<&'a mut P, CaptureError>
+where
+    &'a mut P: TryFrom<&'a mut Program, Error = ProgramError>,
+{
     ebpf.program_mut(program_name)
         .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
         .try_into()
         .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))
 }
 
+/// The kernel refused to load `program_name`: why, in a line.
+fn rejected(program_name: &str, err: &ProgramError) -> CaptureError {
+    CaptureError::ProgramRejected {
+        program: program_name.to_owned(),
+        reason: verifier_summary(err),
+    }
+}
+
 /// Loads a program into the kernel once (one program may serve several tracepoints).
 fn load_program(ebpf: &mut Ebpf, program_name: &str) -> Result<(), CaptureError> {
-    let program = tracepoint_program(ebpf, program_name)?;
+    let program = typed_program::<TracePoint>(ebpf, program_name)?;
     if program.fd().is_ok() {
         return Ok(());
     }
-    program
-        .load()
-        .map_err(|err| CaptureError::ProgramRejected {
-            program: program_name.to_owned(),
-            reason: verifier_summary(&err),
-        })?;
+    program.load().map_err(|err| rejected(program_name, &err))?;
     // The verifier's work (5.16+), against its limit of 1 000 000 instructions.
     if let Some(verified) = program
         .info()
@@ -300,7 +296,7 @@ fn attach(
         return attach_raw_state_program(ebpf);
     }
     load_program(ebpf, program_name)?;
-    tracepoint_program(ebpf, program_name)?
+    typed_program::<TracePoint>(ebpf, program_name)?
         .attach(category, tracepoint)
         .map_err(|err| CaptureError::TracepointAttach {
             category: category.to_owned(),
@@ -313,17 +309,8 @@ fn attach(
 /// The raw tracepoint of TCP state changes: BPF_RAW_TRACEPOINT_OPEN, no perf event.
 fn attach_raw_state_program(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     let (program_name, tracepoint) = RAW_STATE_PROGRAM;
-    let program: &mut RawTracePoint = ebpf
-        .program_mut(program_name)
-        .ok_or_else(|| CaptureError::Setup(format!("program {program_name} is missing")))?
-        .try_into()
-        .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))?;
-    program
-        .load()
-        .map_err(|err| CaptureError::ProgramRejected {
-            program: program_name.to_owned(),
-            reason: verifier_summary(&err),
-        })?;
+    let program: &mut RawTracePoint = typed_program(ebpf, program_name)?;
+    program.load().map_err(|err| rejected(program_name, &err))?;
     program
         .attach(tracepoint)
         .map_err(|err| CaptureError::TracepointAttach {
