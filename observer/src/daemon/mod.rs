@@ -226,7 +226,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 sink.flush()?;
                 if drained.records > 0 {
                     let now = tokio::time::Instant::now();
-                    let follow_up = keep_polling(&mut capture, &mut pacing, drained.records);
+                    let follow_up = pacing.follow_up(drained.records, now.into_std());
+                    capture.reader_polls(follow_up);
                     drain_timer.as_mut().reset(now + follow_up);
                 }
             }
@@ -240,7 +241,9 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 sink.flush()?;
                 let now = tokio::time::Instant::now();
                 let next = if drained.records > 0 {
-                    keep_polling(&mut capture, &mut pacing, drained.records)
+                    let follow_up = pacing.follow_up(drained.records, now.into_std());
+                    capture.reader_polls(follow_up);
+                    follow_up
                 } else {
                     pacing.quiet(capture.holds_records())
                 };
@@ -266,23 +269,13 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             }
             _ = reconcile_timer.tick() => {
                 // The records already made first, so a close that did arrive is seen as one.
-                let drained =
-                    consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_BEFORE_RECONCILE)?;
-                malformed_records += drained.malformed;
+                malformed_records +=
+                    consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_BEFORE_RECONCILE)?
+                        .malformed;
                 let alive = capture.reconcile();
                 sink.engine.reconcile(&alive, unix_now_ns(), &mut sink.alerts);
                 sink.flush()?;
                 release_freed_memory();
-                // A read like any other: a record that woke the reader may be among those just
-                // read, and the programs count on a poll for the ones after it; records the
-                // reconciliation released wait for the next drain.
-                let now = tokio::time::Instant::now();
-                if drained.records > 0 {
-                    let follow_up = keep_polling(&mut capture, &mut pacing, drained.records);
-                    drain_timer.as_mut().reset(now + follow_up);
-                } else if capture.holds_records() {
-                    drain_timer.as_mut().reset(now + read_pacing::FIRST_QUIET_DRAIN);
-                }
             }
             done = next_done(&mut sink.cluster) => {
                 sink.apply(done);
@@ -313,14 +306,6 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         sink.cluster.as_ref().map(ClusterLink::state),
     );
     Ok(())
-}
-
-/// A read found `records`: the reader drains again within the pacing's follow-up, and tells
-/// the programs so (records until then need not wake it). Returns the follow-up.
-fn keep_polling(capture: &mut KernelCapture, pacing: &mut ReadPacing, records: usize) -> Duration {
-    let follow_up = pacing.follow_up(records, std::time::Instant::now());
-    capture.reader_polls(follow_up);
-    follow_up
 }
 
 /// Batches of ring records consumed before a reconciliation (so the closes already made are
