@@ -23,8 +23,8 @@ use crate::{
     alert::{SCHEMA_VERSION, rfc3339},
     capture::{
         cgroup_scope,
-        kernel::{CaptureError, Drained, KernelCapture, KernelCounters},
-        read_pacing::{self, ReadPacing},
+        kernel::{CaptureError, DRAIN_INTERVAL, Drained, KernelCapture, KernelCounters},
+        read_pacing::ReadPacing,
         recording::{self, RecordingError},
         reorder::ReorderCounters,
     },
@@ -210,9 +210,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     // Drains without a wakeup: soon after reading anything (how soon: `pacing`), telling the
     // programs it polls so that records need not wake it; once a drain finds nothing it says
     // it waits for wakeups, drains once more (a record made before that word reached the
-    // programs woke no one), and then drains only now and then, less and less often while
-    // nothing comes (`ReadPacing::quiet`).
-    let drain_timer = tokio::time::sleep(read_pacing::FIRST_QUIET_DRAIN);
+    // programs woke no one), and falls back to the quiet interval.
+    let drain_timer = tokio::time::sleep(DRAIN_INTERVAL);
     tokio::pin!(drain_timer);
     let mut pacing = ReadPacing::new(std::time::Instant::now());
     let mut batch = Vec::new();
@@ -245,7 +244,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                     capture.reader_polls(follow_up);
                     follow_up
                 } else {
-                    pacing.quiet(capture.holds_records())
+                    DRAIN_INTERVAL
                 };
                 drain_timer.as_mut().reset(now + next);
             }
