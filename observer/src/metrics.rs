@@ -24,7 +24,7 @@ use tokio::{
 
 use crate::{
     budget::MemoryCounters,
-    capture::{kernel::KernelCounters, reorder::ReorderCounters},
+    capture::{kernel_counters::KernelCounters, reorder::ReorderCounters},
     correlate::{EngineCounters, blindness::ReasonHealth},
 };
 

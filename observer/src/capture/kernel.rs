@@ -13,7 +13,7 @@ use aya::{
     maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, RingBuf},
 };
 use observer_records::{
-    COUNTER_COUNT, CaptureConfig, Connection, ConnectionTuple, Counter, SocketKey, SocketState,
+    CaptureConfig, Connection, ConnectionTuple, Counter, SocketKey, SocketState,
     adopted_connection_id, watching_slot,
 };
 use thiserror::Error;
@@ -27,6 +27,7 @@ use super::{
     cgroup_scope::{self, ScopeError, ScopeMembership},
     hook_choice,
     host::{self, TRACEFS},
+    kernel_counters::KernelCounters,
     programs,
     read_pacing::{self, READ_FOLLOW_UP},
     reader_awake::ReaderAwake,
@@ -121,44 +122,6 @@ pub struct CaptureOptions {
     pub state_tracepoint: sock_layout::StateTracepointChoice,
     /// The node's cgroup v2 hierarchy, where `CaptureHook::Packets` attaches.
     pub cgroup_root: PathBuf,
-}
-
-/// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
-/// by `Counter::name`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters([u64; COUNTER_COUNT as usize]);
-
-impl KernelCounters {
-    pub fn iter(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
-        Counter::ALL
-            .into_iter()
-            .map(|counter| (counter, self[counter]))
-    }
-}
-
-impl std::ops::Index<Counter> for KernelCounters {
-    type Output = u64;
-
-    fn index(&self, counter: Counter) -> &u64 {
-        &self.0[counter as usize]
-    }
-}
-
-impl std::ops::IndexMut<Counter> for KernelCounters {
-    fn index_mut(&mut self, counter: Counter) -> &mut u64 {
-        &mut self.0[counter as usize]
-    }
-}
-
-impl serde::Serialize for KernelCounters {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(Counter::ALL.len()))?;
-        for (counter, value) in self.iter() {
-            map.serialize_entry(counter.name(), &value)?;
-        }
-        map.end()
-    }
 }
 
 /// The loaded and attached programs. Dropping it detaches and unloads them all.

@@ -6,6 +6,7 @@ pub mod cgroup_scope;
 mod hook_choice;
 mod host;
 pub mod kernel;
+pub mod kernel_counters;
 mod kernel_features;
 mod programs;
 pub mod read_pacing;

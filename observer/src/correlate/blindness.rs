@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::{
     alert::{Affected, AffectedProcess, Alert, AlertBody, DegradedReason, DegradedState, rfc3339},
-    capture::kernel::KernelCounters,
+    capture::kernel_counters::KernelCounters,
     model::{ConnectionId, NANOS_PER_SEC, Process},
     openim::diagnosis::{self, CaptureSettings},
 };

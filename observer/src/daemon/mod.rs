@@ -23,7 +23,8 @@ use crate::{
     alert::{SCHEMA_VERSION, rfc3339},
     capture::{
         cgroup_scope,
-        kernel::{CaptureError, DRAIN_INTERVAL, Drained, KernelCapture, KernelCounters},
+        kernel::{CaptureError, DRAIN_INTERVAL, Drained, KernelCapture},
+        kernel_counters::KernelCounters,
         read_pacing::ReadPacing,
         recording::{self, RecordingError},
         reorder::ReorderCounters,

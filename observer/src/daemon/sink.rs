@@ -12,7 +12,7 @@ use std::{
 use super::{DaemonError, args::EngineArgs, unix_now_ns};
 use crate::{
     alert::Alert,
-    capture::{kernel::KernelCounters, recording::PrivateLines},
+    capture::{kernel_counters::KernelCounters, recording::PrivateLines},
     cluster::{ClusterLink, link::Done},
     correlate::{Engine, blindness::CaptureHealth},
     identity::PodDirectory,
