@@ -308,6 +308,47 @@ async fn redis_restarted_empty_gets_this_nodes_state_back() {
     assert_eq!(health.counters().facts_dropped, 0);
 }
 
+/// A stopping observer waits until nothing is unwritten (`EventSink::settle`): a fact counts
+/// until Redis took it, not only until the writer took it off the queue.
+#[tokio::test]
+async fn a_fact_is_unwritten_until_redis_took_it() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
+    let redis = RedisServer::start().unwrap();
+    let state = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
+    let health = state.health();
+    until("Redis seen up", || {
+        let up = health.is_up();
+        async move { up }
+    })
+    .await;
+    // Redis holds writes for half a second (the batch deadline is a second), as a busy one
+    // would; reads such as the probe's go on.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(500)
+        .arg("WRITE")
+        .query(&mut redis.client().unwrap())
+        .unwrap();
+    state.record(Fact::Placed(placement(
+        "5001",
+        "node-a",
+        45001,
+        "10.244.0.11",
+    )));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(health.unwritten(), 1, "in the batch Redis holds");
+    until("the fact written", || {
+        let done = health.unwritten() == 0;
+        async move { done }
+    })
+    .await;
+    let found = state.placements_of(&["5001".to_owned()]).await.unwrap();
+    assert_eq!(found["5001"].len(), 1);
+    assert_eq!(health.counters().facts_written, 1);
+}
+
 #[tokio::test]
 async fn an_unreachable_redis_bounds_the_queue() {
     let url = format!("redis://127.0.0.1:{}", free_port().unwrap());

@@ -338,6 +338,13 @@ impl ClusterLink {
         self.outstanding
     }
 
+    /// Whether facts this node recorded still wait to be written while Redis is up; among
+    /// them its latest placements, which an observer restarted on this node recovers.
+    pub fn facts_unwritten(&self) -> bool {
+        let health = self.state.health();
+        health.is_up() && health.unwritten() > 0
+    }
+
     /// Once a second: says when Redis is lost or back (`capture_degraded`), merges the shared
     /// ring evidence, forgets ended claims.
     pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {

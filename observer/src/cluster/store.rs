@@ -105,6 +105,7 @@ pub struct StoreHealth {
     /// In a batch Redis did not take.
     pub(super) facts_lost: AtomicU64,
     pub(super) placements_not_refreshed: AtomicU64,
+    /// Recorded and not yet written (or lost): still on the queue or in the batch in flight.
     pub(super) queued: AtomicU64,
     lookups_failed: AtomicU64,
     claims_failed: AtomicU64,
@@ -146,6 +147,11 @@ pub struct StoreCounters {
 impl StoreHealth {
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    /// Facts recorded and not yet written (or lost).
+    pub fn unwritten(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
     }
 
     pub(crate) fn count(&self, event: LinkEvent) {
@@ -198,7 +204,7 @@ impl Collector for StoreMetrics {
             ),
             (
                 "redis_queue_depth",
-                "Facts waiting for Redis",
+                "Facts waiting for Redis (queued, or in the batch being written)",
                 counters.queued as f64,
             ),
         ];

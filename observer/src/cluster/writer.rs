@@ -75,8 +75,9 @@ impl Writer {
                     if received == 0 {
                         return;
                     }
-                    self.health.queued.fetch_sub(received as u64, Ordering::Relaxed);
                     self.write(&mut batch).await;
+                    // Queued until written (or lost): a stopping observer waits for them.
+                    self.health.queued.fetch_sub(received as u64, Ordering::Relaxed);
                 }
                 _ = refresh.tick() => self.rewrite_own().await,
                 _ = up.changed() => {}

@@ -22,6 +22,8 @@ use crate::{
 
 /// Cluster mode, at shutdown: joins and claims still in flight are waited for this long.
 const SETTLE_AT_STOP: Duration = Duration::from_secs(2);
+/// How often a stopping observer looks whether the writer has written every fact.
+const FACTS_SETTLE_POLL: Duration = Duration::from_millis(2);
 
 /// Where events go once captured or replayed: the engine, and optionally stdout and a file.
 pub(super) struct EventSink {
@@ -114,7 +116,10 @@ impl EventSink {
         }
     }
 
-    /// Cluster mode, at shutdown: waits a little for the joins and claims still in flight.
+    /// Cluster mode, at shutdown: waits a little for the joins and claims still in flight, and
+    /// for the facts not yet written. A restarted observer recovers this node's placements
+    /// from Redis, so one made just before the stop and left on the queue would be a user
+    /// whose pushes nobody can judge.
     pub(super) async fn settle(&mut self) -> Result<(), DaemonError> {
         let deadline = tokio::time::Instant::now() + SETTLE_AT_STOP;
         loop {
@@ -123,7 +128,12 @@ impl EventSink {
                 return Ok(());
             };
             if link.outstanding() == 0 {
-                return Ok(());
+                if !link.facts_unwritten() || tokio::time::Instant::now() >= deadline {
+                    return Ok(());
+                }
+                // The writer is a task of this runtime: it runs while this one sleeps.
+                tokio::time::sleep(FACTS_SETTLE_POLL).await;
+                continue;
             }
             match tokio::time::timeout_at(deadline, link.next()).await {
                 Ok(done) => self.apply(done),
