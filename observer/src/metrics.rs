@@ -48,8 +48,8 @@ struct Exported {
 }
 
 /// Upper bounds of the `kernel_to_alert_seconds` buckets: ×1.5–2 steps from 100 µs to 100 ms,
-/// where alerts land (the 5 ms goal and the 10 ms drain timer each fall on a bound), then two
-/// coarse bounds for alerts that waited on a gateway's answer or a window.
+/// where alerts land (the 5 ms goal and the first safety drain, 10 ms on, each fall on a
+/// bound), then two coarse bounds for alerts that waited on a gateway's answer or a window.
 const KERNEL_TO_ALERT_BUCKETS: [f64; 20] = [
     0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01,
     0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 1.0, 10.0,

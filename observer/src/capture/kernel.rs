@@ -56,10 +56,6 @@ const KERNEL_LOG_DEBUG: u8 = 4;
 /// `bpf_map_update_elem` flag (linux/bpf.h): insert only if the key is absent.
 const BPF_NOEXIST: u64 = 1;
 
-/// How often the reader drains the ring without being woken while it is quiet: a safety net,
-/// since the first record after a quiet spell wakes it (`CaptureConfig::wakeup_after_ns`).
-pub const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
-
 #[derive(Debug, Error)]
 pub enum CaptureError {
     #[error("built without the eBPF programs: build with `cargo xtask build`")]
@@ -409,6 +405,12 @@ impl KernelCapture {
         if let Some(reorder) = &mut self.reorder {
             reorder.release_all(events);
         }
+    }
+
+    /// Whether records wait in userspace for a later drain: held for a gap to fill, or
+    /// released by the reconciliation and not yet passed on.
+    pub fn holds_records(&self) -> bool {
+        !self.released.is_empty() || self.reorder.as_ref().is_some_and(Reorder::holds)
     }
 
     /// What putting the packet hook's records in order did (`None` with the syscall hook).

@@ -68,6 +68,11 @@ impl Reorder {
         self.counters
     }
 
+    /// Whether records wait for a gap before them to fill.
+    pub fn holds(&self) -> bool {
+        !self.holding.is_empty()
+    }
+
     /// Passes `event` on into `out`, with any records it lets go after it, or holds it.
     /// `now_ns`: the monotonic clock (`HOLD_NS` is measured on it).
     pub fn push(&mut self, event: Event, now_ns: u64, out: &mut Vec<Event>) {

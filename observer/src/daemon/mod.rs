@@ -23,9 +23,9 @@ use crate::{
     alert::{SCHEMA_VERSION, rfc3339},
     capture::{
         cgroup_scope,
-        kernel::{CaptureError, DRAIN_INTERVAL, Drained, KernelCapture},
+        kernel::{CaptureError, Drained, KernelCapture},
         kernel_counters::KernelCounters,
-        read_pacing::ReadPacing,
+        read_pacing::{self, ReadPacing},
         recording::{self, RecordingError},
         reorder::ReorderCounters,
     },
@@ -211,8 +211,9 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     // Drains without a wakeup: soon after reading anything (how soon: `pacing`), telling the
     // programs it polls so that records need not wake it; once a drain finds nothing it says
     // it waits for wakeups, drains once more (a record made before that word reached the
-    // programs woke no one), and falls back to the quiet interval.
-    let drain_timer = tokio::time::sleep(DRAIN_INTERVAL);
+    // programs woke no one), and then drains only now and then, less and less often while
+    // nothing comes (`ReadPacing::quiet`).
+    let drain_timer = tokio::time::sleep(read_pacing::FIRST_QUIET_DRAIN);
     tokio::pin!(drain_timer);
     let mut pacing = ReadPacing::new(std::time::Instant::now());
     let mut batch = Vec::new();
@@ -226,8 +227,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 sink.flush()?;
                 if drained.records > 0 {
                     let now = tokio::time::Instant::now();
-                    let follow_up = pacing.follow_up(drained.records, now.into_std());
-                    capture.reader_polls(follow_up);
+                    let follow_up = keep_polling(&mut capture, &mut pacing, drained.records);
                     drain_timer.as_mut().reset(now + follow_up);
                 }
             }
@@ -241,11 +241,9 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
                 sink.flush()?;
                 let now = tokio::time::Instant::now();
                 let next = if drained.records > 0 {
-                    let follow_up = pacing.follow_up(drained.records, now.into_std());
-                    capture.reader_polls(follow_up);
-                    follow_up
+                    keep_polling(&mut capture, &mut pacing, drained.records)
                 } else {
-                    DRAIN_INTERVAL
+                    pacing.quiet(capture.holds_records())
                 };
                 drain_timer.as_mut().reset(now + next);
             }
@@ -269,13 +267,23 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             }
             _ = reconcile_timer.tick() => {
                 // The records already made first, so a close that did arrive is seen as one.
-                malformed_records +=
-                    consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_BEFORE_RECONCILE)?
-                        .malformed;
+                let drained =
+                    consume_ready(&mut capture, &mut sink, &mut batch, MAX_BATCHES_BEFORE_RECONCILE)?;
+                malformed_records += drained.malformed;
                 let alive = capture.reconcile();
                 sink.engine.reconcile(&alive, unix_now_ns(), &mut sink.alerts);
                 sink.flush()?;
                 release_freed_memory();
+                // A read like any other: a record that woke the reader may be among those just
+                // read, and the programs count on a poll for the ones after it; records the
+                // reconciliation released wait for the next drain.
+                let now = tokio::time::Instant::now();
+                if drained.records > 0 {
+                    let follow_up = keep_polling(&mut capture, &mut pacing, drained.records);
+                    drain_timer.as_mut().reset(now + follow_up);
+                } else if capture.holds_records() {
+                    drain_timer.as_mut().reset(now + read_pacing::FIRST_QUIET_DRAIN);
+                }
             }
             done = next_done(&mut sink.cluster) => {
                 sink.apply(done);
@@ -306,6 +314,14 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         sink.cluster.as_ref().map(ClusterLink::state),
     );
     Ok(())
+}
+
+/// A read found `records`: the reader drains again within the pacing's follow-up, and tells
+/// the programs so (records until then need not wake it). Returns the follow-up.
+fn keep_polling(capture: &mut KernelCapture, pacing: &mut ReadPacing, records: usize) -> Duration {
+    let follow_up = pacing.follow_up(records, std::time::Instant::now());
+    capture.reader_polls(follow_up);
+    follow_up
 }
 
 /// Batches of ring records consumed before a reconciliation (so the closes already made are
