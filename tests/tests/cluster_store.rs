@@ -61,6 +61,15 @@ async fn until<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> 
     }
 }
 
+async fn seen_up(state: &SharedState, what: &str) {
+    let health = state.health();
+    until(what, || {
+        let up = health.is_up();
+        async move { up }
+    })
+    .await;
+}
+
 async fn written(state: &SharedState, facts: u64) {
     let health = state.health();
     until(&format!("{facts} facts written"), || {
@@ -280,11 +289,7 @@ async fn redis_restarted_empty_gets_this_nodes_state_back() {
 
     redis.restart().unwrap();
     let restarted = Instant::now();
-    until("Redis seen up again", || {
-        let up = health.is_up();
-        async move { up }
-    })
-    .await;
+    seen_up(&state, "Redis seen up again").await;
     assert!(
         restarted.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -318,11 +323,7 @@ async fn a_fact_is_unwritten_until_redis_took_it() {
     let redis = RedisServer::start().unwrap();
     let state = SharedState::start(&config(&redis.url(), "node-a", 1024)).unwrap();
     let health = state.health();
-    until("Redis seen up", || {
-        let up = health.is_up();
-        async move { up }
-    })
-    .await;
+    seen_up(&state, "Redis seen up").await;
     // Redis holds writes for half a second (the batch deadline is a second), as a busy one
     // would; reads such as the probe's go on.
     let _: () = redis::cmd("CLIENT")
@@ -423,12 +424,7 @@ async fn health_shows_on_metrics() {
     }
     let redis = RedisServer::start().unwrap();
     let state = SharedState::start(&config(&redis.url(), "node-a", 64)).unwrap();
-    let health = state.health();
-    until("Redis seen up", || {
-        let up = health.is_up();
-        async move { up }
-    })
-    .await;
+    seen_up(&state, "Redis seen up").await;
     let mut metrics = Metrics::default();
     metrics.register_collector(Box::new(StoreMetrics(state.health())));
     let text = metrics.render();
