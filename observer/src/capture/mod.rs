@@ -2,6 +2,7 @@
 //! the kernel (`kernel`) or from a recording (`recording`).
 
 pub mod adopt;
+mod btf;
 pub mod cgroup_scope;
 mod hook_choice;
 mod host;

@@ -11,8 +11,9 @@
 
 use std::path::Path;
 
-use btfparse::{Offset, Readable, TypeInformation};
 use observer_records::SockLayout;
+
+use super::btf::{Btf, TypeId};
 
 /// The running kernel's own types.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -88,12 +89,11 @@ pub fn read(path: &Path) -> Result<SockLayout, SockLayoutError> {
         reason,
     };
     let bytes = std::fs::read(path).map_err(|err| unreadable(err.to_string()))?;
-    let types = TypeInformation::new(&BtfBytes(&bytes))
-        .map_err(|err| unreadable(err.message().to_owned()))?;
+    let types = Btf::parse(&bytes).map_err(|err| unreadable(err.to_string()))?;
     // `struct inet_sock` begins with the `struct sock` the tracepoint hands over, and holds
     // the ports and IPv4 source the formatted record is filled from.
     let inet_sock = types
-        .id_of("inet_sock")
+        .struct_named("inet_sock")
         .ok_or_else(|| SockLayoutError::MissingField("(none: no struct inet_sock)".to_owned()))?;
     let field = |path: &str, size: usize| field_offset(&types, inet_sock, path, size);
     Ok(SockLayout {
@@ -111,55 +111,29 @@ pub fn read(path: &Path) -> Result<SockLayout, SockLayoutError> {
 /// The byte offset of the field at `path` (members found through anonymous unions and structs
 /// as C finds them), which must be a whole `size` bytes: not a bitfield.
 fn field_offset(
-    types: &TypeInformation,
-    container: u32,
+    types: &Btf,
+    container: TypeId,
     path: &str,
     size: usize,
 ) -> Result<u16, SockLayoutError> {
-    let (field_type, offset) = types
-        .offset_of(container, path)
-        .map_err(|_| SockLayoutError::MissingField(path.to_owned()))?;
+    let member = types
+        .member(container, path)
+        .ok_or_else(|| SockLayoutError::MissingField(path.to_owned()))?;
     let unexpected = |found: String| SockLayoutError::UnexpectedField {
         field: path.to_owned(),
         found,
         expected: size,
     };
-    let Offset::ByteOffset(offset) = offset else {
+    if member.bitfield_bits != 0 || member.bit_offset % 8 != 0 {
         return Err(unexpected("a bitfield".to_owned()));
-    };
-    match types.size_of(field_type) {
+    }
+    match types.size_of(member.type_id) {
         Ok(found) if found == size => {}
         Ok(found) => return Err(unexpected(format!("{found} bytes"))),
-        Err(err) => return Err(unexpected(err.message().to_owned())),
+        Err(err) => return Err(unexpected(err.to_string())),
     }
+    let offset = member.bit_offset / 8;
     u16::try_from(offset).map_err(|_| unexpected(format!("at byte {offset}")))
-}
-
-/// The BTF file's bytes, read whole (about 5 MiB for a distribution's kernel).
-struct BtfBytes<'a>(&'a [u8]);
-
-impl Readable for BtfBytes<'_> {
-    // Called for every few bytes of the file (a string byte by byte): written with as few calls
-    // as possible, since test builds leave it unoptimised.
-    fn read(&self, offset: u64, buffer: &mut [u8]) -> btfparse::Result<()> {
-        let start = offset as usize;
-        let end = start.wrapping_add(buffer.len());
-        if start > end || end > self.0.len() {
-            return Err(btfparse::Error::new(
-                btfparse::ErrorKind::EOF,
-                "past the BTF's end",
-            ));
-        }
-        // SAFETY: `start..end` is within the file's bytes (checked above), `buffer` is as long.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.0.as_ptr().add(start),
-                buffer.as_mut_ptr(),
-                buffer.len(),
-            );
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
