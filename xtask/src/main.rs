@@ -308,7 +308,7 @@ fn test(toolchain: &Toolchain) -> Result<()> {
         bail!("cargo test failed");
     }
     fuzz::smoke(toolchain)?;
-    // The kernels of real nodes (about a minute and a half each under TCG, cached downloads).
+    // The kernels of real nodes (3.5-4.5 minutes each under TCG, cached downloads).
     let kernels = vm_tests(CI_KERNELS);
     let (passed, failed) = match &kernels {
         Ok(counts) => (totals.passed + counts.passed, totals.failed + counts.failed),

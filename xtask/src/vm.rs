@@ -56,8 +56,8 @@ const VIRTIOFS_MODULES: &[(&str, &str)] = &[
 /// Guest memory; virtiofs needs it shared with virtiofsd.
 const GUEST_MEMORY_MIB: u32 = 1024;
 
-/// Boot plus the whole test binary under TCG takes 3.5 to 4 minutes here, and took 9 while each
-/// observer start read the kernel's BTF unoptimised; a hung guest is killed.
+/// Boot plus the whole test binary under TCG takes 3.5 to 4.5 minutes here (it took 8.5 while
+/// each observer start parsed all of the kernel's BTF unoptimised); a hung guest is killed.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Printed by the guest's `/init` after the tests, with their exit status.
