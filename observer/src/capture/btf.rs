@@ -2,10 +2,10 @@
 //! section that records where each type starts, then lookups by name and member path that read
 //! only the types on that path.
 //!
-//! A general parser (`btfparse`, before) builds every one of the kernel's ~100,000 types up
-//! front: about 35 MB at the start's peak, and in test builds, which leave the observer
-//! unoptimised, most of each observer's start (about ten seconds of it under the kernel tests'
-//! emulated guests). The format is the kernel's `include/uapi/linux/btf.h`.
+//! A general parser (`btfparse`, before) built every one of the kernel's ~100,000 types up
+//! front: 30 MB more at the release observer's peak, and in test builds, which leave the
+//! observer unoptimised, most of each observer's start (7 of its 10 seconds under the kernel
+//! tests' emulated guests). The format is the kernel's `include/uapi/linux/btf.h`.
 
 /// A type's number in the BTF: 0 is `void`, the first type described is 1.
 pub type TypeId = u32;
@@ -195,11 +195,6 @@ impl<'a> Btf<'a> {
             } else {
                 (offset, 0)
             };
-            let member = Member {
-                type_id,
-                bit_offset,
-                bitfield_bits,
-            };
             if name_offset == 0 {
                 let inner = self.named_member(type_id, name, depth.checked_sub(1)?);
                 if let Some(inner) = inner {
@@ -209,7 +204,11 @@ impl<'a> Btf<'a> {
                     });
                 }
             } else if self.name(name_offset) == Some(name) {
-                return Some(member);
+                return Some(Member {
+                    type_id,
+                    bit_offset,
+                    bitfield_bits,
+                });
             }
         }
         None
@@ -231,22 +230,22 @@ impl<'a> Btf<'a> {
     }
 
     fn header(&self, id: TypeId) -> Result<Header, BtfError> {
-        let start = id
-            .checked_sub(1)
-            .and_then(|index| self.starts.get(index as usize))
-            .ok_or(BtfError::NoSuchType(id))?;
-        type_header(self.types, *start as usize)
+        type_header(self.types, self.start(id)?)
     }
 
     /// The data after type `id`'s fixed part.
     fn trailing(&self, id: TypeId) -> Result<&'a [u8], BtfError> {
-        let start = id
-            .checked_sub(1)
-            .and_then(|index| self.starts.get(index as usize))
-            .ok_or(BtfError::NoSuchType(id))?;
         self.types
-            .get(*start as usize + TYPE_LEN..)
+            .get(self.start(id)? + TYPE_LEN..)
             .ok_or(BtfError::Truncated("a type"))
+    }
+
+    /// Where type `id` begins in the type section.
+    fn start(&self, id: TypeId) -> Result<usize, BtfError> {
+        id.checked_sub(1)
+            .and_then(|index| self.starts.get(index as usize))
+            .map(|&start| start as usize)
+            .ok_or(BtfError::NoSuchType(id))
     }
 
     /// The NUL-terminated string at `offset` of the string section.
