@@ -411,6 +411,17 @@ mod tests {
         assert_eq!(payload, vec![0; request.len()]);
     }
 
+    /// A data event of the payload `abc` (`YWJj` in base64), as its line.
+    fn abc_line() -> String {
+        to_json_line(&sample(EventKind::Data {
+            direction: Direction::Send,
+            offset: 0,
+            call_len: 3,
+            truncated: false,
+            payload: Bytes::from_static(b"abc"),
+        }))
+    }
+
     fn sample(kind: EventKind) -> Event {
         Event {
             ts_ns: 1_764_500_000_123_456_789,
@@ -472,13 +483,7 @@ mod tests {
 
     #[test]
     fn lines_carry_the_documented_fields() {
-        let line = to_json_line(&sample(EventKind::Data {
-            direction: Direction::Send,
-            offset: 0,
-            call_len: 3,
-            truncated: false,
-            payload: Bytes::from_static(b"abc"),
-        }));
+        let line = abc_line();
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         for field in [
             "kind",
@@ -565,13 +570,7 @@ mod tests {
         assert!(err.to_string().starts_with("line 3: not an observer event"));
         // Payload text is read as bytes, unchecked as UTF-8: the decoder is what refuses
         // anything but base64, a control character or a raw non-ASCII byte included.
-        let line = to_json_line(&sample(EventKind::Data {
-            direction: Direction::Send,
-            offset: 0,
-            call_len: 3,
-            truncated: false,
-            payload: Bytes::from_static(b"abc"),
-        }));
+        let line = abc_line();
         for junk in [
             r"YW\u0001j",
             r"YW\u00e9j",
