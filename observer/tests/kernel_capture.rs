@@ -925,6 +925,17 @@ impl ExclusiveEgressProgram {
 
     fn attach(cgroup: &std::path::Path) -> Self {
         use std::os::fd::{AsRawFd, FromRawFd};
+        // Before Linux 5.11 a program's pages are charged to its user's locked memory and checked
+        // against the loader's RLIMIT_MEMLOCK: EPERM once root's total (the observers of earlier
+        // tests, their maps freed only later by a work queue) passes this process's default limit.
+        // CI's 5.10 guest failed so. As the observer does, the limit is raised where the process
+        // may (this host's root lacks CAP_SYS_RESOURCE, and its kernel ignores the limit).
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: setrlimit reads the struct we pass and nothing else.
+        unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
         // The leading fields of `union bpf_attr` for BPF_PROG_LOAD; the kernel zero-fills the rest.
         #[repr(C)]
         struct ProgramLoad {
