@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 mod fold;
+mod json;
 
 pub use fold::FoldWindows;
 
@@ -296,16 +297,28 @@ impl Alert {
         }
     }
 
+    /// The alert's line without its newline.
     pub fn to_json_line(&self) -> String {
-        serde_json::to_string(self).expect("alerts contain only serialisable fields")
+        let mut line = Vec::with_capacity(LINE_CAPACITY);
+        self.append_json(&mut line);
+        String::from_utf8(line).expect("JSON from UTF-8 strings is UTF-8")
     }
 
-    /// Writes the alert's line, newline included, straight into `out` (no line built first).
+    /// Writes the alert's line, newline included, into `out` in one write.
     pub fn write_json_line(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
-        serde_json::to_writer(&mut *out, self)?;
-        out.write_all(b"\n")
+        let mut line = Vec::with_capacity(LINE_CAPACITY);
+        self.append_json(&mut line);
+        line.push(b'\n');
+        out.write_all(&line)
+    }
+
+    fn append_json(&self, line: &mut Vec<u8>) {
+        json::append(line, self).expect("an alert's map keys are strings");
     }
 }
+
+/// Room for a `route_mismatch` line (about 1.3 KB with Kubernetes member names) without growing.
+const LINE_CAPACITY: usize = 2048;
 
 /// Unix nanoseconds as RFC 3339 in UTC with microseconds, `2026-11-30T13:23:52.405857Z`.
 pub fn rfc3339(ts_ns: u64) -> String {
