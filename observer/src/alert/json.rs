@@ -253,49 +253,28 @@ impl<'a> ser::Serializer for &'a mut JsonWriter<'_> {
     }
 }
 
-impl ser::SerializeSeq for Compound<'_> {
-    type Ok = ();
-    type Error = JsonError;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), JsonError> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), JsonError> {
-        Compound::end(self)
-    }
+/// serde's four kinds of array differ only in their names here: each element goes to `element`.
+macro_rules! array_traits {
+    ($($array:ident::$add:ident),*) => {$(
+        impl ser::$array for Compound<'_> {
+            type Ok = ();
+            type Error = JsonError;
+            fn $add<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), JsonError> {
+                self.element(value)
+            }
+            fn end(self) -> Result<(), JsonError> {
+                Compound::end(self)
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Compound<'_> {
-    type Ok = ();
-    type Error = JsonError;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), JsonError> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), JsonError> {
-        Compound::end(self)
-    }
-}
-
-impl ser::SerializeTupleStruct for Compound<'_> {
-    type Ok = ();
-    type Error = JsonError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), JsonError> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), JsonError> {
-        Compound::end(self)
-    }
-}
-
-impl ser::SerializeTupleVariant for Compound<'_> {
-    type Ok = ();
-    type Error = JsonError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), JsonError> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), JsonError> {
-        Compound::end(self)
-    }
-}
+array_traits!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl ser::SerializeMap for Compound<'_> {
     type Ok = ();
@@ -318,35 +297,27 @@ impl ser::SerializeMap for Compound<'_> {
     }
 }
 
-impl ser::SerializeStruct for Compound<'_> {
-    type Ok = ();
-    type Error = JsonError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        value: &T,
-    ) -> Result<(), JsonError> {
-        self.field(name, value)
-    }
-    fn end(self) -> Result<(), JsonError> {
-        Compound::end(self)
-    }
+/// A struct and a struct variant's fields alike: name, then value.
+macro_rules! struct_traits {
+    ($($object:ident),*) => {$(
+        impl ser::$object for Compound<'_> {
+            type Ok = ();
+            type Error = JsonError;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                name: &'static str,
+                value: &T,
+            ) -> Result<(), JsonError> {
+                self.field(name, value)
+            }
+            fn end(self) -> Result<(), JsonError> {
+                Compound::end(self)
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeStructVariant for Compound<'_> {
-    type Ok = ();
-    type Error = JsonError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        value: &T,
-    ) -> Result<(), JsonError> {
-        self.field(name, value)
-    }
-    fn end(self) -> Result<(), JsonError> {
-        Compound::end(self)
-    }
-}
+struct_traits!(SerializeStruct, SerializeStructVariant);
 
 /// A map key: a string (what `#[serde(flatten)]` and every alert map has), written escaped;
 /// any other key is an error rather than a line that is not JSON.
