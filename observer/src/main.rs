@@ -68,7 +68,9 @@ fn main() -> ExitCode {
         .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // aya warns when it cannot lift RLIMIT_MEMLOCK on a kernel before 5.11; the
+                // observer's own error says so with the fix, in the one line a failure prints.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aya::sys::bpf=error")),
         )
         .init();
     match execute(cli.command) {

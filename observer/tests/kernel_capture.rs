@@ -1235,6 +1235,54 @@ fn without_privileges_the_error_is_one_line_with_exit_code_two() {
     assert_eq!(std::fs::read(&recording).unwrap(), b"earlier capture\n");
 }
 
+/// Before Linux 5.11 the kernel checks BPF memory against RLIMIT_MEMLOCK: an observer that may
+/// not lift a small limit (no CAP_SYS_RESOURCE, as in a pod without it) says so and how to fix
+/// it, in one line, rather than that the kernel has no ring buffer. Newer kernels ignore the
+/// limit, and the same observer starts.
+#[test]
+fn a_memlock_limit_it_cannot_lift_is_named_before_linux_5_11_and_harmless_after() {
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let output = Command::new("setpriv")
+        .args([
+            "--inh-caps=-sys_resource",
+            "--bounding-set=-sys_resource",
+            "--",
+            "prlimit",
+            "--memlock=65536:65536",
+            env!("CARGO_BIN_EXE_observer"),
+            "run",
+            "--duration",
+            "1",
+        ])
+        .output()
+        .expect("setpriv and prlimit (util-linux)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release
+        .split(|character: char| !character.is_ascii_digit())
+        .map(|number| number.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    if version < (5, 11) {
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("Operation not permitted")
+                && stderr.contains("charges BPF memory to RLIMIT_MEMLOCK, 64 KiB here")
+                && stderr.contains("without CAP_SYS_RESOURCE"),
+            "{stderr}"
+        );
+    } else {
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("\"observer_started\""),
+            "{stderr}"
+        );
+    }
+}
+
 #[test]
 fn a_recording_is_created_private_once_attached() {
     if !can_run() {

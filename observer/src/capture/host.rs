@@ -99,15 +99,56 @@ pub(super) fn ensure_tracefs() -> Result<(), CaptureError> {
     }
 }
 
-/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK, whose default is far too small for
-/// the ring buffer. Newer kernels ignore it, so a failure here is not an error.
-pub(super) fn raise_memlock_limit() {
+/// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK, whose default is far
+/// too small for the ring buffer; newer ones ignore it. Returns the limit, in bytes, where it
+/// stays in the way: it could not be lifted (no CAP_SYS_RESOURCE) on a kernel that charges it.
+pub(super) fn raise_memlock_limit() -> Option<u64> {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
     };
     // SAFETY: setrlimit reads the struct we pass and nothing else.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
-        tracing::debug!("could not raise RLIMIT_MEMLOCK; fine on Linux 5.11+");
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } == 0 {
+        return None;
+    }
+    let mut limit = unlimited;
+    // SAFETY: getrlimit writes the struct we pass and nothing else.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    tracing::debug!("could not raise RLIMIT_MEMLOCK; fine on Linux 5.11+, this is {release}");
+    (read && limit.rlim_cur != libc::RLIM_INFINITY && charges_bpf_to_memlock(&release))
+        .then_some(limit.rlim_cur)
+}
+
+/// Whether a kernel of this release (`uname -r`) charges BPF memory to RLIMIT_MEMLOCK: before
+/// 5.11. An unreadable release is taken for a newer kernel, which needs nothing.
+fn charges_bpf_to_memlock(release: &str) -> bool {
+    let mut numbers = release
+        .split(|character: char| !character.is_ascii_digit())
+        .map(str::parse::<u32>);
+    match (numbers.next(), numbers.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (5, 11),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_before_5_11_charge_bpf_memory_to_memlock() {
+        for old in ["5.10.0-46-cloud-amd64", "5.8.0", "4.19.0-27-amd64"] {
+            assert!(charges_bpf_to_memlock(old), "{old}");
+        }
+        for new in [
+            "5.11.0",
+            "6.1.0-57-cloud-amd64",
+            "6.12.118+deb12-cloud-amd64",
+            "",
+            "x",
+        ] {
+            assert!(!charges_bpf_to_memlock(new), "{new}");
+        }
     }
 }

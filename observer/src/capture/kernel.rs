@@ -70,6 +70,10 @@ pub enum CaptureError {
     TracefsUnavailable { reason: String },
     #[error("this kernel has no BPF ring buffer (Linux 5.8 or newer is needed): {0}")]
     NoRingBuffer(String),
+    #[error(
+        "eBPF setup failed: {detail} (Linux before 5.11 charges BPF memory to RLIMIT_MEMLOCK, {limit_kib} KiB here, which the observer cannot lift without CAP_SYS_RESOURCE: grant it, or start it with `ulimit -l unlimited`)"
+    )]
+    MemlockTooLow { detail: String, limit_kib: u64 },
     /// Its existence is checked before (`tracepoint_format::check`).
     #[error("attaching tracepoint {category}/{name} failed: {reason}")]
     TracepointAttach {
@@ -217,7 +221,7 @@ impl KernelCapture {
             tracepoint_format::check(Path::new(TRACEFS), &tracepoints)?;
         }
         validate_options(options)?;
-        host::raise_memlock_limit();
+        let memlock_in_the_way = host::raise_memlock_limit();
 
         // The programs' own log statements are filtered in the kernel, before they cost a
         // ring-buffer record and a reader wakeup: a debug line per watched connect cost a
@@ -243,7 +247,7 @@ impl KernelCapture {
             .map_max_entries("ADOPTABLE", packet_entries)
             .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
             .load(EBPF_OBJECT)
-            .map_err(|err| programs::classify_load_error(&err))?;
+            .map_err(|err| programs::classify_load_error(&err, memlock_in_the_way))?;
 
         let mut watched: HashMap<_, u16, u8> = take_map(&mut ebpf, "WATCHED_PORTS")?;
         for (ports, class) in [

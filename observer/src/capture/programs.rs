@@ -400,17 +400,25 @@ fn last_cause<'e>(
     cause
 }
 
-pub(super) fn classify_load_error(err: &aya::EbpfError) -> CaptureError {
-    let mut text = err.to_string();
+/// `memlock_in_the_way`: the RLIMIT_MEMLOCK the kernel charges and the observer could not lift
+/// (`host::raise_memlock_limit`). A map it refuses then fails with "Operation not permitted",
+/// the ring buffer first, which would otherwise read as a kernel without one.
+pub(super) fn classify_load_error(
+    err: &aya::EbpfError,
+    memlock_in_the_way: Option<u64>,
+) -> CaptureError {
     // aya's messages leave out the system call's answer, which is what tells a seccomp filter
     // or security module refusing bpf() ("Operation not permitted") from anything else. The
     // errors between hold no more than their Display already says.
-    let mut cause: &dyn std::error::Error = err;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-        text = format!("{text}: {io}");
+    let text = with_cause(err);
+    let refused = last_cause(err)
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.raw_os_error() == Some(libc::EPERM));
+    if refused && let Some(limit) = memlock_in_the_way {
+        return CaptureError::MemlockTooLow {
+            detail: text,
+            limit_kib: limit / 1024,
+        };
     }
     if let aya::EbpfError::MapError(MapError::CreateError { name, .. }) = err
         && name == "EVENTS"
@@ -443,6 +451,28 @@ pub(super) fn spawn_kernel_log_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refused_ring_buffer() -> aya::EbpfError {
+        aya::EbpfError::MapError(MapError::CreateError {
+            name: "EVENTS".into(),
+            io_error: std::io::Error::from_raw_os_error(libc::EPERM),
+        })
+    }
+
+    /// A ring buffer refused for the memlock limit is named as such, not as a kernel without
+    /// ring buffers; without a limit in the way the refusal reads as before.
+    #[test]
+    fn a_memlock_limit_in_the_way_is_named_with_its_fix() {
+        let error = classify_load_error(&refused_ring_buffer(), Some(64 << 10)).to_string();
+        assert_eq!(
+            error,
+            "eBPF setup failed: map error: failed to create map `EVENTS`: Operation not permitted (os error 1) (Linux before 5.11 charges BPF memory to RLIMIT_MEMLOCK, 64 KiB here, which the observer cannot lift without CAP_SYS_RESOURCE: grant it, or start it with `ulimit -l unlimited`)"
+        );
+        assert!(matches!(
+            classify_load_error(&refused_ring_buffer(), None),
+            CaptureError::NoRingBuffer(_)
+        ));
+    }
 
     #[test]
     fn a_refusal_names_debians_paranoia_level_and_its_fix() {
