@@ -115,8 +115,9 @@ pub(super) fn raise_memlock_limit() -> Option<u64> {
     // SAFETY: getrlimit writes the struct we pass and nothing else.
     let read = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0;
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim_end();
     tracing::debug!("could not raise RLIMIT_MEMLOCK; fine on Linux 5.11+, this is {release}");
-    (read && limit.rlim_cur != libc::RLIM_INFINITY && charges_bpf_to_memlock(&release))
+    (read && limit.rlim_cur != libc::RLIM_INFINITY && charges_bpf_to_memlock(release))
         .then_some(limit.rlim_cur)
 }
 
