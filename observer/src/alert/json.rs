@@ -279,11 +279,17 @@ array_traits!(
 impl ser::SerializeMap for Compound<'_> {
     type Ok = ();
     type Error = JsonError;
+    /// A key is written as any value is, then refused unless it came out a string (what
+    /// `#[serde(flatten)]` and every alert map has) rather than a line that is not JSON.
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), JsonError> {
         self.separate();
-        key.serialize(MapKey {
+        let start = self.out.len();
+        key.serialize(&mut JsonWriter {
             out: &mut *self.out,
         })?;
+        if self.out.get(start) != Some(&b'"') {
+            return Err(JsonError("a map key that is not a string".to_owned()));
+        }
         self.out.push(b':');
         Ok(())
     }
@@ -318,119 +324,6 @@ macro_rules! struct_traits {
 }
 
 struct_traits!(SerializeStruct, SerializeStructVariant);
-
-/// A map key: a string (what `#[serde(flatten)]` and every alert map has), written escaped;
-/// any other key is an error rather than a line that is not JSON.
-struct MapKey<'a> {
-    out: &'a mut Vec<u8>,
-}
-
-fn not_a_string() -> JsonError {
-    JsonError("a map key that is not a string".to_owned())
-}
-
-/// The `Serializer` methods a key that is not a string ends up in.
-macro_rules! not_a_string_key {
-    ($($method:ident($($argument:ty),*)),* $(,)?) => {$(
-        fn $method(self, $(_: $argument),*) -> Result<(), JsonError> {
-            Err(not_a_string())
-        }
-    )*};
-}
-
-impl ser::Serializer for MapKey<'_> {
-    type Ok = ();
-    type Error = JsonError;
-    type SerializeSeq = ser::Impossible<(), JsonError>;
-    type SerializeTuple = ser::Impossible<(), JsonError>;
-    type SerializeTupleStruct = ser::Impossible<(), JsonError>;
-    type SerializeTupleVariant = ser::Impossible<(), JsonError>;
-    type SerializeMap = ser::Impossible<(), JsonError>;
-    type SerializeStruct = ser::Impossible<(), JsonError>;
-    type SerializeStructVariant = ser::Impossible<(), JsonError>;
-
-    fn serialize_str(self, value: &str) -> Result<(), JsonError> {
-        write_escaped(self.out, value);
-        Ok(())
-    }
-    fn serialize_unit_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-    ) -> Result<(), JsonError> {
-        self.serialize_str(variant)
-    }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        value: &T,
-    ) -> Result<(), JsonError> {
-        value.serialize(self)
-    }
-
-    not_a_string_key! {
-        serialize_bool(bool), serialize_i8(i8), serialize_i16(i16), serialize_i32(i32),
-        serialize_i64(i64), serialize_u8(u8), serialize_u16(u16), serialize_u32(u32),
-        serialize_u64(u64), serialize_f32(f32), serialize_f64(f64), serialize_char(char),
-        serialize_bytes(&[u8]), serialize_none(), serialize_unit(),
-        serialize_unit_struct(&'static str),
-    }
-
-    fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<(), JsonError> {
-        Err(not_a_string())
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: &T,
-    ) -> Result<(), JsonError> {
-        Err(not_a_string())
-    }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, JsonError> {
-        Err(not_a_string())
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, JsonError> {
-        Err(not_a_string())
-    }
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, JsonError> {
-        Err(not_a_string())
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleVariant, JsonError> {
-        Err(not_a_string())
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, JsonError> {
-        Err(not_a_string())
-    }
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStruct, JsonError> {
-        Err(not_a_string())
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStructVariant, JsonError> {
-        Err(not_a_string())
-    }
-}
 
 /// Eight copies of `byte`, one per byte of a word.
 const fn repeated(byte: u8) -> u64 {

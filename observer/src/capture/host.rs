@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use aya::util::KernelVersion;
+
 use super::kernel::{CaptureError, CaptureHook};
 
 pub(super) const TRACEFS: &str = "/sys/kernel/tracing";
@@ -101,7 +103,8 @@ pub(super) fn ensure_tracefs() -> Result<(), CaptureError> {
 
 /// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK, whose default is far
 /// too small for the ring buffer; newer ones ignore it. Returns the limit, in bytes, where it
-/// stays in the way: it could not be lifted (no CAP_SYS_RESOURCE) on a kernel that charges it.
+/// stays in the way: it could not be lifted (no CAP_SYS_RESOURCE) on a kernel that charges it
+/// (an unreadable kernel version is taken for a newer one, which needs nothing).
 pub(super) fn raise_memlock_limit() -> Option<u64> {
     let unlimited = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
@@ -114,42 +117,8 @@ pub(super) fn raise_memlock_limit() -> Option<u64> {
     let mut limit = unlimited;
     // SAFETY: getrlimit writes the struct we pass and nothing else.
     let read = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) } == 0;
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let release = release.trim_end();
-    tracing::debug!("could not raise RLIMIT_MEMLOCK; fine on Linux 5.11+, this is {release}");
-    (read && limit.rlim_cur != libc::RLIM_INFINITY && charges_bpf_to_memlock(release))
-        .then_some(limit.rlim_cur)
-}
-
-/// Whether a kernel of this release (`uname -r`) charges BPF memory to RLIMIT_MEMLOCK: before
-/// 5.11. An unreadable release is taken for a newer kernel, which needs nothing.
-fn charges_bpf_to_memlock(release: &str) -> bool {
-    let mut numbers = release
-        .split(|character: char| !character.is_ascii_digit())
-        .map(str::parse::<u32>);
-    match (numbers.next(), numbers.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) < (5, 11),
-        _ => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernels_before_5_11_charge_bpf_memory_to_memlock() {
-        for old in ["5.10.0-46-cloud-amd64", "5.8.0", "4.19.0-27-amd64"] {
-            assert!(charges_bpf_to_memlock(old), "{old}");
-        }
-        for new in [
-            "5.11.0",
-            "6.1.0-57-cloud-amd64",
-            "6.12.118+deb12-cloud-amd64",
-            "",
-            "x",
-        ] {
-            assert!(!charges_bpf_to_memlock(new), "{new}");
-        }
-    }
+    let charged =
+        KernelVersion::current().is_ok_and(|version| version < KernelVersion::new(5, 11, 0));
+    tracing::debug!("could not raise RLIMIT_MEMLOCK; needed before Linux 5.11: {charged}");
+    (read && limit.rlim_cur != libc::RLIM_INFINITY && charged).then_some(limit.rlim_cur)
 }
