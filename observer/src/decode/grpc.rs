@@ -360,14 +360,14 @@ impl GrpcConnectionDecoder {
         match stream.request.push(data, cap) {
             Some(ReadMessage::Complete { flag, body }) => {
                 let body = match (flag, stream.push_method) {
-                    (0, Some(method)) => match protobuf::decode_request(method, body) {
+                    (0, Some(method)) => match protobuf::decode_request(method, &body) {
                         Ok(call) => RequestBody::Push(call),
                         Err(error) => {
                             self.counters.protobuf_failures += 1;
                             RequestBody::Malformed(error.into())
                         }
                     },
-                    (0, None) if stream.method.is_empty() => match push_by_shape(body) {
+                    (0, None) if stream.method.is_empty() => match push_by_shape(&body) {
                         Some(call) => {
                             self.counters.calls_recognised_by_shape += 1;
                             stream.method = BATCH_PUSH_BY_SHAPE.to_owned();
@@ -435,10 +435,10 @@ impl GrpcConnectionDecoder {
         let by_shape = stream.method == BATCH_PUSH_BY_SHAPE;
         match stream.response.push(data, cap) {
             Some(ReadMessage::Complete { flag: 0, body }) => {
-                let decoded = protobuf::decode_response(method, body.clone()).or_else(|error| {
+                let decoded = protobuf::decode_response(method, &body).or_else(|error| {
                     // Recognised by shape: `OnlinePushMsg`'s answer has another shape.
                     if by_shape {
-                        protobuf::decode_response(PushMethod::Single, body)
+                        protobuf::decode_response(PushMethod::Single, &body)
                     } else {
                         Err(error)
                     }
@@ -513,7 +513,7 @@ impl GrpcConnectionDecoder {
 
 /// A request message of a call whose method was not seen, read as a push if it has the shape
 /// of one: a `msgData` with identifying fields and at least one recipient.
-fn push_by_shape(body: Bytes) -> Option<PushCall> {
+fn push_by_shape(body: &[u8]) -> Option<PushCall> {
     protobuf::decode_request(PushMethod::Batch, body)
         .ok()
         .filter(|call| !call.recipients.is_empty() && call.message != Default::default())

@@ -137,7 +137,7 @@ impl StreamState {
             Some((1, _)) => request_body_for_flag(1, counters),
             Some((0, _)) | None => {
                 let prefix = self.request.take_body();
-                match protobuf::decode_request_prefix(method, prefix) {
+                match protobuf::decode_request_prefix(method, &prefix) {
                     Ok(call) => {
                         counters.truncated_calls += 1;
                         RequestBody::Push(call)
@@ -180,7 +180,7 @@ impl StreamState {
         let body = match self.response.header() {
             Some((0, _)) | None => {
                 let prefix = self.response.take_body();
-                match protobuf::decode_response_prefix(method, prefix) {
+                match protobuf::decode_response_prefix(method, &prefix) {
                     Ok(results) => ResponseBody::Push {
                         results,
                         truncated: true,

@@ -499,8 +499,8 @@ fn random_and_mutated_bytes_never_panic() {
 #[test]
 fn trailers_only_answer_and_single_push() {
     let path = "/OpenIMServer.msggateway.msgGateway/OnlinePushMsg";
-    let request = super::protobuf::OnlinePushMsgReq {
-        msg_data: Some(super::protobuf::MsgData {
+    let request = openim_test_kit::message::OnlinePushMsgReq {
+        msg_data: Some(openim_test_kit::message::MsgData {
             client_msg_id: "c1".into(),
             seq: 5,
             ..Default::default()

@@ -3,7 +3,8 @@
 //! - `http1`: the proxy's WebSocket upgrade (gateway port 80) and the gateway's answer.
 //! - `http2` + `hpack`: HTTP/2 framing and header decompression of push's gRPC connections
 //!   (gateway port 88).
-//! - `grpc`: gRPC messages inside HTTP/2 DATA, decoded with `protobuf` into push calls and results.
+//! - `grpc`: gRPC messages inside HTTP/2 DATA, decoded with `protobuf` into push calls and results
+//!   (`protobuf_wire` walks their wire format).
 //!
 //! A correlation engine keeps one decoder per connection id (`WebSocketDecoder` or
 //! `GrpcConnectionDecoder`) and feeds it every `Data` event in order. No decoder panics on any
@@ -18,6 +19,7 @@ pub mod http1;
 pub mod http2;
 mod open_streams;
 pub mod protobuf;
+mod protobuf_wire;
 #[cfg(test)]
 pub(crate) mod test_streams;
 

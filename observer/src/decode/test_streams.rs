@@ -6,15 +6,16 @@ use openim_test_kit::http2::{
     DATA, END_HEADERS, END_STREAM, HEADERS, PING, SETTINGS, WINDOW_UPDATE, data_frames, frame,
     grpc_message, hpack_integer,
 };
+use openim_test_kit::message::{
+    OnlineBatchPushOneMsgResp, PlatformOfUserResult, SingleMsgToUserResults,
+};
 use prost::Message;
 
 use crate::model::{Direction, PlatformResult, UserResult};
 
 use super::grpc::{GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
+use super::protobuf::PushCall;
 use super::protobuf::tests::sample_ids;
-use super::protobuf::{
-    OnlineBatchPushOneMsgResp, PlatformOfUserResult, PushCall, SingleMsgToUserResults,
-};
 use crate::hpack::huffman_encode;
 use crate::model::wire::CLIENT_PREFACE;
 

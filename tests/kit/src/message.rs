@@ -1,6 +1,10 @@
 //! OpenIM's messages as the sender encodes them, content included: the library's `MsgData`
 //! omits field 12 on purpose, so only test code can produce a body to check it never leaks.
+//! And the push messages over only the fields the observer reads, declared with `prost`: the
+//! encoders of tests, and the reference the observer's own wire walk is fuzzed against.
 
+use bytes::Bytes;
+pub use observer::decode::protobuf::MsgData;
 use prost::Message;
 
 /// `sdkws.MsgData` (field numbers are OpenIM's) with the private body in `content`.
@@ -44,7 +48,7 @@ pub struct UserResultsAsSent {
     #[prost(string, tag = "1")]
     pub user_id: String,
     #[prost(message, repeated, tag = "2")]
-    pub resp: Vec<observer::decode::protobuf::SingleMsgToUserPlatform>,
+    pub resp: Vec<SingleMsgToUserPlatform>,
     #[prost(bool, tag = "3")]
     pub online_push: bool,
 }
@@ -54,4 +58,68 @@ pub struct UserResultsAsSent {
 pub struct BatchPushAnswerAsSent {
     #[prost(message, repeated, tag = "1")]
     pub single_push_result: Vec<UserResultsAsSent>,
+}
+
+/// `msggateway.OnlineBatchPushOneMsgReq` as the observer reads it.
+#[derive(Clone, PartialEq, Message)]
+pub struct OnlineBatchPushOneMsgReq {
+    #[prost(message, optional, tag = "1")]
+    pub msg_data: Option<MsgData>,
+    #[prost(bytes = "bytes", repeated, tag = "2")]
+    pub push_to_user_ids: Vec<Bytes>,
+}
+
+/// `msggateway.OnlinePushMsgReq` as the observer reads it.
+#[derive(Clone, PartialEq, Message)]
+pub struct OnlinePushMsgReq {
+    #[prost(message, optional, tag = "1")]
+    pub msg_data: Option<MsgData>,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub push_to_user_id: Bytes,
+}
+
+/// `msggateway.SingleMsgToUserPlatform`: one platform's result, with its user.
+#[derive(Clone, PartialEq, Message)]
+pub struct SingleMsgToUserPlatform {
+    #[prost(int64, tag = "1")]
+    pub result_code: i64,
+    #[prost(bytes = "bytes", tag = "2")]
+    pub recv_id: Bytes,
+    #[prost(int32, tag = "3")]
+    pub recv_platform_id: i32,
+}
+
+/// `SingleMsgToUserPlatform` inside a batch answer's user entry, as the observer reads it:
+/// without its `recvID` (2), which repeats the entry's `userID`.
+#[derive(Clone, PartialEq, Message)]
+pub struct PlatformOfUserResult {
+    #[prost(int64, tag = "1")]
+    pub result_code: i64,
+    #[prost(int32, tag = "3")]
+    pub recv_platform_id: i32,
+}
+
+/// `msggateway.SingleMsgToUserResults` as the observer reads it.
+#[derive(Clone, PartialEq, Message)]
+pub struct SingleMsgToUserResults {
+    #[prost(bytes = "bytes", tag = "1")]
+    pub user_id: Bytes,
+    #[prost(message, repeated, tag = "2")]
+    pub resp: Vec<PlatformOfUserResult>,
+    #[prost(bool, tag = "3")]
+    pub online_push: bool,
+}
+
+/// `msggateway.OnlineBatchPushOneMsgResp` as the observer reads it.
+#[derive(Clone, PartialEq, Message)]
+pub struct OnlineBatchPushOneMsgResp {
+    #[prost(message, repeated, tag = "1")]
+    pub single_push_result: Vec<SingleMsgToUserResults>,
+}
+
+/// `msggateway.OnlinePushMsgResp`.
+#[derive(Clone, PartialEq, Message)]
+pub struct OnlinePushMsgResp {
+    #[prost(message, repeated, tag = "1")]
+    pub resp: Vec<SingleMsgToUserPlatform>,
 }

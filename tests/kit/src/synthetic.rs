@@ -20,7 +20,6 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use bytes::Bytes;
-use observer::decode::protobuf::SingleMsgToUserPlatform;
 use observer::model::wire::CLIENT_PREFACE;
 use observer::model::{ConnectionId, Direction, Event, EventKind, PortClass};
 use observer::openim::hashring::{
@@ -33,7 +32,8 @@ use crate::http2::{
     frame, grpc_message, hpack_integer, hpack_literal_without_indexing,
 };
 use crate::message::{
-    BatchPushAnswerAsSent, BatchPushRequestWithContent, MsgDataWithContent, UserResultsAsSent,
+    BatchPushAnswerAsSent, BatchPushRequestWithContent, MsgDataWithContent,
+    SingleMsgToUserPlatform, UserResultsAsSent,
 };
 
 pub const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
