@@ -11,7 +11,8 @@
 //! decides how many alerts each event raises: at the lab's pace (scale 1) the capture spans
 //! minutes and each misrouted user prints its alert again in every 60 s window. Throughput is per
 //! core (events over this thread's CPU time); latency percentiles come from one histogram over
-//! all rounds; every alert is rendered as its JSON line.
+//! all rounds, then by kind of event, with each kind's share of the events slower than p99;
+//! every alert is rendered as its JSON line.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use observer::alert::Alert;
 use observer::budget::MemoryBudget;
 use observer::capture::recording;
 use observer::correlate::{Engine, EngineConfig, RouteLimits};
-use observer::model::Event;
+use observer::model::{Direction, Event};
 use openim_test_kit::synthetic;
 
 /// The allocator the `observer` binary ships with (see its `main.rs`).
@@ -128,6 +129,7 @@ fn main() {
     // reads add ~20-40 ns to each figure).
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .unwrap_or_else(|error| panic!("histogram bounds are valid: {error}"));
+    let mut by_kind = EventKind::ALL.map(|_| histogram.clone());
     let mut alerts: Vec<Alert> = Vec::new();
     let mut alert_line = Vec::new();
     for _ in 0..rounds {
@@ -135,18 +137,33 @@ fn main() {
         for event in &events {
             let started = Instant::now();
             engine.on_event(event, &mut alerts);
-            render_alerts(&mut alerts, &mut alert_line);
-            histogram.saturating_record(started.elapsed().as_nanos() as u64);
+            let raised = render_alerts(&mut alerts, &mut alert_line);
+            let nanos = started.elapsed().as_nanos() as u64;
+            histogram.saturating_record(nanos);
+            by_kind[EventKind::of(event, raised) as usize].saturating_record(nanos);
         }
     }
+    let p99 = histogram.value_at_quantile(0.99);
     println!(
-        "per-event latency: p50 {} ns, p99 {} ns, p99.9 {} ns, max {} ns ({} events over {rounds} rounds, one histogram, alert lines included)",
+        "per-event latency: p50 {} ns, p99 {p99} ns, p99.9 {} ns, max {} ns ({} events over {rounds} rounds, one histogram, alert lines included)",
         histogram.value_at_quantile(0.50),
-        histogram.value_at_quantile(0.99),
         histogram.value_at_quantile(0.999),
         histogram.max(),
         histogram.len()
     );
+    // Which events make the tail: the share of each kind among the events slower than p99.
+    let slower_than_p99 = |kind: &Histogram<u64>| kind.len() - kind.count_between(0, p99);
+    let tail = slower_than_p99(&histogram).max(1);
+    for (kind, recorded) in EventKind::ALL.iter().zip(&by_kind) {
+        println!(
+            "  {:<28} {:>5.1}% of events, p50 {} ns, p99 {} ns; {:>5.1}% of those slower than p99",
+            kind.label(),
+            recorded.len() as f64 * 100.0 / histogram.len().max(1) as f64,
+            recorded.value_at_quantile(0.50),
+            recorded.value_at_quantile(0.99),
+            slower_than_p99(recorded) as f64 * 100.0 / tail as f64,
+        );
+    }
 
     // The replay path: what `observer run --record` writes, parsed back and fed.
     let started = Instant::now();
@@ -182,6 +199,49 @@ fn main() {
         "counters: {}",
         serde_json::to_string(&engine.counters()).unwrap_or_default()
     );
+}
+
+/// What an event was, for the latency breakdown.
+#[derive(Clone, Copy)]
+enum EventKind {
+    /// A connect, state change or close.
+    Connection,
+    /// Bytes sent: WebSocket upgrades from the proxy, push requests.
+    Sent,
+    /// Bytes received that raised no alert: upgrade answers, push answers judged in order.
+    ReceivedQuietly,
+    /// Bytes whose decoding raised at least one alert (a push answer, nearly always).
+    Alerting,
+}
+
+impl EventKind {
+    const ALL: [Self; 4] = [
+        Self::Connection,
+        Self::Sent,
+        Self::ReceivedQuietly,
+        Self::Alerting,
+    ];
+
+    fn of(event: &Event, alerts_raised: usize) -> Self {
+        match &event.kind {
+            _ if alerts_raised > 0 => Self::Alerting,
+            observer::model::EventKind::Data {
+                direction: Direction::Send,
+                ..
+            } => Self::Sent,
+            observer::model::EventKind::Data { .. } => Self::ReceivedQuietly,
+            _ => Self::Connection,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Connection => "connects, states, closes:",
+            Self::Sent => "data sent:",
+            Self::ReceivedQuietly => "data received, no alert:",
+            Self::Alerting => "data raising alerts:",
+        }
+    }
 }
 
 /// One pass over the capture on a fresh engine; returns the CPU time this thread spent and the
