@@ -31,7 +31,7 @@ impl<'a> Value<'a> {
 }
 
 /// What the start of some bytes holds.
-pub(super) enum FieldRead<'a> {
+enum FieldRead<'a> {
     Whole {
         number: u32,
         value: Value<'a>,
@@ -51,14 +51,15 @@ pub(super) struct CutField<'a> {
 /// Reads the field at the start of `bytes` (not empty). Inlined: most fields of these messages
 /// take a one-byte key and a one-byte length or value, and a call costs as much as reading them.
 #[inline(always)]
-pub(super) fn read_field(bytes: &[u8]) -> Result<FieldRead<'_>, ProtobufError> {
+fn read_field(bytes: &[u8]) -> Result<FieldRead<'_>, ProtobufError> {
     let Some((key, key_len)) = read_varint(bytes)? else {
         return Ok(FieldRead::Cut(None));
     };
     // As prost: a key beyond 32 bits or a field number 0 is invalid.
-    let number = u32::try_from(key >> 3)
+    let number = u32::try_from(key)
         .ok()
-        .filter(|&number| number != 0 && key <= u64::from(u32::MAX))
+        .map(|key| key >> 3)
+        .filter(|&number| number != 0)
         .ok_or(ProtobufError::InvalidWire)?;
     let after_key = &bytes[key_len..];
     let whole = |value, value_len: usize| {
@@ -116,6 +117,8 @@ impl<'a> Fields<'a> {
 impl<'a> Iterator for Fields<'a> {
     type Item = Result<(u32, Value<'a>), ProtobufError>;
 
+    /// Inlined into each decoder's loop, as `read_field` is: called, it cost the decoding of
+    /// answers 13% more instructions.
     #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         if self.rest.is_empty() {
