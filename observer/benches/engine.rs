@@ -22,7 +22,7 @@ use observer::alert::Alert;
 use observer::budget::MemoryBudget;
 use observer::capture::recording;
 use observer::correlate::{Engine, EngineConfig, RouteLimits};
-use observer::model::{Direction, Event};
+use observer::model::{Direction, Event, EventKind};
 use openim_test_kit::synthetic;
 
 /// The allocator the `observer` binary ships with (see its `main.rs`).
@@ -77,7 +77,7 @@ fn main() {
     let payload_bytes: usize = events
         .iter()
         .map(|event| match &event.kind {
-            observer::model::EventKind::Data { payload, .. } => payload.len(),
+            EventKind::Data { payload, .. } => payload.len(),
             _ => 0,
         })
         .sum();
@@ -129,7 +129,7 @@ fn main() {
     // reads add ~20-40 ns to each figure).
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .unwrap_or_else(|error| panic!("histogram bounds are valid: {error}"));
-    let mut by_kind = EventKind::ALL.map(|_| histogram.clone());
+    let mut by_class = EventClass::ALL.map(|_| histogram.clone());
     let mut alerts: Vec<Alert> = Vec::new();
     let mut alert_line = Vec::new();
     for _ in 0..rounds {
@@ -140,7 +140,7 @@ fn main() {
             let raised = render_alerts(&mut alerts, &mut alert_line);
             let nanos = started.elapsed().as_nanos() as u64;
             histogram.saturating_record(nanos);
-            by_kind[EventKind::of(event, raised) as usize].saturating_record(nanos);
+            by_class[EventClass::of(event, raised) as usize].saturating_record(nanos);
         }
     }
     let p99 = histogram.value_at_quantile(0.99);
@@ -154,10 +154,10 @@ fn main() {
     // Which events make the tail: the share of each kind among the events slower than p99.
     let slower_than_p99 = |kind: &Histogram<u64>| kind.len() - kind.count_between(0, p99);
     let tail = slower_than_p99(&histogram).max(1);
-    for (kind, recorded) in EventKind::ALL.iter().zip(&by_kind) {
+    for (class, recorded) in EventClass::ALL.iter().zip(&by_class) {
         println!(
             "  {:<28} {:>5.1}% of events, p50 {} ns, p99 {} ns; {:>5.1}% of those slower than p99",
-            kind.label(),
+            class.label(),
             recorded.len() as f64 * 100.0 / histogram.len().max(1) as f64,
             recorded.value_at_quantile(0.50),
             recorded.value_at_quantile(0.99),
@@ -203,7 +203,7 @@ fn main() {
 
 /// What an event was, for the latency breakdown.
 #[derive(Clone, Copy)]
-enum EventKind {
+enum EventClass {
     /// A connect, state change or close.
     Connection,
     /// Bytes sent: WebSocket upgrades from the proxy, push requests.
@@ -214,7 +214,7 @@ enum EventKind {
     Alerting,
 }
 
-impl EventKind {
+impl EventClass {
     const ALL: [Self; 4] = [
         Self::Connection,
         Self::Sent,
@@ -225,11 +225,11 @@ impl EventKind {
     fn of(event: &Event, alerts_raised: usize) -> Self {
         match &event.kind {
             _ if alerts_raised > 0 => Self::Alerting,
-            observer::model::EventKind::Data {
+            EventKind::Data {
                 direction: Direction::Send,
                 ..
             } => Self::Sent,
-            observer::model::EventKind::Data { .. } => Self::ReceivedQuietly,
+            EventKind::Data { .. } => Self::ReceivedQuietly,
             _ => Self::Connection,
         }
     }
