@@ -13,7 +13,9 @@ mod json;
 
 pub use fold::FoldWindows;
 
-use crate::model::{Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process};
+use crate::model::{
+    Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process, wire,
+};
 
 /// Version of the alert objects; bumped when a field changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -360,7 +362,7 @@ impl Rfc3339 {
 
     fn as_str(&self) -> &str {
         // Only ASCII digits and separators are ever written.
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        wire::utf8(&self.0).unwrap_or_default()
     }
 }
 

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use crate::model::{Direction, UserResult};
+use crate::model::{Direction, UserResult, wire};
 
 use super::grpc_stream::{ReadMessage, StreamState, request_body_for_flag, response_body_for_flag};
 use super::open_streams::OpenStreams;
@@ -520,11 +520,11 @@ fn push_by_shape(body: &[u8]) -> Option<PushCall> {
 }
 
 /// A header's value as text, borrowed unless it had to be repaired (not UTF-8): the status
-/// headers are only parsed, never kept. `from_utf8` first: its ASCII fast path is several
-/// times quicker than the lossy walk, which only a broken value needs.
+/// headers are only parsed, never kept. Checked first: the lossy walk is several times slower,
+/// and only a broken value needs it.
 fn header_value<'a>(fields: &'a [HeaderField], name: &str) -> Option<Cow<'a, str>> {
     let field = fields.iter().find(|field| field.name == name.as_bytes())?;
-    Some(match std::str::from_utf8(&field.value) {
+    Some(match wire::utf8(&field.value) {
         Ok(text) => Cow::Borrowed(text),
         Err(_) => String::from_utf8_lossy(&field.value),
     })

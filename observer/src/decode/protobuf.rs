@@ -20,7 +20,7 @@
 use prost::Message;
 
 use super::protobuf_wire::{Fields, split_complete_fields};
-use crate::model::{MessageIds, PlatformResult, UserId, UserResult};
+use crate::model::{MessageIds, PlatformResult, UserId, UserResult, wire};
 
 #[derive(Clone, PartialEq, Message)]
 pub struct MsgData {
@@ -96,7 +96,9 @@ pub enum ProtobufError {
 /// A user id from the wire: checked as UTF-8 (as prost checks a `string`), held inline when
 /// it is short, as OpenIM's ids are.
 fn user_id(bytes: &[u8]) -> Result<UserId, ProtobufError> {
-    UserId::from_utf8(bytes).map_err(|_| ProtobufError::UserIdNotUtf8)
+    wire::utf8(bytes)
+        .map(UserId::new)
+        .map_err(|_| ProtobufError::UserIdNotUtf8)
 }
 
 /// Decodes a whole request.

@@ -5,6 +5,8 @@ use std::{fmt::Write as _, net::IpAddr, sync::Arc};
 use compact_str::CompactString;
 use serde::Serialize;
 
+use super::wire;
+
 /// A process seen on one end of a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
@@ -68,7 +70,7 @@ impl IpText {
 
     pub fn as_str(&self) -> &str {
         // Only ASCII digits, dots, colons and hex letters are ever written.
-        std::str::from_utf8(self.bytes.get(..self.len).unwrap_or_default()).unwrap_or_default()
+        wire::utf8(self.bytes.get(..self.len).unwrap_or_default()).unwrap_or_default()
     }
 
     fn push(&mut self, byte: u8) {
