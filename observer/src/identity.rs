@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
 use thiserror::Error;
 
-use crate::alert::{Alert, AlertBody, GatewayInfo, PodRef, ProcessInfo};
+use crate::alert::{Alert, AlertBody, GatewayInfo, PodRef, ProcessInfo, RouteMismatch};
 
 #[derive(Debug, Error)]
 pub enum IdentityError {
@@ -391,11 +391,11 @@ impl PodDirectory {
     /// Puts the pod next to every gateway IP and process of `alert` that it can name.
     pub fn enrich(&mut self, alert: &mut Alert) {
         match alert.body_mut() {
-            AlertBody::RouteMismatch {
+            AlertBody::RouteMismatch(RouteMismatch {
                 placed_on,
                 pushed_to,
                 ..
-            } => {
+            }) => {
                 for placement in placed_on {
                     self.name_gateway(&mut placement.gateway);
                     self.name_process(&mut placement.proxy);

@@ -15,7 +15,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta, Status, WatchEvent},
 };
 use observer::{
-    alert::{Alert, AlertBody, PlacementInfo, PushInfo},
+    alert::{Alert, AlertBody, PlacementInfo, PushInfo, RouteMismatch},
     identity::{self, CgroupIndex, PodDirectory, PodIndex, SharedPods},
     model::{Gateway, GatewayAnswer, MessageIds, Process},
 };
@@ -221,7 +221,7 @@ fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
     };
     Alert::new(
         1,
-        AlertBody::RouteMismatch {
+        AlertBody::RouteMismatch(RouteMismatch {
             user: "4360894025".into(),
             placed_on: vec![PlacementInfo {
                 gateway: gateway("10.244.1.11", 80),
@@ -241,8 +241,8 @@ fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
             },
             count: 1,
             window_secs: 60,
-            diagnosis: "…".into(),
-        },
+            spelling_difference: None,
+        }),
     )
 }
 
@@ -360,7 +360,7 @@ async fn pod_names_follow_the_watch_and_reach_the_alerts() {
 
     // Without a pod for them, IPs and processes print as before: no `pod` key.
     let mut unknown = route_mismatch(1, 2);
-    if let AlertBody::RouteMismatch { pushed_to, .. } = unknown.body_mut() {
+    if let AlertBody::RouteMismatch(RouteMismatch { pushed_to, .. }) = unknown.body_mut() {
         pushed_to.gateway.gateway.ip = ip("10.9.9.9");
     }
     directory.enrich(&mut unknown);

@@ -33,7 +33,7 @@ use std::{
 use futures_util::FutureExt;
 use hdrhistogram::Histogram;
 use observer::{
-    alert::{Alert, AlertBody},
+    alert::{Alert, AlertBody, RouteMismatch},
     correlate::{Engine, EngineConfig},
     model::{Event, NANOS_PER_SEC, PortClass},
 };
@@ -167,7 +167,7 @@ impl Detections {
         let printed = observer.printed();
         for alert in &printed[self.seen..] {
             black_box(alert.to_json_line());
-            let AlertBody::RouteMismatch { count: 1, .. } = &*alert.body else {
+            let AlertBody::RouteMismatch(RouteMismatch { count: 1, .. }) = &*alert.body else {
                 continue;
             };
             let batch = self
@@ -279,7 +279,12 @@ struct Run {
 fn first_mismatches(printed: &[Alert]) -> usize {
     printed
         .iter()
-        .filter(|alert| matches!(*alert.body, AlertBody::RouteMismatch { count: 1, .. }))
+        .filter(|alert| {
+            matches!(
+                &*alert.body,
+                AlertBody::RouteMismatch(RouteMismatch { count: 1, .. })
+            )
+        })
         .count()
 }
 

@@ -11,7 +11,7 @@ use std::{
 };
 
 use observer::{
-    alert::{Alert, AlertBody, DegradedState},
+    alert::{Alert, AlertBody, DegradedState, RouteMismatch},
     correlate::{Engine, EngineConfig},
     model::{ConnectionKey, Event, EventKind, PortClass, TcpState},
 };
@@ -43,13 +43,13 @@ type MismatchKey = (String, Vec<IpAddr>, IpAddr);
 fn mismatches(alerts: &[Alert]) -> BTreeMap<MismatchKey, Vec<&Alert>> {
     let mut found: BTreeMap<MismatchKey, Vec<&Alert>> = BTreeMap::new();
     for alert in alerts {
-        if let AlertBody::RouteMismatch {
+        if let AlertBody::RouteMismatch(RouteMismatch {
             user,
             placed_on,
             pushed_to,
             count: 1,
             ..
-        } = &*alert.body
+        }) = &*alert.body
         {
             let placed = placed_on
                 .iter()

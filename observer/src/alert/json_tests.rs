@@ -19,15 +19,15 @@ fn same_as_serde_json(value: &(impl Serialize + ?Sized)) {
     assert_eq!(ours(value), serde_json::to_string(value).unwrap());
 }
 
-/// Every ASCII byte and a few wider characters, at every position of a word and past the
-/// last whole word, alone and next to each other.
+/// Every ASCII byte and a few wider characters, at every position of a short string, of two
+/// whole blocks and of the tail after them, alone and next to each other.
 #[test]
 fn strings_are_escaped_as_serde_json_escapes_them() {
     let mut characters: Vec<char> = (0u8..0x80).map(char::from).collect();
     characters.extend(['é', '€', '😀', '\u{2028}']);
     for &character in &characters {
-        for before in 0..17 {
-            for after in [0, 1, 7, 8, 9] {
+        for before in 0..33 {
+            for after in 0..10 {
                 let text = format!("{}{character}{}", "a".repeat(before), "b".repeat(after));
                 same_as_serde_json(&text);
                 same_as_serde_json(&character);
@@ -46,6 +46,25 @@ fn strings_are_escaped_as_serde_json_escapes_them() {
             .map(|index| alphabet[((state >> (index % 50)) % alphabet.len() as u64) as usize])
             .collect();
         same_as_serde_json(&text);
+    }
+}
+
+/// The sixteen-byte check (SSE2 on x86_64) and the one by words agree on every byte at every
+/// position, and both find exactly what needs escaping.
+#[test]
+fn both_block_checks_find_every_byte_to_escape() {
+    for byte in 0..=u8::MAX {
+        for position in 0..16 {
+            let mut block = [b'a'; 16];
+            block[position] = byte;
+            let expected = byte < 0x20 || byte == b'"' || byte == b'\\';
+            assert_eq!(
+                super::block_needs_escape(&block),
+                expected,
+                "{byte:#x} at {position}"
+            );
+            assert_eq!(super::block_needs_escape_by_words(&block), expected);
+        }
     }
 }
 
@@ -168,7 +187,7 @@ fn process(pid: u32, comm: &str) -> ProcessInfo {
 /// Each kind of alert with every optional field present, and with none.
 #[test]
 fn every_kind_of_alert_line_is_serde_jsons() {
-    let route_mismatch = AlertBody::RouteMismatch {
+    let route_mismatch = RouteMismatch {
         user: "user \"quoted\"\n".into(),
         placed_on: vec![PlacementInfo {
             gateway: gateway(1, 80, Some("gw-1.svc")),
@@ -203,7 +222,7 @@ fn every_kind_of_alert_line_is_serde_jsons() {
         },
         count: 3,
         window_secs: 60,
-        diagnosis: "ü\u{1}".into(),
+        spelling_difference: Some("ü\u{1}".into()),
     };
     let degraded = |affected| AlertBody::CaptureDegraded {
         reason: DegradedReason::RingFull,
@@ -214,7 +233,11 @@ fn every_kind_of_alert_line_is_serde_jsons() {
         diagnosis: "d".into(),
     };
     let bodies = [
-        route_mismatch,
+        AlertBody::RouteMismatch(RouteMismatch {
+            spelling_difference: None,
+            ..route_mismatch.clone()
+        }),
+        AlertBody::RouteMismatch(route_mismatch),
         AlertBody::RingDivergence {
             proxy_members: vec!["a".into(), "b".into()],
             push_members: vec!["a:88".into()],

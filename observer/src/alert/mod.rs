@@ -16,6 +16,7 @@ pub use fold::FoldWindows;
 use crate::model::{
     Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process, wire,
 };
+use crate::openim::diagnosis;
 
 /// Version of the alert objects; bumped when a field changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -104,6 +105,57 @@ pub struct PushInfo {
     pub node: Option<String>,
 }
 
+/// A push for `user` went to a gateway other than the one(s) holding its WebSocket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteMismatch {
+    pub user: String,
+    pub placed_on: Vec<PlacementInfo>,
+    pub pushed_to: PushInfo,
+    /// Mismatches for this (user, placement, push gateway) in the current window, including
+    /// this one.
+    pub count: u64,
+    pub window_secs: u64,
+    /// What separates the two rings' spellings of a gateway, in plain words, when learnt: the
+    /// diagnosis quotes it.
+    pub spelling_difference: Option<Arc<str>>,
+}
+
+impl RouteMismatch {
+    /// The situation in one paragraph, from the alert's own fields.
+    pub fn diagnosis(&self) -> impl std::fmt::Display + '_ {
+        diagnosis::RouteMismatchDiagnosis {
+            user: &self.user,
+            placed_on: self.placed_on.iter().map(|info| &info.gateway.gateway),
+            pushed_to: &self.pushed_to.gateway.gateway,
+            answer: self.pushed_to.answer,
+            spelling_difference: self.spelling_difference.as_deref(),
+        }
+    }
+}
+
+/// The fields in the documented order, then `diagnosis`, written straight into the line rather
+/// than kept as text: a fold window holds its first alert for a whole window, and the
+/// paragraph (about half a kilobyte) was most of it, read again cold for the summary line.
+impl Serialize for RouteMismatch {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Diagnosis<'a>(&'a RouteMismatch);
+        impl Serialize for Diagnosis<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(&self.0.diagnosis())
+            }
+        }
+        let mut fields = serializer.serialize_struct("RouteMismatch", 6)?;
+        fields.serialize_field("user", &self.user)?;
+        fields.serialize_field("placed_on", &self.placed_on)?;
+        fields.serialize_field("pushed_to", &self.pushed_to)?;
+        fields.serialize_field("count", &self.count)?;
+        fields.serialize_field("window_secs", &self.window_secs)?;
+        fields.serialize_field("diagnosis", &Diagnosis(self))?;
+        fields.end()
+    }
+}
+
 /// Why the observer sees less than it should. Each reason is its own episode (raised, then
 /// recovered); a new one needs a variant here, its name in `name`, and a diagnosis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -183,16 +235,7 @@ pub enum DegradedState {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AlertBody {
     /// A push for `user` went to a gateway other than the one(s) holding its WebSocket.
-    RouteMismatch {
-        user: String,
-        placed_on: Vec<PlacementInfo>,
-        pushed_to: PushInfo,
-        /// Mismatches for this (user, placement, push gateway) in the current window,
-        /// including this one.
-        count: u64,
-        window_secs: u64,
-        diagnosis: String,
-    },
+    RouteMismatch(RouteMismatch),
     /// The proxy places users with a ring over differently spelled members than push's, so
     /// the two rings split users.
     RingDivergence {
@@ -249,7 +292,7 @@ impl AlertBody {
     /// The count of alerts a fold window summarises, for the kinds that are folded.
     fn fold_count_mut(&mut self) -> Option<&mut u64> {
         match self {
-            AlertBody::RouteMismatch { count, .. }
+            AlertBody::RouteMismatch(RouteMismatch { count, .. })
             | AlertBody::WsUpgradeOnGrpcPort { count, .. } => Some(count),
             AlertBody::RingDivergence { .. }
             | AlertBody::PushConnectionChurn { .. }
@@ -291,7 +334,7 @@ impl Alert {
 
     pub fn kind(&self) -> &'static str {
         match *self.body {
-            AlertBody::RouteMismatch { .. } => "route_mismatch",
+            AlertBody::RouteMismatch(_) => "route_mismatch",
             AlertBody::RingDivergence { .. } => "ring_divergence",
             AlertBody::WsUpgradeOnGrpcPort { .. } => "ws_upgrade_on_grpc_port",
             AlertBody::PushConnectionChurn { .. } => "push_connection_churn",

@@ -19,7 +19,7 @@ use super::{
     store::{Fact, LinkEvent, SharedState, StoreError},
 };
 use crate::{
-    alert::{Alert, AlertBody, DegradedReason, DegradedState, rfc3339},
+    alert::{Alert, AlertBody, DegradedReason, DegradedState, RouteMismatch, rfc3339},
     correlate::{Engine, PlacementLookup, RemotePlacement, SharedFact, SharedRingEvidence},
     model::{Gateway, Process},
     openim::diagnosis,
@@ -236,13 +236,13 @@ impl ClusterLink {
     fn claim_key(&self, alert: &Alert) -> Option<(String, Duration, bool)> {
         let keys = self.state.keys();
         match &*alert.body {
-            AlertBody::RouteMismatch {
+            AlertBody::RouteMismatch(RouteMismatch {
                 user,
                 placed_on,
                 pushed_to,
                 count,
                 ..
-            } => {
+            }) => {
                 let placed: Vec<_> = placed_on
                     .iter()
                     .map(|info| info.gateway.gateway.ip)

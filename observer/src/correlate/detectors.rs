@@ -449,7 +449,7 @@ pub(super) mod testing {
     pub(crate) use super::{Detectors, RouteLimits};
     pub(crate) use crate::correlate::Observation;
     pub(crate) use crate::{
-        alert::{Alert, AlertBody},
+        alert::{Alert, AlertBody, RouteMismatch},
         model::{
             ConnectionKey, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult,
             Process, UserResult,
@@ -692,7 +692,7 @@ mod tests {
         assert_eq!(alerts.len(), 1, "first one at once");
         table.tick(70 * SEC, &mut alerts);
         assert_eq!(alerts.len(), 2, "the window's summary");
-        let AlertBody::RouteMismatch { count, .. } = &*alerts[1].body else {
+        let AlertBody::RouteMismatch(RouteMismatch { count, .. }) = &*alerts[1].body else {
             panic!("{:?}", alerts[1]);
         };
         assert_eq!(*count, 10);

@@ -6,13 +6,12 @@ use std::{collections::HashMap as StdHashMap, net::IpAddr, sync::Arc};
 use hashbrown::HashMap;
 
 use crate::{
-    alert::{Alert, AlertBody, FoldWindows, PushInfo},
+    alert::{Alert, AlertBody, FoldWindows, PushInfo, RouteMismatch},
     budget,
     model::{
         ConnectionId, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process,
         UserId, UserResult,
     },
-    openim::diagnosis,
 };
 
 use super::{
@@ -358,18 +357,9 @@ fn judge_user(
     let (gateway_answer, answer_platforms) = gateway_answer(answer);
     let local_node = judge.cluster.as_deref().map(|cluster| &*cluster.node);
     let placed_on = placements::summarize(placements, local_node);
-    let placed_gateways: Vec<&Gateway> =
-        placed_on.iter().map(|info| &info.gateway.gateway).collect();
-    let diagnosis = diagnosis::route_mismatch(
-        user,
-        &placed_gateways,
-        &call.gateway,
-        gateway_answer,
-        judge.rings.spelling_difference(),
-    );
     let alert = Alert::new(
         ts_ns,
-        AlertBody::RouteMismatch {
+        AlertBody::RouteMismatch(RouteMismatch {
             user: user.to_owned(),
             placed_on,
             pushed_to: PushInfo {
@@ -383,8 +373,8 @@ fn judge_user(
             },
             count: 1,
             window_secs: judge.folds.window_secs(),
-            diagnosis,
-        },
+            spelling_difference: judge.rings.spelling_difference(),
+        }),
     );
     judge.folds.first(key.to_owned_key(), alert, alerts);
 }
@@ -416,7 +406,7 @@ mod tests {
         assert!(alerts.is_empty(), "still within the answer timeout");
         table.tick(10 * SEC, &mut alerts);
         assert_eq!(kinds(&alerts), ["route_mismatch"]);
-        let AlertBody::RouteMismatch { pushed_to, .. } = &*alerts[0].body else {
+        let AlertBody::RouteMismatch(RouteMismatch { pushed_to, .. }) = &*alerts[0].body else {
             unreachable!()
         };
         assert_eq!(pushed_to.answer, GatewayAnswer::Unknown);
@@ -472,9 +462,9 @@ mod tests {
             let answers: Vec<(&str, GatewayAnswer)> = alerts
                 .iter()
                 .filter_map(|alert| match &*alert.body {
-                    AlertBody::RouteMismatch {
+                    AlertBody::RouteMismatch(RouteMismatch {
                         user, pushed_to, ..
-                    } => Some((user.as_str(), pushed_to.answer)),
+                    }) => Some((user.as_str(), pushed_to.answer)),
                     _ => None,
                 })
                 .collect();

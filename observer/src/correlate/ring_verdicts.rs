@@ -1,7 +1,7 @@
 //! When to compare the learned rings (`rings`): once membership has settled, at most once a
 //! settle period, and a divergence reported once per membership.
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 use crate::{
     alert::{Alert, AlertBody},
@@ -28,7 +28,7 @@ pub struct RingVerdicts {
     /// How the two sides spell one gateway differently, computed once per membership change
     /// (every mismatch quotes it, and a misrouting incident produces mismatches by the
     /// thousand): `None` until computed, `Some(None)` when no gateway is spelled two ways.
-    spelling_difference: Option<Option<String>>,
+    spelling_difference: Option<Option<Arc<str>>>,
 }
 
 impl RingVerdicts {
@@ -84,15 +84,15 @@ impl RingVerdicts {
     }
 
     /// What separates the two sides' spelling of one gateway, in plain words, if they differ.
-    pub fn spelling_difference(&mut self) -> Option<&str> {
+    pub fn spelling_difference(&mut self) -> Option<Arc<str>> {
         let rings = &self.rings;
         self.spelling_difference
             .get_or_insert_with(|| {
                 rings.spelling_difference().map(|(proxy_name, push_name)| {
-                    describe_member_difference(&proxy_name, &push_name)
+                    describe_member_difference(&proxy_name, &push_name).into()
                 })
             })
-            .as_deref()
+            .clone()
     }
 
     /// A learned member changed: texts quoting the members must be rebuilt.

@@ -2,7 +2,10 @@
 //! it costs OpenIM's users, the fix) and the offline tools' explanations. The texts quote
 //! facts; deciding that something happened is the detectors' and the tools' job.
 
-use std::net::IpAddr;
+use std::{
+    fmt::{self, Display, Formatter},
+    net::IpAddr,
+};
 
 use serde::Serialize;
 
@@ -25,64 +28,70 @@ pub struct Divergence {
     pub sample_split_share: f64,
 }
 
-/// A push for `user` went to a gateway other than those holding its WebSocket.
-/// `spelling_difference` is what separates the two rings' member strings, when learnt.
-pub fn route_mismatch(
-    user: &str,
-    placed_on: &[&Gateway],
-    pushed_to: &Gateway,
-    answer: GatewayAnswer,
-    spelling_difference: Option<&str>,
-) -> String {
-    let consequence = match answer {
-        GatewayAnswer::NotOnlineHere => {
-            "that gateway answered that the user is not online there, so the message missed real time (offline push instead)"
+/// A push for `user` went to a gateway other than those holding its WebSocket, in words
+/// (`spelling_difference` is what separates the two rings' member strings, when learnt).
+/// Written where it is printed, piece by piece, never kept as text: see `alert::RouteMismatch`.
+pub struct RouteMismatchDiagnosis<'a, Placed> {
+    pub user: &'a str,
+    pub placed_on: Placed,
+    pub pushed_to: &'a Gateway,
+    pub answer: GatewayAnswer,
+    pub spelling_difference: Option<&'a str>,
+}
+
+impl<'a, Placed> Display for RouteMismatchDiagnosis<'a, Placed>
+where
+    Placed: Iterator<Item = &'a Gateway> + Clone,
+{
+    fn fmt(&self, text: &mut Formatter<'_>) -> fmt::Result {
+        let consequence = match self.answer {
+            GatewayAnswer::NotOnlineHere => {
+                "that gateway answered that the user is not online there, so the message missed real time (offline push instead)"
+            }
+            GatewayAnswer::Delivered => {
+                "that gateway still reported a delivery (the user also has a connection there the observer did not see)"
+            }
+            GatewayAnswer::DeliveryFailed => "that gateway failed to deliver it",
+            GatewayAnswer::Unknown => {
+                "the gateway's answer was not seen; the user's connection is not on that gateway, so real-time delivery most likely failed"
+            }
+        };
+        // Pieces written one by one rather than formatted: under a misrouting this is written
+        // for every alert line.
+        text.write_str("user ")?;
+        text.write_str(self.user)?;
+        text.write_str(" holds its WebSocket on ")?;
+        for (index, gateway) in self.placed_on.clone().enumerate() {
+            if index > 0 {
+                text.write_str(" and ")?;
+            }
+            write_gateway(text, gateway)?;
         }
-        GatewayAnswer::Delivered => {
-            "that gateway still reported a delivery (the user also has a connection there the observer did not see)"
+        text.write_str(" but push delivered to ")?;
+        write_gateway(text, self.pushed_to)?;
+        text.write_str(": ")?;
+        text.write_str(consequence)?;
+        if let Some(difference) = self.spelling_difference {
+            text.write_str("; the proxy's and push's rings spell gateways differently (")?;
+            text.write_str(difference)?;
+            text.write_str("), so they hash user ")?;
+            text.write_str(self.user)?;
+            text.write_str(" to different gateways")?;
         }
-        GatewayAnswer::DeliveryFailed => "that gateway failed to deliver it",
-        GatewayAnswer::Unknown => {
-            "the gateway's answer was not seen; the user's connection is not on that gateway, so real-time delivery most likely failed"
-        }
-    };
-    // Written into one string, pieces appended rather than formatted: one alert is built per
-    // first mismatch, the engine's hottest path under a misrouting. 512 bytes hold the usual
-    // text (about 480 with Kubernetes member names) without growing.
-    let mut text = String::with_capacity(512);
-    text.push_str("user ");
-    text.push_str(user);
-    text.push_str(" holds its WebSocket on ");
-    for (index, gateway) in placed_on.iter().enumerate() {
-        if index > 0 {
-            text.push_str(" and ");
-        }
-        write_gateway(&mut text, gateway);
+        Ok(())
     }
-    text.push_str(" but push delivered to ");
-    write_gateway(&mut text, pushed_to);
-    text.push_str(": ");
-    text.push_str(consequence);
-    if let Some(difference) = spelling_difference {
-        text.push_str("; the proxy's and push's rings spell gateways differently (");
-        text.push_str(difference);
-        text.push_str("), so they hash user ");
-        text.push_str(user);
-        text.push_str(" to different gateways");
-    }
-    text
 }
 
 /// A gateway by its member string and IP, or its IP alone.
-fn write_gateway(text: &mut String, gateway: &Gateway) {
+fn write_gateway(text: &mut Formatter<'_>, gateway: &Gateway) -> fmt::Result {
     let ip = IpText::new(gateway.ip);
     if let Some(name) = &gateway.name {
-        text.push_str(name);
-        text.push_str(" (");
-        text.push_str(ip.as_str());
-        text.push(')');
+        text.write_str(name)?;
+        text.write_str(" (")?;
+        text.write_str(ip.as_str())?;
+        text.write_str(")")
     } else {
-        text.push_str(ip.as_str());
+        text.write_str(ip.as_str())
     }
 }
 
