@@ -16,6 +16,8 @@
 
 use serde::ser::{self, Serialize};
 
+use crate::model::json_text;
+
 /// Appends `value` as one compact JSON value to `line`.
 pub fn append<T: Serialize + ?Sized>(line: &mut Vec<u8>, value: &T) -> Result<(), JsonError> {
     value.serialize(&mut JsonWriter { out: line })
@@ -348,50 +350,20 @@ fn word_needs_escape(word: u64) -> bool {
     below(word, 0x20) | below(word ^ repeated(b'"'), 1) | below(word ^ repeated(b'\\'), 1) != 0
 }
 
-/// Whether any of the sixteen bytes of `block` needs escaping: one SSE2 comparison of each kind
-/// (part of every x86_64), where two words take about twice the instructions.
-#[cfg(target_arch = "x86_64")]
-fn block_needs_escape(block: &[u8; 16]) -> bool {
-    use std::arch::x86_64::{
-        _mm_cmpeq_epi8, _mm_loadu_si128, _mm_min_epu8, _mm_movemask_epi8, _mm_or_si128,
-        _mm_set1_epi8,
-    };
-    // SAFETY: SSE2 is part of x86_64's baseline, which every build for this target has, and the
-    // unaligned load reads exactly the sixteen bytes of `block`.
-    unsafe {
-        let bytes = _mm_loadu_si128(block.as_ptr().cast());
-        // Unsigned: a byte is below 0x20 where the smaller of it and 0x1f is itself.
-        let control = _mm_cmpeq_epi8(_mm_min_epu8(bytes, _mm_set1_epi8(0x1f)), bytes);
-        let quote = _mm_cmpeq_epi8(bytes, _mm_set1_epi8(b'"' as i8));
-        let backslash = _mm_cmpeq_epi8(bytes, _mm_set1_epi8(b'\\' as i8));
-        _mm_movemask_epi8(_mm_or_si128(control, _mm_or_si128(quote, backslash))) != 0
-    }
-}
-
-/// The same as two words, where SSE2 is not there; the tests hold the two to each other.
-#[cfg(any(test, not(target_arch = "x86_64")))]
-fn block_needs_escape_by_words(block: &[u8; 16]) -> bool {
-    block
-        .as_chunks::<8>()
-        .0
-        .iter()
-        .any(|word| word_needs_escape(u64::from_le_bytes(*word)))
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-use block_needs_escape_by_words as block_needs_escape;
-
-/// Whether any byte of `bytes` needs escaping. From sixteen bytes on, a block at a time: the
-/// whole blocks, then the last sixteen bytes (overlapping the last whole block) for those after
-/// it. A shorter string (most keys, a few values) is one or two words: its first and last eight
-/// bytes, or four (overlapping), or below four its first, middle and last byte padded with
-/// spaces, which need no escape. Byte by byte, a key cost about forty instructions, and a key is
-/// written some thirty times an alert; the text around a diagnosis's names is most of a line.
+/// Whether any byte of `bytes` needs escaping. From sixteen bytes on, a block at a time
+/// (`json_text`): the whole blocks, then the last sixteen bytes (overlapping the last whole
+/// block) for those after it. A shorter string (most keys, a few values) is one or two words:
+/// its first and last eight bytes, or four (overlapping), or below four its first, middle and
+/// last byte padded with spaces, which need no escape. Byte by byte, a key cost about forty
+/// instructions, and a key is written some thirty times an alert.
 fn needs_escape(bytes: &[u8]) -> bool {
     const PAD: u8 = b' ';
     if let Some(last) = bytes.last_chunk::<16>() {
         let (blocks, _) = bytes.as_chunks::<16>();
-        return blocks.iter().chain([last]).any(block_needs_escape);
+        return blocks
+            .iter()
+            .chain([last])
+            .any(|block| json_text::special_bytes(block) != 0);
     }
     let words = match (bytes.first_chunk::<8>(), bytes.last_chunk::<8>()) {
         (Some(first), Some(last)) => [*first, *last],

@@ -49,25 +49,6 @@ fn strings_are_escaped_as_serde_json_escapes_them() {
     }
 }
 
-/// The sixteen-byte check (SSE2 on x86_64) and the one by words agree on every byte at every
-/// position, and both find exactly what needs escaping.
-#[test]
-fn both_block_checks_find_every_byte_to_escape() {
-    for byte in 0..=u8::MAX {
-        for position in 0..16 {
-            let mut block = [b'a'; 16];
-            block[position] = byte;
-            let expected = byte < 0x20 || byte == b'"' || byte == b'\\';
-            assert_eq!(
-                super::block_needs_escape(&block),
-                expected,
-                "{byte:#x} at {position}"
-            );
-            assert_eq!(super::block_needs_escape_by_words(&block), expected);
-        }
-    }
-}
-
 #[derive(Serialize)]
 enum Variants {
     Unit,

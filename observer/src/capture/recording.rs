@@ -27,6 +27,8 @@ use crate::alert::rfc3339;
 use crate::model::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
 use crate::privacy::OutputWhitelist;
 
+mod plain;
+
 #[derive(Debug, Error)]
 pub enum RecordingError {
     #[error("line {line}: not an observer event ({reason})")]
@@ -333,13 +335,30 @@ impl PrivateLines {
     }
 }
 
-/// Parses a line written by `to_json_line`; `line_number` (1-based) goes into errors.
+/// Parses a line written by `to_json_line` (or by another tool); `line_number` (1-based) goes
+/// into errors. A line as `to_json_line` writes it is read without serde_json (`plain`).
 pub fn from_json_line(text: &str, line_number: usize) -> Result<Event, RecordingError> {
+    match plain::read(text) {
+        Some(line) => event_from_line(line, line_number),
+        None => from_json_line_by_serde(text, line_number),
+    }
+}
+
+/// A line read by serde_json alone: what `from_json_line` answers for every line, the reference
+/// its plain reader is held to (by the tests and the `recording_line` fuzz target).
+pub fn from_json_line_by_serde(text: &str, line_number: usize) -> Result<Event, RecordingError> {
+    let line = serde_json::from_str(text).map_err(|err| RecordingError::BadLine {
+        line: line_number,
+        reason: err.to_string(),
+    })?;
+    event_from_line(line, line_number)
+}
+
+fn event_from_line(line: EventLine, line_number: usize) -> Result<Event, RecordingError> {
     let bad = |reason: String| RecordingError::BadLine {
         line: line_number,
         reason,
     };
-    let line: EventLine = serde_json::from_str(text).map_err(|err| bad(err.to_string()))?;
     let connection: ConnectionId = u64::from_str_radix(
         line.connection
             .strip_prefix("0x")
@@ -457,7 +476,76 @@ mod tests {
         ] {
             let event = sample(kind);
             let line = to_json_line(&event);
+            assert!(plain::read(&line).is_some(), "not plain: {line}");
             assert_eq!(from_json_line(&line, 1).unwrap(), event, "{line}");
+            assert_eq!(from_json_line_by_serde(&line, 1).unwrap(), event, "{line}");
+        }
+    }
+
+    /// Lines as other tools may write them, or broken: each reads (or fails) as serde_json
+    /// alone reads it, whether the plain reader takes it or leaves it.
+    #[test]
+    fn every_line_reads_as_serde_json_reads_it() {
+        let line = abc_line();
+        let with = |from: &str, to: &str| {
+            assert!(line.contains(from), "{from} not in {line}");
+            line.replacen(from, to, 1)
+        };
+        let ts = line
+            .split(r#""ts":""#)
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        let variants = [
+            (
+                with(r#""kind":"data","#, "").replacen('}', r#","kind":"data"}"#, 1),
+                true,
+            ),
+            (with("{", "{ "), false),
+            (format!("{line} "), false),
+            (with("{", r#"{"extra":[1,{"a":null}],"#), false),
+            (with(r#""truncated":false"#, r#""truncated":null"#), false),
+            (with("{", r#"{"pid":1,"#), false),
+            (with(r#""ts":""#, r#""ts":"x","ts":""#), true),
+            (with(&format!(r#""ts":"{ts}""#), r#""ts":1"#), false),
+            (with(r#""pid":4242"#, r#""pid":04242"#), false),
+            (with(r#""pid":4242"#, r#""pid":4242.0"#), false),
+            (with(r#""pid":4242"#, r#""pid":4e3"#), false),
+            (with(r#""sport":40000"#, r#""sport":-1"#), false),
+            (with(r#""dport":88"#, r#""dport":65536"#), false),
+            (with(r#""pid":4242"#, r#""pid":4294967296"#), false),
+            (
+                with(r#""cgroup_id":7"#, r#""cgroup_id":18446744073709551616"#),
+                false,
+            ),
+            (with(r#""pid":4242,"#, ""), false),
+            (with(r#""kind":"data""#, r#""kind":"other""#), false),
+            (with(r#""comm":"openim"#, "\"comm\":\"open\u{1}im"), false),
+            (
+                with(r#""saddr":"10.244.0.9""#, r#""saddr":"10.244.0.999""#),
+                false,
+            ),
+            (with(r#""truncated":false"#, r#""truncated":fals"#), false),
+            (
+                with(r#""payload_b64":"YWJj""#, r#""payload_b64":"YW\u004aj""#),
+                false,
+            ),
+            (
+                with(r#""payload_b64":"YWJj""#, "\"payload_b64\":\"YW\u{1}Jj\""),
+                true,
+            ),
+            (line[..line.len() - 1].to_owned(), false),
+        ];
+        let text = |result: Result<Event, RecordingError>| result.map_err(|err| err.to_string());
+        for (variant, plain) in variants {
+            assert_eq!(plain::read(&variant).is_some(), plain, "{variant}");
+            assert_eq!(
+                text(from_json_line(&variant, 1)),
+                text(from_json_line_by_serde(&variant, 1)),
+                "{variant}"
+            );
         }
     }
 

@@ -4,8 +4,10 @@
 //! - `event`: what the capture saw, one typed event per kernel record.
 //! - `wire`: how a connection's first bytes say what it carries.
 //! - `routing`: gateways and processes, and what a push call carries and gets back.
+//! - `json_text`: the bytes a JSON string cannot hold as they are, found sixteen at a time.
 
 mod event;
+pub mod json_text;
 mod routing;
 pub mod wire;
 
