@@ -1,7 +1,7 @@
 //! The bytes a JSON string cannot hold as they are: `"`, `\` and the control characters below
 //! 0x20. Found sixteen at a time, for the alert writer (does a string need escaping?) and the
-//! recording reader (where does a plain string end?). A byte at a time, the loop was most of
-//! what either spent on the two dozen short strings of a line.
+//! recording reader (where does a plain string end?): scanned a word or a byte at a time, that
+//! search was the bulk of what either spent on a line's strings.
 
 /// Bit `i` set where byte `i` of `block` is one a JSON string cannot hold as it is: on x86_64
 /// one SSE2 comparison of each kind (SSE2 is part of its baseline).
@@ -37,6 +37,7 @@ pub fn special_bytes_one_by_one(block: &[u8; 16]) -> u32 {
         .fold(0, |mask, (index, _)| mask | 1 << index)
 }
 
+/// Whether `byte` is one a JSON string cannot hold as it is.
 pub fn is_special(byte: u8) -> bool {
     byte < 0x20 || byte == b'"' || byte == b'\\'
 }
