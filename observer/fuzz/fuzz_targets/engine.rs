@@ -1,5 +1,6 @@
 //! The whole engine (decoders, detectors, alerts) and the output whitelist over arbitrary
-//! event sequences: no panic, and the tables stay within their caps.
+//! event sequences: no panic, the tables stay within their caps, and every alert line (written
+//! by one `LineWriter`, from the JSON it keeps of what earlier lines named) is serde_json's.
 #![no_main]
 
 mod engine_input;
@@ -8,6 +9,7 @@ use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
 use observer::correlate::{Engine, EngineConfig, RouteLimits, connections::UPGRADED_PER_SLOT};
+use observer::alert::{Alert, LineWriter};
 use observer::budget::MemoryBudget;
 use observer::decode::Limits;
 use observer::model::EventKind;
@@ -48,6 +50,7 @@ fuzz_target!(|data: &[u8]| {
     });
     let mut whitelists: HashMap<u64, OutputWhitelist> = HashMap::new();
     let mut alerts = Vec::new();
+    let mut lines = LineWriter::default();
     for event in &events {
         match &event.kind {
             EventKind::Data {
@@ -69,7 +72,7 @@ fuzz_target!(|data: &[u8]| {
         }
         engine.on_event(event, &mut alerts);
         for alert in alerts.drain(..) {
-            let _ = alert.to_json_line();
+            check_line(&mut lines, &alert);
         }
         let counters = engine.counters();
         assert!(counters.connections.tracked <= MAX_TRACKED, "{counters:?}");
@@ -77,6 +80,11 @@ fuzz_target!(|data: &[u8]| {
     }
     engine.finish(&mut alerts);
     for alert in &alerts {
-        let _ = alert.to_json_line();
+        check_line(&mut lines, alert);
     }
 });
+
+fn check_line(lines: &mut LineWriter, alert: &Alert) {
+    let expected = serde_json::to_string(alert).expect("an alert serializes");
+    assert_eq!(lines.line(alert), expected);
+}

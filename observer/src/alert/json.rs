@@ -170,10 +170,7 @@ impl<'a> ser::Serializer for &'a mut JsonWriter<'_> {
         self.string(value)
     }
     fn collect_str<T: std::fmt::Display + ?Sized>(self, value: &T) -> Result<(), JsonError> {
-        use std::fmt::Write as _;
-        self.out.push(b'"');
-        write!(EscapedText(self.out), "{value}").map_err(ser::Error::custom)?;
-        self.raw(b"\"")
+        write_display_escaped(self.out, value).map_err(ser::Error::custom)
     }
     /// As serde_json: an array of numbers.
     fn serialize_bytes(self, value: &[u8]) -> Result<(), JsonError> {
@@ -384,7 +381,7 @@ fn needs_escape(bytes: &[u8]) -> bool {
 
 /// `text` as a JSON string: quoted, escaped as serde_json escapes (the short forms where JSON
 /// has them, `\u00XX` for the other control characters, everything else as it is).
-fn write_escaped(out: &mut Vec<u8>, text: &str) {
+pub(super) fn write_escaped(out: &mut Vec<u8>, text: &str) {
     out.reserve(text.len() + 2);
     out.push(b'"');
     push_escaped(out, text);
@@ -392,13 +389,20 @@ fn write_escaped(out: &mut Vec<u8>, text: &str) {
 }
 
 /// `text` escaped, without quotes. Nearly every string has nothing to escape and is copied
-/// whole.
-fn push_escaped(out: &mut Vec<u8>, text: &str) {
+/// whole; the byte-by-byte escaping is its own function, so that this check (called some sixty
+/// times a line) does not pay for the loop's registers on every call.
+pub(super) fn push_escaped(out: &mut Vec<u8>, text: &str) {
     let bytes = text.as_bytes();
-    if !needs_escape(bytes) {
+    if needs_escape(bytes) {
+        push_escaped_byte_by_byte(out, bytes);
+    } else {
         out.extend_from_slice(bytes);
-        return;
     }
+}
+
+#[cold]
+#[inline(never)]
+fn push_escaped_byte_by_byte(out: &mut Vec<u8>, bytes: &[u8]) {
     for &byte in bytes {
         match byte {
             b'"' => out.extend_from_slice(b"\\\""),
@@ -418,8 +422,28 @@ fn push_escaped(out: &mut Vec<u8>, text: &str) {
     }
 }
 
-/// Text written by a `Display` (`collect_str`) goes into the line escaped, piece by piece, as
-/// serde_json writes it: no string is built first.
+/// What `value` displays as a JSON string, escaped piece by piece as it is written, as
+/// serde_json's `collect_str` does: no string is built first. Fails only where the `Display` itself reports an error.
+fn write_display_escaped(
+    out: &mut Vec<u8>,
+    value: &(impl std::fmt::Display + ?Sized),
+) -> std::fmt::Result {
+    out.push(b'"');
+    push_display_escaped(out, value)?;
+    out.push(b'"');
+    Ok(())
+}
+
+/// What `value` displays as, escaped, without quotes.
+pub(super) fn push_display_escaped(
+    out: &mut Vec<u8>,
+    value: &(impl std::fmt::Display + ?Sized),
+) -> std::fmt::Result {
+    use std::fmt::Write as _;
+    write!(EscapedText(out), "{value}")
+}
+
+/// Text written by a `Display` goes into the line escaped, piece by piece.
 struct EscapedText<'a>(&'a mut Vec<u8>);
 
 impl std::fmt::Write for EscapedText<'_> {

@@ -1,4 +1,5 @@
-//! `alert::json` held to serde_json's output: strings, serde's data model, every alert kind.
+//! `alert::json` and `alert::line` held to serde_json's output: strings, serde's data model,
+//! every alert kind.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -213,11 +214,28 @@ fn every_kind_of_alert_line_is_serde_jsons() {
         affected,
         diagnosis: "d".into(),
     };
+    let mut sparse_mismatch = RouteMismatch {
+        spelling_difference: None,
+        ..route_mismatch.clone()
+    };
+    sparse_mismatch.placed_on.push(PlacementInfo {
+        gateway: GatewayInfo {
+            pod: None,
+            ..gateway(3, 80, None)
+        },
+        platforms: Vec::new(),
+        since_ns: 0,
+        proxy: ProcessInfo {
+            pod: None,
+            ..process(11, "proxy\t2")
+        },
+        node: None,
+    });
+    sparse_mismatch.pushed_to.message = MessageIds::default();
+    sparse_mismatch.pushed_to.answer_platforms.clear();
+    sparse_mismatch.pushed_to.node = None;
     let bodies = [
-        AlertBody::RouteMismatch(RouteMismatch {
-            spelling_difference: None,
-            ..route_mismatch.clone()
-        }),
+        AlertBody::RouteMismatch(sparse_mismatch),
         AlertBody::RouteMismatch(route_mismatch),
         AlertBody::RingDivergence {
             proxy_members: vec!["a".into(), "b".into()],
@@ -261,13 +279,70 @@ fn every_kind_of_alert_line_is_serde_jsons() {
         })),
         degraded(Some(Affected::default())),
     ];
+    // One writer for all, so that the second line of each is written from kept fragments.
+    let mut lines = LineWriter::default();
     for body in bodies {
         let mut alert = Alert::new(1_764_859_200_000_000_001, body);
-        same_as_serde_json(&alert);
-        alert.node = Some("node-c".into());
-        same_as_serde_json(&alert);
-        let mut written = Vec::new();
-        alert.write_json_line(&mut written).unwrap();
-        assert_eq!(written, format!("{}\n", alert.to_json_line()).into_bytes());
+        for node in [None, Some("node-c")] {
+            alert.node = node.map(str::to_owned);
+            same_as_serde_json(&alert);
+            let expected = serde_json::to_string(&alert).unwrap();
+            assert_eq!(lines.line(&alert), expected);
+            let mut written = Vec::new();
+            lines.write(&alert, &mut written).unwrap();
+            assert_eq!(written, format!("{expected}\n").into_bytes());
+            assert_eq!(alert.to_json_line(), expected);
+        }
+    }
+}
+
+/// More gateways and processes than the writer keeps, each named again after others replaced
+/// it, with every answer (each its own words in the diagnosis), with and without a spelling
+/// difference: every line is still serde_json's.
+#[test]
+fn kept_fragments_are_replaced_without_changing_a_line() {
+    let answers = [
+        GatewayAnswer::Delivered,
+        GatewayAnswer::NotOnlineHere,
+        GatewayAnswer::DeliveryFailed,
+        GatewayAnswer::Unknown,
+    ];
+    let mut lines = LineWriter::default();
+    for round in 0..3u16 {
+        for index in 0..100u16 {
+            let mut name = format!("gw-{index}.svc");
+            if index % 7 == 0 {
+                name.push('"');
+            }
+            let gateway = gateway((index % 250) as u8, 80 + index, Some(&name));
+            let proxy = process(u32::from(index), "proxy");
+            let placement = PlacementInfo {
+                gateway: gateway.clone(),
+                platforms: vec![i32::from(index)],
+                since_ns: u64::from(index) * 1_000_000_007,
+                proxy: proxy.clone(),
+                node: None,
+            };
+            let alert = Alert::new(
+                u64::from(round) * 1_000_000_000_000 + u64::from(index),
+                AlertBody::RouteMismatch(RouteMismatch {
+                    user: format!("{index}"),
+                    placed_on: vec![placement.clone(), placement],
+                    pushed_to: PushInfo {
+                        gateway,
+                        method: "OnlinePushMsg".into(),
+                        message: MessageIds::default(),
+                        pusher: proxy,
+                        answer: answers[usize::from(index) % answers.len()],
+                        answer_platforms: Vec::new(),
+                        node: None,
+                    },
+                    count: 1,
+                    window_secs: 60,
+                    spelling_difference: (index % 3 == 0).then(|| "':88'".into()),
+                }),
+            );
+            assert_eq!(lines.line(&alert), serde_json::to_string(&alert).unwrap());
+        }
     }
 }

@@ -10,8 +10,10 @@ use serde::Serialize;
 
 mod fold;
 mod json;
+mod line;
 
 pub use fold::FoldWindows;
+pub use line::LineWriter;
 
 use crate::model::{
     Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process, wire,
@@ -123,6 +125,12 @@ pub struct RouteMismatch {
 impl RouteMismatch {
     /// The situation in one paragraph, from the alert's own fields.
     pub fn diagnosis(&self) -> impl std::fmt::Display + '_ {
+        self.diagnosis_parts()
+    }
+
+    fn diagnosis_parts(
+        &self,
+    ) -> diagnosis::RouteMismatchDiagnosis<'_, impl Iterator<Item = &Gateway> + Clone> {
         diagnosis::RouteMismatchDiagnosis {
             user: &self.user,
             placed_on: self.placed_on.iter().map(|info| &info.gateway.gateway),
@@ -342,28 +350,11 @@ impl Alert {
         }
     }
 
-    /// The alert's line without its newline.
+    /// The alert's line without its newline. Printing many alerts, keep one `LineWriter`.
     pub fn to_json_line(&self) -> String {
-        let mut line = Vec::with_capacity(LINE_CAPACITY);
-        self.append_json(&mut line);
-        String::from_utf8(line).expect("JSON from UTF-8 strings is UTF-8")
-    }
-
-    /// Writes the alert's line, newline included, into `out` in one write.
-    pub fn write_json_line(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
-        let mut line = Vec::with_capacity(LINE_CAPACITY);
-        self.append_json(&mut line);
-        line.push(b'\n');
-        out.write_all(&line)
-    }
-
-    fn append_json(&self, line: &mut Vec<u8>) {
-        json::append(line, self).expect("an alert's map keys are strings");
+        LineWriter::default().line(self).to_owned()
     }
 }
-
-/// Room for a `route_mismatch` line (about 1.3 KB with Kubernetes member names) without growing.
-const LINE_CAPACITY: usize = 2048;
 
 /// Unix nanoseconds as RFC 3339 in UTC with microseconds, `2026-11-30T13:23:52.405857Z`.
 pub fn rfc3339(ts_ns: u64) -> String {
@@ -374,8 +365,8 @@ fn serialize_rfc3339<S: serde::Serializer>(ts_ns: &u64, serializer: S) -> Result
     serializer.serialize_str(Rfc3339::new(*ts_ns).as_str())
 }
 
-/// RFC 3339 text on the stack, written digit by digit: every alert prints one or more, and
-/// going through a `Display` (humantime's, before) cost about 700 instructions a time.
+/// RFC 3339 text on the stack, written two digits at a time: every alert prints one or more,
+/// and going through a `Display` (humantime's, before) cost about 700 instructions a time.
 struct Rfc3339([u8; 27]);
 
 impl Rfc3339 {
@@ -383,22 +374,24 @@ impl Rfc3339 {
         let seconds = ts_ns / NANOS_PER_SEC;
         let (year, month, day) = civil_from_days(seconds / 86_400);
         let of_day = seconds % 86_400;
+        let micros = ts_ns % NANOS_PER_SEC / 1000;
         let mut text = *b"0000-00-00T00:00:00.000000Z";
-        let fields: [(usize, u64, usize); 7] = [
-            (0, year, 4),
-            (5, month, 2),
-            (8, day, 2),
-            (11, of_day / 3600, 2),
-            (14, of_day / 60 % 60, 2),
-            (17, of_day % 60, 2),
-            (20, ts_ns % NANOS_PER_SEC / 1000, 6),
+        // (where, a value below 100) for each pair of digits.
+        let pairs: [(usize, u64); 10] = [
+            (0, year / 100 % 100),
+            (2, year % 100),
+            (5, month),
+            (8, day),
+            (11, of_day / 3600),
+            (14, of_day / 60 % 60),
+            (17, of_day % 60),
+            (20, micros / 10_000),
+            (22, micros / 100 % 100),
+            (24, micros % 100),
         ];
-        for (start, value, width) in fields {
-            let mut rest = value;
-            for slot in text.iter_mut().skip(start).take(width).rev() {
-                *slot = b'0' + (rest % 10) as u8;
-                rest /= 10;
-            }
+        for (start, value) in pairs {
+            text[start] = b'0' + (value / 10) as u8;
+            text[start + 1] = b'0' + (value % 10) as u8;
         }
         Rfc3339(text)
     }

@@ -11,7 +11,7 @@ use std::{
 
 use super::{DaemonError, args::EngineArgs, unix_now_ns};
 use crate::{
-    alert::Alert,
+    alert::{Alert, LineWriter},
     capture::{kernel_counters::KernelCounters, recording::PrivateLines},
     cluster::{ClusterLink, link::Done},
     correlate::{Engine, blindness::CaptureHealth},
@@ -28,6 +28,8 @@ const FACTS_SETTLE_POLL: Duration = Duration::from_millis(2);
 /// Where events go once captured or replayed: the engine, and optionally stdout and a file.
 pub(super) struct EventSink {
     stdout: BufWriter<io::Stdout>,
+    /// Writes the alert lines, keeping the JSON of the gateways and processes they name.
+    alert_lines: LineWriter,
     print_events: bool,
     /// `--record`, opened once the capture is attached.
     pub(super) record: Option<(PathBuf, BufWriter<File>)>,
@@ -52,6 +54,7 @@ impl EventSink {
         let node = cluster.as_ref().map(|link| link.node().to_owned());
         Self {
             stdout: BufWriter::new(io::stdout()),
+            alert_lines: LineWriter::default(),
             print_events,
             record: None,
             private_lines: PrivateLines::new(engine.max_connections),
@@ -157,8 +160,8 @@ impl EventSink {
             if let Some(pods) = &mut self.pods {
                 pods.enrich(&mut alert);
             }
-            alert
-                .write_json_line(&mut self.stdout)
+            self.alert_lines
+                .write(&alert, &mut self.stdout)
                 .map_err(DaemonError::Output)?;
             if let Some(metrics) = &self.metrics
                 && let Ok(metrics) = metrics.lock()

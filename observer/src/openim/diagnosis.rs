@@ -39,11 +39,29 @@ pub struct RouteMismatchDiagnosis<'a, Placed> {
     pub spelling_difference: Option<&'a str>,
 }
 
-impl<'a, Placed> Display for RouteMismatchDiagnosis<'a, Placed>
+/// A piece of a route mismatch's paragraph. The alert writer copies the paragraph's own words
+/// as they are (none needs a JSON escape; the tests hold every variant to serde_json), escapes
+/// what it quotes, and keeps each gateway's words, the same few in every line, rather than
+/// spelling the IP afresh.
+pub enum DiagnosisPart<'p> {
+    /// The paragraph's own words.
+    Words(&'static str),
+    /// A value from the wire: the user's id, the rings' spelling difference.
+    Quoted(&'p str),
+    /// A gateway, by its member string and IP, or its IP alone.
+    Gateway(&'p Gateway),
+}
+
+impl<'a, Placed> RouteMismatchDiagnosis<'a, Placed>
 where
     Placed: Iterator<Item = &'a Gateway> + Clone,
 {
-    fn fmt(&self, text: &mut Formatter<'_>) -> fmt::Result {
+    /// The paragraph, piece by piece, in order.
+    pub fn write_parts<E>(
+        &self,
+        mut write: impl FnMut(DiagnosisPart<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        use DiagnosisPart::{Gateway, Quoted, Words};
         let consequence = match self.answer {
             GatewayAnswer::NotOnlineHere => {
                 "that gateway answered that the user is not online there, so the message missed real time (offline push instead)"
@@ -56,42 +74,58 @@ where
                 "the gateway's answer was not seen; the user's connection is not on that gateway, so real-time delivery most likely failed"
             }
         };
-        // Pieces written one by one rather than formatted: under a misrouting this is written
-        // for every alert line.
-        text.write_str("user ")?;
-        text.write_str(self.user)?;
-        text.write_str(" holds its WebSocket on ")?;
+        write(Words("user "))?;
+        write(Quoted(self.user))?;
+        write(Words(" holds its WebSocket on "))?;
         for (index, gateway) in self.placed_on.clone().enumerate() {
             if index > 0 {
-                text.write_str(" and ")?;
+                write(Words(" and "))?;
             }
-            write_gateway(text, gateway)?;
+            write(Gateway(gateway))?;
         }
-        text.write_str(" but push delivered to ")?;
-        write_gateway(text, self.pushed_to)?;
-        text.write_str(": ")?;
-        text.write_str(consequence)?;
+        write(Words(" but push delivered to "))?;
+        write(Gateway(self.pushed_to))?;
+        write(Words(": "))?;
+        write(Words(consequence))?;
         if let Some(difference) = self.spelling_difference {
-            text.write_str("; the proxy's and push's rings spell gateways differently (")?;
-            text.write_str(difference)?;
-            text.write_str("), so they hash user ")?;
-            text.write_str(self.user)?;
-            text.write_str(" to different gateways")?;
+            write(Words(
+                "; the proxy's and push's rings spell gateways differently (",
+            ))?;
+            write(Quoted(difference))?;
+            write(Words("), so they hash user "))?;
+            write(Quoted(self.user))?;
+            write(Words(" to different gateways"))?;
         }
         Ok(())
     }
 }
 
+impl<'a, Placed> Display for RouteMismatchDiagnosis<'a, Placed>
+where
+    Placed: Iterator<Item = &'a Gateway> + Clone,
+{
+    fn fmt(&self, text: &mut Formatter<'_>) -> fmt::Result {
+        self.write_parts(|part| match part {
+            DiagnosisPart::Words(piece) | DiagnosisPart::Quoted(piece) => text.write_str(piece),
+            DiagnosisPart::Gateway(gateway) => GatewayInWords(gateway).fmt(text),
+        })
+    }
+}
+
 /// A gateway by its member string and IP, or its IP alone.
-fn write_gateway(text: &mut Formatter<'_>, gateway: &Gateway) -> fmt::Result {
-    let ip = IpText::new(gateway.ip);
-    if let Some(name) = &gateway.name {
-        text.write_str(name)?;
-        text.write_str(" (")?;
-        text.write_str(ip.as_str())?;
-        text.write_str(")")
-    } else {
-        text.write_str(ip.as_str())
+pub struct GatewayInWords<'g>(pub &'g Gateway);
+
+impl Display for GatewayInWords<'_> {
+    fn fmt(&self, text: &mut Formatter<'_>) -> fmt::Result {
+        let ip = IpText::new(self.0.ip);
+        if let Some(name) = &self.0.name {
+            text.write_str(name)?;
+            text.write_str(" (")?;
+            text.write_str(ip.as_str())?;
+            text.write_str(")")
+        } else {
+            text.write_str(ip.as_str())
+        }
     }
 }
 
