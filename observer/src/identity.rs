@@ -421,11 +421,11 @@ impl PodDirectory {
     }
 
     fn name_gateway(&self, gateway: &mut GatewayInfo) {
-        gateway.pod = self.pod_by_ip(gateway.gateway.ip);
+        gateway.pod = self.pod_by_ip(gateway.gateway.ip).map(Box::new);
     }
 
     fn name_process(&mut self, process: &mut ProcessInfo) {
-        process.pod = self.pod_by_cgroup(process.process.cgroup_id);
+        process.pod = self.pod_by_cgroup(process.process.cgroup_id).map(Box::new);
     }
 }
 

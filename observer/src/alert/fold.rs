@@ -16,9 +16,10 @@ struct Fold {
     last_ns: u64,
     count: u64,
     /// The window's first alert; repeats only update the count and time beside it and its
-    /// merged lists, so a repeat costs a lookup, not a new alert text. Boxed, so that the
-    /// table's buckets stay small: a repeat or a sweep reads the bucket, not the alert.
-    summary: Box<Alert>,
+    /// merged lists, so a repeat costs a lookup, not a new alert text. Held in the bucket (an
+    /// envelope around its shared body): boxed, it cost an allocation per window and one more
+    /// cold read when the window ends.
+    summary: Alert,
 }
 
 /// The open windows, at most `max_keys`: a key that finds the table full is emitted unfolded,
@@ -106,7 +107,7 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
                 window_start_ns,
                 last_ns: window_start_ns,
                 count: 1,
-                summary: Box::new(alert),
+                summary: alert,
             },
         );
     }
@@ -139,7 +140,7 @@ fn emit_summary(fold: Fold, alerts: &mut Vec<Alert>) {
     if fold.count < 2 {
         return;
     }
-    let mut summary = *fold.summary;
+    let mut summary = fold.summary;
     summary.ts_ns = fold.last_ns;
     if let Some(count) = summary.body_mut().fold_count_mut() {
         *count = fold.count;

@@ -145,10 +145,10 @@ fn gateway(last: u8, port: u16, name: Option<&str>) -> GatewayInfo {
             port,
             name: name.map(Arc::from),
         },
-        pod: Some(PodRef {
+        pod: Some(Box::new(PodRef {
             namespace: "chat".into(),
             name: format!("msggateway-{last}"),
-        }),
+        })),
     }
 }
 
@@ -159,10 +159,10 @@ fn process(pid: u32, comm: &str) -> ProcessInfo {
             comm: comm.into(),
             cgroup_id: 7,
         },
-        pod: Some(PodRef {
+        pod: Some(Box::new(PodRef {
             namespace: "chat".into(),
             name: "push-0".into(),
-        }),
+        })),
     }
 }
 
