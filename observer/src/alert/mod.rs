@@ -2,7 +2,8 @@
 //! enough context to act on without reading code. The README documents every field.
 //!
 //! The alert is an envelope around model types (`GatewayInfo`, `ProcessInfo` add the pods
-//! `--kube` names); `fold` turns repeats of one alert into one count per window.
+//! `--kube` names); `fold` turns repeats of one alert into one count per window; `line` writes
+//! the lines (`json` for what it does not write itself).
 
 use std::sync::Arc;
 
