@@ -8,9 +8,9 @@ mod engine_input;
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use observer::correlate::{Engine, EngineConfig, RouteLimits, connections::UPGRADED_PER_SLOT};
 use observer::alert::{Alert, LineWriter};
 use observer::budget::MemoryBudget;
+use observer::correlate::{Engine, EngineConfig, RouteLimits, connections::UPGRADED_PER_SLOT};
 use observer::decode::Limits;
 use observer::model::EventKind;
 use observer::privacy::OutputWhitelist;

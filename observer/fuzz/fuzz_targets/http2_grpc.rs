@@ -45,7 +45,12 @@ fn decode_in_chunks(send: &[u8], recv: &[u8], chunk_len: usize) -> Vec<GrpcFact>
     for (direction, bytes) in [(Direction::Send, send), (Direction::Recv, recv)] {
         let mut offset = 0u64;
         for chunk in bytes.chunks(chunk_len) {
-            decoder.feed(direction, offset, &Bytes::copy_from_slice(chunk), &mut facts);
+            decoder.feed(
+                direction,
+                offset,
+                &Bytes::copy_from_slice(chunk),
+                &mut facts,
+            );
             offset += chunk.len() as u64;
         }
     }

@@ -389,8 +389,8 @@ pub(super) fn write_escaped(out: &mut Vec<u8>, text: &str) {
 }
 
 /// `text` escaped, without quotes. Nearly every string has nothing to escape and is copied
-/// whole; the byte-by-byte escaping is its own function, so that this check (called some sixty
-/// times a line) does not pay for the loop's registers on every call.
+/// whole; the byte-by-byte escaping is its own function, so that this check (made for every
+/// string of a line) does not pay for the loop's registers on every call.
 pub(super) fn push_escaped(out: &mut Vec<u8>, text: &str) {
     let bytes = text.as_bytes();
     if needs_escape(bytes) {
