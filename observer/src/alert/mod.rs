@@ -99,7 +99,7 @@ pub struct PlacementInfo {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PushInfo {
     pub gateway: GatewayInfo,
-    /// Shared by the alerts of every recipient of one call.
+    /// One copy for every call of a method (`correlate::shared_texts`).
     pub method: Arc<str>,
     pub message: MessageIds,
     pub pusher: ProcessInfo,

@@ -26,6 +26,7 @@ use super::{
         ConnectionView, grpc_observation, note_http1_loss, note_http2_loss,
         upgrade_on_grpc_observation, websocket_observation,
     },
+    shared_texts::SharedTexts,
 };
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -121,6 +122,8 @@ pub struct ConnectionDecoders {
     /// each chunk and kept (see `GrpcConnectionDecoder::feed`), down to `KEPT_GRPC_FACTS`
     /// entries after a chunk that held more.
     grpc_facts: Vec<GrpcFact>,
+    /// Gateway names and push methods, one copy each for every connection's observations.
+    texts: SharedTexts,
 }
 
 /// What a gRPC port's server may send before its client's first bytes and be held for them: an
@@ -149,6 +152,7 @@ impl ConnectionDecoders {
             shed_decoded: 0,
             blind_spots: BlindSpots::default(),
             grpc_facts: Vec::new(),
+            texts: SharedTexts::default(),
         }
     }
 
@@ -479,13 +483,17 @@ impl ConnectionDecoders {
             protocol,
             ..
         } = connection;
-        let view = ConnectionView { process, gateway };
+        let mut view = ConnectionView {
+            process,
+            gateway,
+            texts: &mut self.texts,
+        };
         match protocol {
             Protocol::Undetermined { .. } | Protocol::Shed => {}
             Protocol::WebSocket(decoder) => {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
                     note_http1_loss(spots, &fact, event.connection, view.process);
-                    observations.extend(websocket_observation(event, &view, fact, counters));
+                    observations.extend(websocket_observation(event, &mut view, fact, counters));
                 }
                 if decoder.is_done() {
                     counters.decode.add(decoder.counters());
@@ -503,7 +511,7 @@ impl ConnectionDecoders {
             Protocol::UpgradeOnGrpcPort(decoder) => {
                 if let Some(fact) = decoder.feed(direction, offset, payload) {
                     note_http1_loss(spots, &fact, event.connection, view.process);
-                    observations.extend(upgrade_on_grpc_observation(event, &view, fact));
+                    observations.extend(upgrade_on_grpc_observation(event, &mut view, fact));
                 }
             }
             Protocol::Grpc(decoder) => {
@@ -513,7 +521,7 @@ impl ConnectionDecoders {
                     observations.extend(grpc_observation(
                         event.ts_ns,
                         event.connection,
-                        &view,
+                        &mut view,
                         fact,
                         counters,
                     ));
@@ -548,9 +556,10 @@ impl ConnectionDecoders {
         self.buffered_bytes -= connection.buffered;
         match &mut connection.protocol {
             Protocol::Grpc(decoder) => {
-                let view = ConnectionView {
+                let mut view = ConnectionView {
                     process: &connection.process,
                     gateway: &connection.gateway,
+                    texts: &mut self.texts,
                 };
                 decoder.finish(&mut self.grpc_facts);
                 for fact in self.grpc_facts.drain(..) {
@@ -558,7 +567,7 @@ impl ConnectionDecoders {
                     observations.extend(grpc_observation(
                         ts_ns,
                         connection_id,
-                        &view,
+                        &mut view,
                         fact,
                         &mut self.counters,
                     ));

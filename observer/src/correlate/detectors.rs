@@ -242,7 +242,7 @@ impl Detectors {
                     stream_id,
                     PendingCall {
                         ts_ns,
-                        method: method.into(),
+                        method,
                         gateway,
                         pusher,
                         message,

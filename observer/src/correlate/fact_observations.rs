@@ -8,7 +8,9 @@ use crate::{
     model::{ConnectionId, ConnectionKey, Event, Gateway, Process},
 };
 
-use super::{Observation, blindness::BlindSpots, connections::ConnectionCounters};
+use super::{
+    Observation, blindness::BlindSpots, connections::ConnectionCounters, shared_texts::SharedTexts,
+};
 
 /// A decoder that stopped seeing its connection is a blind spot. Joining mid-stream is not
 /// counted here: every connection open when the observer starts does it.
@@ -53,23 +55,25 @@ pub(super) fn note_http1_loss(
     }
 }
 
-/// What the observation builders need of a connection, borrowed apart from its decoder.
+/// What the observation builders need of a connection, borrowed apart from its decoder, and
+/// the texts every connection shares.
 pub(super) struct ConnectionView<'a> {
     pub(super) process: &'a Process,
     pub(super) gateway: &'a Gateway,
+    pub(super) texts: &'a mut SharedTexts,
 }
 
-fn named_gateway(gateway: &Gateway, name: Option<String>) -> Gateway {
+fn named_gateway(gateway: &Gateway, name: Option<String>, texts: &mut SharedTexts) -> Gateway {
     Gateway {
         ip: gateway.ip,
         port: gateway.port,
-        name: name.map(Into::into),
+        name: name.map(|name| texts.share(&name)),
     }
 }
 
 pub(super) fn websocket_observation(
     event: &Event,
-    view: &ConnectionView<'_>,
+    view: &mut ConnectionView<'_>,
     fact: WebSocketFact,
     counters: &mut ConnectionCounters,
 ) -> Option<Observation> {
@@ -85,7 +89,7 @@ pub(super) fn websocket_observation(
                 ts_ns: event.ts_ns,
                 user,
                 platform: request.platform_id,
-                gateway: named_gateway(view.gateway, request.host),
+                gateway: named_gateway(view.gateway, request.host, view.texts),
                 proxy: view.process.clone(),
             })
         }
@@ -101,7 +105,7 @@ pub(super) fn websocket_observation(
 
 pub(super) fn upgrade_on_grpc_observation(
     event: &Event,
-    view: &ConnectionView<'_>,
+    view: &mut ConnectionView<'_>,
     fact: WebSocketFact,
 ) -> Option<Observation> {
     match fact {
@@ -109,7 +113,7 @@ pub(super) fn upgrade_on_grpc_observation(
             connection: event.connection,
             ts_ns: event.ts_ns,
             user: request.send_id.filter(|user| !user.is_empty()),
-            gateway: named_gateway(view.gateway, request.host),
+            gateway: named_gateway(view.gateway, request.host, view.texts),
             proxy: view.process.clone(),
         }),
         WebSocketFact::UpgradeResponse { status } => Some(Observation::UpgradeOnGrpcPortAnswered {
@@ -123,7 +127,7 @@ pub(super) fn upgrade_on_grpc_observation(
 pub(super) fn grpc_observation(
     ts_ns: u64,
     connection: ConnectionId,
-    view: &ConnectionView<'_>,
+    view: &mut ConnectionView<'_>,
     fact: GrpcFact,
     counters: &mut ConnectionCounters,
 ) -> Option<Observation> {
@@ -138,8 +142,10 @@ pub(super) fn grpc_observation(
                 connection,
                 stream_id,
                 ts_ns,
-                method: method.rsplit('/').next().unwrap_or(&method).to_owned(),
-                gateway: named_gateway(view.gateway, authority),
+                method: view
+                    .texts
+                    .share(method.rsplit('/').next().unwrap_or(&method)),
+                gateway: named_gateway(view.gateway, authority, view.texts),
                 pusher: view.process.clone(),
                 message: call.message,
                 recipients: call.recipients,

@@ -21,6 +21,7 @@ mod push_calls;
 mod ring_verdicts;
 mod rings;
 mod shared;
+mod shared_texts;
 mod upgrade_on_grpc;
 
 use std::collections::{HashMap, HashSet};

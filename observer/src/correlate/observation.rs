@@ -1,6 +1,8 @@
 //! `Observation`: what happened on the wire, in routing terms. `connections` produces them from
 //! decoded traffic; the detectors consume them.
 
+use std::sync::Arc;
+
 use crate::model::{ConnectionId, ConnectionKey, Gateway, MessageIds, Process, UserId, UserResult};
 
 /// What happened on the wire, in routing terms.
@@ -51,7 +53,7 @@ pub enum Observation {
         connection: ConnectionId,
         stream_id: u32,
         ts_ns: u64,
-        method: String,
+        method: Arc<str>,
         gateway: Gateway,
         pusher: Process,
         message: MessageIds,

@@ -25,7 +25,9 @@ pub struct Gateway {
     #[serde(serialize_with = "serialize_ip")]
     pub ip: IpAddr,
     pub port: u16,
-    /// Shared: every placement, call and alert that names this gateway holds the same text.
+    /// Shared: every placement, call and alert that names this gateway by this member string
+    /// holds the same copy (`correlate::shared_texts`, within its bounds), so comparing two
+    /// names usually compares two pointers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<Arc<str>>,
 }

@@ -63,6 +63,40 @@ fn an_upgraded_websocket_keeps_only_its_id_until_it_closes() {
     assert_eq!(decoders.counters().tracked, 0);
 }
 
+/// Two proxies' upgrades naming one gateway get one copy of its name: an alert line compares
+/// gateways by it (`alert::line`), and copies compare byte by byte.
+#[test]
+fn upgrades_naming_one_gateway_share_one_copy_of_its_name() {
+    let mut decoders = ConnectionDecoders::new(Limits::default(), 4);
+    let mut observations = Vec::new();
+    for connection in [7, 8] {
+        let on = |event: Event| Event {
+            connection,
+            ..event
+        };
+        decoders.on_event(&on(event(EventKind::TcpConnect)), &mut observations);
+        decoders.on_event(
+            &on(data(
+                Direction::Send,
+                b"GET /?sendID=42 HTTP/1.1\r\nHost: gw-0:10001\r\nUpgrade: websocket\r\n\r\n",
+            )),
+            &mut observations,
+        );
+    }
+    let names: Vec<_> = observations
+        .iter()
+        .filter_map(|observation| match observation {
+            Observation::UpgradeRequested { gateway, .. } => gateway.name.clone(),
+            _ => None,
+        })
+        .collect();
+    let [first, second] = names.as_slice() else {
+        panic!("two named upgrades: {observations:?}")
+    };
+    assert_eq!(&**first, "gw-0:10001");
+    assert!(std::sync::Arc::ptr_eq(first, second));
+}
+
 /// A chunk on a gRPC port (88).
 fn grpc_data(direction: Direction, bytes: &'static [u8]) -> Event {
     Event {

@@ -1,0 +1,66 @@
+//! Texts that every connection of a cluster repeats (the gateways' member strings, the push
+//! methods' names), held once.
+//!
+//! Each upgrade and each push call used to hold its own copy, so two placements on one gateway
+//! named it with two allocations. An alert line finds the JSON of a gateway it wrote before by
+//! comparing gateways, and two copies are compared byte by byte: for a fold window's summary,
+//! written a minute after its call, that read the call's copy cold from memory, a cache miss in
+//! every line. One copy per text compares by its pointer, and costs no allocation per call.
+
+use std::sync::Arc;
+
+use hashbrown::HashSet;
+
+/// Distinct texts held. A cluster has a few gateways under each ring's spelling and a few push
+/// methods; anything past this (a client sending arbitrary `Host` headers) gets its own copy, as
+/// before, without growing the table.
+const MAX_TEXTS: usize = 1024;
+
+/// Texts longer than any member string (`host:port`) or method name are not held, so the table
+/// stays within `MAX_TEXTS * MAX_TEXT_BYTES` (256 KiB) of text.
+const MAX_TEXT_BYTES: usize = 256;
+
+#[derive(Debug, Default)]
+pub struct SharedTexts {
+    texts: HashSet<Arc<str>>,
+}
+
+impl SharedTexts {
+    /// `text`, as the copy every caller asking for the same text gets.
+    pub fn share(&mut self, text: &str) -> Arc<str> {
+        if let Some(held) = self.texts.get(text) {
+            return held.clone();
+        }
+        let copy: Arc<str> = text.into();
+        if self.texts.len() < MAX_TEXTS && text.len() <= MAX_TEXT_BYTES {
+            self.texts.insert(copy.clone());
+        }
+        copy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_copy_per_text_within_the_bounds() {
+        let mut texts = SharedTexts::default();
+        let first = texts.share("gateway-0.gateway:88");
+        assert!(Arc::ptr_eq(&first, &texts.share("gateway-0.gateway:88")));
+        assert!(!Arc::ptr_eq(&first, &texts.share("gateway-1.gateway:88")));
+
+        let long = "x".repeat(MAX_TEXT_BYTES + 1);
+        assert!(!Arc::ptr_eq(&texts.share(&long), &texts.share(&long)));
+        assert_eq!(*texts.share(&long), *long, "not held, still the text");
+
+        for index in 0..2 * MAX_TEXTS {
+            texts.share(&format!("member-{index}"));
+        }
+        assert_eq!(texts.texts.len(), MAX_TEXTS);
+        assert!(Arc::ptr_eq(&first, &texts.share("gateway-0.gateway:88")));
+        let past_the_bound = texts.share("one more");
+        assert_eq!(&*past_the_bound, "one more");
+        assert!(!Arc::ptr_eq(&past_the_bound, &texts.share("one more")));
+    }
+}
