@@ -56,7 +56,7 @@ fn mismatches(alerts: &[Alert]) -> BTreeMap<MismatchKey, Vec<&Alert>> {
                 .map(|info| info.gateway.gateway.ip)
                 .collect();
             found
-                .entry((user.clone(), placed, pushed_to.gateway.gateway.ip))
+                .entry((user.to_string(), placed, pushed_to.gateway.gateway.ip))
                 .or_default()
                 .push(alert);
         }

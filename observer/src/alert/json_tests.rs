@@ -326,7 +326,7 @@ fn kept_fragments_are_replaced_without_changing_a_line() {
             let alert = Alert::new(
                 u64::from(round) * 1_000_000_000_000 + u64::from(index),
                 AlertBody::RouteMismatch(RouteMismatch {
-                    user: format!("{index}"),
+                    user: format!("{index}").into(),
                     placed_on: vec![placement.clone(), placement],
                     pushed_to: PushInfo {
                         gateway,

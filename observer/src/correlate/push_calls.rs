@@ -360,7 +360,7 @@ fn judge_user(
     let alert = Alert::new(
         ts_ns,
         AlertBody::RouteMismatch(RouteMismatch {
-            user: user.to_owned(),
+            user: user.into(),
             placed_on,
             pushed_to: PushInfo {
                 gateway: call.gateway.clone().into(),
