@@ -57,9 +57,9 @@ pub enum ClusterError {
 #[derive(Args, Debug, Clone, Default)]
 pub struct ClusterArgs {
     /// Share state with the observers on the other nodes through Redis (cluster mode):
-    /// redis://[USER:PASSWORD@]HOST[:PORT][/DB], or rediss:// for TLS. Also read from
-    /// --redis-url-file or the OPENIM_OBSERVER_REDIS_URL environment variable. Without any of
-    /// them the observer works alone.
+    /// redis://USER:PASSWORD@HOST:PORT/DB (all but HOST optional), or rediss:// for TLS. Also
+    /// read from --redis-url-file or the OPENIM_OBSERVER_REDIS_URL environment variable.
+    /// Without any of them the observer works alone.
     #[arg(long, value_name = "URL")]
     pub redis_url: Option<String>,
     /// A file holding the Redis URL (a mounted Secret), read once at start.
