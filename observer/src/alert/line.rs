@@ -14,9 +14,9 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::{Alert, AlertBody, GatewayInfo, PlacementInfo, ProcessInfo, PushInfo, Rfc3339};
+use super::{Alert, AlertBody, GatewayInfo, PlacementInfo, ProcessInfo, PushInfo};
 use super::{RouteMismatch, json};
-use crate::model::{Gateway, MessageIds};
+use crate::model::{Gateway, MessageIds, Rfc3339};
 use crate::openim::diagnosis::{DiagnosisPart, GatewayInWords};
 
 /// Writes alert lines, remembering the JSON of the gateways and processes recent lines named.

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Deserializer, Serialize};
 use thiserror::Error;
 
-use crate::alert::rfc3339;
+use crate::model::rfc3339;
 use crate::model::{ConnectionId, Direction, Event, EventKind, PortClass, TcpState};
 use crate::privacy::OutputWhitelist;
 

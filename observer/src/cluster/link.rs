@@ -19,9 +19,9 @@ use super::{
     store::{Fact, LinkEvent, SharedState, StoreError},
 };
 use crate::{
-    alert::{Alert, AlertBody, DegradedReason, DegradedState, RouteMismatch, rfc3339},
+    alert::{Alert, AlertBody, DegradedReason, DegradedState, RouteMismatch},
     correlate::{Engine, PlacementLookup, RemotePlacement, SharedFact, SharedRingEvidence},
-    model::{Gateway, Process},
+    model::{Gateway, Process, rfc3339},
     openim::diagnosis,
 };
 

@@ -11,9 +11,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::{
-    alert::{Affected, AffectedProcess, Alert, AlertBody, DegradedReason, DegradedState, rfc3339},
+    alert::{Affected, AffectedProcess, Alert, AlertBody, DegradedReason, DegradedState},
     capture::kernel_counters::KernelCounters,
-    model::{ConnectionId, NANOS_PER_SEC, Process},
+    model::{ConnectionId, NANOS_PER_SEC, Process, rfc3339},
     openim::diagnosis::{self, CaptureSettings},
 };
 

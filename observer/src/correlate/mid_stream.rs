@@ -7,8 +7,8 @@
 use std::collections::HashSet;
 
 use crate::{
-    alert::{Alert, AlertBody, DegradedReason, DegradedState, rfc3339},
-    model::ConnectionId,
+    alert::{Alert, AlertBody, DegradedReason, DegradedState},
+    model::{ConnectionId, rfc3339},
     openim::diagnosis,
 };
 

@@ -20,7 +20,7 @@ use thiserror::Error;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
-    alert::{SCHEMA_VERSION, rfc3339},
+    alert::SCHEMA_VERSION,
     capture::{
         cgroup_scope,
         kernel::{CaptureError, Drained, KernelCapture},
@@ -39,7 +39,7 @@ use crate::{
     identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
     lines::{BoundedLines, LineError},
     metrics::{self, Metrics, MetricsError},
-    model::Event,
+    model::{Event, rfc3339},
     openim::diagnosis::CaptureSettings,
 };
 

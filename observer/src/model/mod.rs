@@ -5,16 +5,19 @@
 //! - `wire`: how a connection's first bytes say what it carries.
 //! - `routing`: gateways and processes, and what a push call carries and gets back.
 //! - `json_text`: the bytes a JSON string cannot hold as they are, found sixteen at a time.
+//! - `time_text`: instants as RFC 3339 text.
 
 mod event;
 pub mod json_text;
 mod routing;
+mod time_text;
 pub mod wire;
 
 pub use event::{ConnectionId, ConnectionKey, Direction, Event, EventKind, PortClass, TcpState};
 pub use routing::{
     Gateway, GatewayAnswer, IpText, MessageIds, PlatformResult, Process, UserId, UserResult,
 };
+pub use time_text::{Rfc3339, rfc3339};
 
 /// Timestamps are Unix nanoseconds throughout.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;
