@@ -16,9 +16,9 @@ use hashbrown::HashSet;
 /// before, without growing the table.
 const MAX_TEXTS: usize = 1024;
 
-/// Texts longer than any member string (`host:port`) or method name are not held, so the table
-/// stays within `MAX_TEXTS * MAX_TEXT_BYTES` (256 KiB) of text.
-const MAX_TEXT_BYTES: usize = 256;
+/// The longest member string, a DNS name (at most 253 bytes) with `:port`, fits; a longer text
+/// is not held, so the table stays within `MAX_TEXTS * MAX_TEXT_BYTES` (260 KiB) of text.
+const MAX_TEXT_BYTES: usize = 260;
 
 #[derive(Debug, Default)]
 pub struct SharedTexts {
