@@ -9,6 +9,9 @@
 //!    ratio of every pair and their median, never an average of rounds. A segment starts only
 //!    once the previous watcher has exited and the CPUs are idle again (bounded wait); a segment
 //!    that started on a busy machine is flagged noisy and its pair left out of the ratios.
+//!    A second no-watcher segment in every round (the control, at its own place in the order)
+//!    pairs with the first as a watcher would: the spread of those ratios is what noise alone
+//!    does to a pair, and "within noise" means a watcher's median ratio lies inside it.
 //! 2. Nanoseconds per syscall, timed by a small C program (tests/bench/syscall_cost.c, built with
 //!    `cc`): `getppid` (not hooked), 64-byte writes to /dev/null (hooked, no socket), and 64-byte
 //!    writes on loopback TCP to an unwatched and to a watched port, under each watcher in
@@ -81,6 +84,8 @@ pub struct BenchConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Watcher {
     Nothing,
+    /// Nothing again, in the push flood only: its pair with `Nothing` measures the noise.
+    Control,
     /// The observer with `--capture-hook syscalls`, what it falls back to without CAP_NET_ADMIN
     /// or a cgroup v2 hierarchy.
     SyscallHook,
@@ -90,8 +95,9 @@ enum Watcher {
 }
 
 impl Watcher {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::Nothing,
+        Self::Control,
         Self::SyscallHook,
         Self::PacketHook,
         Self::Bpftrace,
@@ -100,6 +106,7 @@ impl Watcher {
     fn label(self) -> &'static str {
         match self {
             Self::Nothing => "no observer",
+            Self::Control => "no observer (control)",
             Self::SyscallHook => "observer, syscall hook",
             Self::PacketHook => "observer, packet hook",
             Self::Bpftrace => "bpftrace",
@@ -135,13 +142,14 @@ impl Tools {
     }
 
     /// Round `round` runs the watchers in a rotated order, so none always goes first; a
-    /// watcher whose tool is missing is skipped.
-    fn order(&self, round: usize) -> impl Iterator<Item = Watcher> + '_ {
+    /// watcher whose tool is missing is skipped, and the control unless `control`.
+    fn order(&self, round: usize, control: bool) -> impl Iterator<Item = Watcher> + '_ {
         (0..Watcher::ALL.len())
             .map(move |step| Watcher::ALL[(round + step) % Watcher::ALL.len()])
-            .filter(|watcher| match watcher {
+            .filter(move |watcher| match watcher {
                 Watcher::Bpftrace => self.bpftrace.is_some(),
                 Watcher::PacketHook => self.cgroup2_root.is_some(),
+                Watcher::Control => control,
                 Watcher::Nothing | Watcher::SyscallHook => true,
             })
     }
@@ -237,7 +245,7 @@ impl WatcherProcess {
         grpc_budget: Option<u32>,
     ) -> anyhow::Result<Option<Self>> {
         let (mut command, ready_marker) = match watcher {
-            Watcher::Nothing => return Ok(None),
+            Watcher::Nothing | Watcher::Control => return Ok(None),
             Watcher::SyscallHook | Watcher::PacketHook => {
                 let mut command = Command::new(observer);
                 command.arg("run");
@@ -658,7 +666,7 @@ async fn measure_pushes(
     lab.push_flood(WARM_UP).await?;
     let mut rounds: BTreeMap<Watcher, Vec<FloodRound>> = BTreeMap::new();
     for round in 0..config.rounds {
-        for watcher in tools.order(round) {
+        for watcher in tools.order(round, true) {
             eprintln!(
                 "bench: push flood, round {}/{}, {} ({} s)",
                 round + 1,
@@ -820,7 +828,8 @@ async fn measure_syscalls(config: &BenchConfig, tools: &Tools) -> anyhow::Result
         observer_drops: 0,
     };
     for round in 0..config.rounds {
-        for watcher in tools.order(round) {
+        // No control: every syscall ratio comes with its range over the rounds.
+        for watcher in tools.order(round, false) {
             eprintln!(
                 "bench: syscalls, round {}/{}, {}",
                 round + 1,
@@ -901,6 +910,32 @@ fn verdict(ratios: &[f64], within: impl Fn(f64) -> bool) -> String {
     }
 }
 
+/// Whether a watcher's throughput ratios are within the noise the control's ratios measured:
+/// their median inside the control's range. With too few pairs on either side, inconclusive.
+fn noise_verdict(ratios: &[f64], noise: &[f64]) -> String {
+    if ratios.len() < MIN_PAIRS_FOR_VERDICT || noise.len() < MIN_PAIRS_FOR_VERDICT {
+        return format!(
+            "inconclusive: {} clean pairs and {} control pairs, a verdict needs {MIN_PAIRS_FOR_VERDICT} of each",
+            ratios.len(),
+            noise.len()
+        );
+    }
+    let low = noise.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = noise.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let middle = median(ratios);
+    let place = if middle < low {
+        "below"
+    } else if middle > high {
+        "above"
+    } else {
+        "within"
+    };
+    format!(
+        "{place} noise (median ×{middle:.3}; control ×{:.3}, ×{low:.3}–×{high:.3})",
+        median(noise)
+    )
+}
+
 /// "median (min–max)" of the ratios, or a dash when there are none.
 fn ratio_summary(ratios: &[f64]) -> String {
     if ratios.is_empty() {
@@ -909,6 +944,38 @@ fn ratio_summary(ratios: &[f64]) -> String {
     let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     let max = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     format!("×{:.3} (×{min:.3}–×{max:.3})", median(ratios))
+}
+
+/// A watcher's rounds against no watcher's, pair by pair (the same round); a pair counts only
+/// when both of its segments started on a quiet machine.
+struct PairRatios {
+    throughput: Vec<f64>,
+    p99: Vec<f64>,
+}
+
+impl PairRatios {
+    fn new(rounds: &[FloodRound], baseline: &[FloodRound]) -> Self {
+        let pairs: Vec<(&FloodRound, &FloodRound)> = rounds
+            .iter()
+            .zip(baseline)
+            .filter(|(with, without)| with.quiet.reached && without.quiet.reached)
+            .collect();
+        Self {
+            throughput: pairs
+                .iter()
+                .map(|(with, without)| {
+                    with.report.pushes_per_second
+                        / without.report.pushes_per_second.max(f64::EPSILON)
+                })
+                .collect(),
+            p99: pairs
+                .iter()
+                .map(|(with, without)| {
+                    with.report.p99_us as f64 / without.report.p99_us.max(1) as f64
+                })
+                .collect(),
+        }
+    }
 }
 
 fn render_floods(
@@ -980,39 +1047,36 @@ fn render_floods(
         out,
         "clean: segments that started on a quiet machine; figures are medians over them (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's user+system CPU per 1,000 pushes (the kernel-side cost is paid inside the lab's syscalls instead);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
     );
-    let baseline = floods.get(&Watcher::Nothing);
+    let Some(baseline) = floods.get(&Watcher::Nothing) else {
+        return;
+    };
+    let noise = floods
+        .get(&Watcher::Control)
+        .map(|control| PairRatios::new(control, baseline).throughput)
+        .unwrap_or_default();
     for (watcher, rounds) in floods.iter().filter(|(w, _)| **w != Watcher::Nothing) {
-        let Some(baseline) = baseline else { break };
-        // A pair is clean when both of its segments started on a quiet machine.
-        let pairs: Vec<(&FloodRound, &FloodRound)> = rounds
-            .iter()
-            .zip(baseline)
-            .filter(|(with, without)| with.quiet.reached && without.quiet.reached)
-            .collect();
-        let throughput: Vec<f64> = pairs
-            .iter()
-            .map(|(with, without)| {
-                with.report.pushes_per_second / without.report.pushes_per_second.max(f64::EPSILON)
-            })
-            .collect();
-        let p99: Vec<f64> = pairs
-            .iter()
-            .map(|(with, without)| with.report.p99_us as f64 / without.report.p99_us.max(1) as f64)
-            .collect();
+        let ratios = PairRatios::new(rounds, baseline);
         let _ = writeln!(
             out,
-            "{} vs. no observer, per clean pair: throughput {}, p99 {}",
+            "{} vs. no observer, per clean pair: throughput {}, p99 {}{}",
             watcher.label(),
-            ratio_summary(&throughput),
-            ratio_summary(&p99)
+            ratio_summary(&ratios.throughput),
+            ratio_summary(&ratios.p99),
+            if *watcher == Watcher::Control {
+                ": what noise alone does to a pair"
+            } else {
+                ""
+            }
         );
         if matches!(watcher, Watcher::SyscallHook | Watcher::PacketHook) {
             let _ = writeln!(
                 out,
-                "target: at most {TARGET_LOSS_PERCENT}% throughput loss: {}; p99 at most +{TARGET_P99_PERCENT}%: {}",
-                verdict(&throughput, |ratio| ratio
+                "target: throughput within noise: {}; at most {TARGET_LOSS_PERCENT}% throughput loss: {}; p99 at most +{TARGET_P99_PERCENT}%: {}",
+                noise_verdict(&ratios.throughput, &noise),
+                verdict(&ratios.throughput, |ratio| ratio
                     >= 1.0 - TARGET_LOSS_PERCENT / 100.0),
-                verdict(&p99, |ratio| ratio <= 1.0 + TARGET_P99_PERCENT / 100.0)
+                verdict(&ratios.p99, |ratio| ratio
+                    <= 1.0 + TARGET_P99_PERCENT / 100.0)
             );
         }
     }
@@ -1135,6 +1199,18 @@ mod tests {
             "over target in every clean pair"
         );
         assert!(verdict(&[0.99, 0.93, 1.02], within).contains("2 of 3 clean pairs within target"));
+    }
+
+    #[test]
+    fn within_noise_means_the_median_ratio_lies_in_the_controls_range() {
+        let noise = [0.93, 1.04, 1.08];
+        assert_eq!(
+            noise_verdict(&[0.92, 1.00, 1.10], &noise),
+            "within noise (median ×1.000; control ×1.040, ×0.930–×1.080)"
+        );
+        assert!(noise_verdict(&[0.85, 0.90, 0.99], &noise).starts_with("below noise"));
+        assert!(noise_verdict(&[1.09, 1.12, 1.20], &noise).starts_with("above noise"));
+        assert!(noise_verdict(&[1.0, 1.0, 1.0], &noise[..2]).starts_with("inconclusive"));
     }
 
     #[test]
