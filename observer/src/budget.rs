@@ -8,10 +8,6 @@
 //! only then the users placed longest ago. A full table evicts its least recently useful
 //! entries instead of refusing new ones. Everything shed is counted (`MemoryCounters`).
 
-use std::hash::Hash;
-
-use hashbrown::HashMap;
-
 /// Default budget: the shipped DaemonSet's 256 MiB limit minus the binary and libraries
 /// (~30 MiB), the default 8 MiB ring and allocator slack. deploy/README.md gives the rule.
 pub const DEFAULT_MEMORY_BUDGET: usize = 160 << 20;
@@ -114,16 +110,17 @@ pub fn eviction_batch(capacity: usize) -> usize {
     (capacity / EVICTION_BATCH_DIVISOR).max(1)
 }
 
-/// The keys of the `count` entries with the lowest `rank` (least recently useful first).
-pub fn least_useful<K: Clone + Eq + Hash, V, R: Ord + Copy>(
-    map: &HashMap<K, V>,
+/// The keys of the `count` entries of a table with the lowest `rank` (least recently useful
+/// first).
+pub fn least_useful<'a, K: Clone + 'a, V: 'a, R: Ord + Copy>(
+    entries: impl Iterator<Item = (&'a K, &'a V)>,
     count: usize,
     rank: impl Fn(&V) -> R,
 ) -> Vec<K> {
-    if count == 0 || map.is_empty() {
+    if count == 0 {
         return Vec::new();
     }
-    let mut ranked: Vec<(R, &K)> = map.iter().map(|(key, value)| (rank(value), key)).collect();
+    let mut ranked: Vec<(R, &K)> = entries.map(|(key, value)| (rank(value), key)).collect();
     let count = count.min(ranked.len());
     if count < ranked.len() {
         ranked.select_nth_unstable_by_key(count - 1, |(rank, _)| *rank);
@@ -157,16 +154,18 @@ pub struct ResidentMemory {
 
 #[cfg(test)]
 mod tests {
+    use hashbrown::HashMap;
+
     use super::*;
 
     #[test]
     fn least_useful_picks_the_lowest_ranks() {
         let map: HashMap<u32, u64> = (0..100).map(|key| (key, u64::from(99 - key))).collect();
-        let mut keys = least_useful(&map, 3, |rank| *rank);
+        let mut keys = least_useful(map.iter(), 3, |rank| *rank);
         keys.sort_unstable();
         assert_eq!(keys, vec![97, 98, 99]);
-        assert_eq!(least_useful(&map, 1000, |rank| *rank).len(), 100);
-        assert!(least_useful(&map, 0, |rank| *rank).is_empty());
+        assert_eq!(least_useful(map.iter(), 1000, |rank| *rank).len(), 100);
+        assert!(least_useful(map.iter(), 0, |rank| *rank).is_empty());
     }
 
     #[test]

@@ -186,7 +186,7 @@ impl ConnectionDecoders {
         }
         if self.connections.len() >= self.max_connections {
             let batch = budget::eviction_batch(self.max_connections);
-            let evicted = budget::least_useful(&self.connections, batch, |connection| {
+            let evicted = budget::least_useful(self.connections.iter(), batch, |connection| {
                 (connection.decoded, connection.last_active_ns)
             });
             for id in evicted {
@@ -265,7 +265,7 @@ impl ConnectionDecoders {
                 .filter(|connection| !connection.decoded)
                 .count();
             let wanted = (bytes - freed).div_ceil(CONNECTION_BYTES).min(undecoded);
-            let evicted = budget::least_useful(&self.connections, wanted, |connection| {
+            let evicted = budget::least_useful(self.connections.iter(), wanted, |connection| {
                 (connection.decoded, connection.last_active_ns)
             });
             for id in evicted {

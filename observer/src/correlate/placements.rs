@@ -3,14 +3,16 @@
 
 use std::sync::Arc;
 
+use std::hash::BuildHasher;
+
 use compact_str::CompactString;
-use hashbrown::HashMap;
+use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
 use smallvec::SmallVec;
 
 use crate::{
     alert::PlacementInfo,
     budget,
-    model::{ConnectionId, ConnectionKey, Gateway, Process},
+    model::{ConnectionId, ConnectionKey, Gateway, Process, prefetch},
 };
 
 use super::RouteLimits;
@@ -34,13 +36,22 @@ pub struct PlacementCounters {
     pub connections_evicted: u64,
 }
 
+/// One user's live placements, oldest first. Nearly every user holds one: inline in the
+/// bucket, so judging a recipient reads the bucket its lookup found instead of one more heap
+/// line.
+struct UserPlacements {
+    user: CompactString,
+    placements: SmallVec<[Placement; 1]>,
+}
+
 pub struct Placements {
     max_users: usize,
     max_per_user: usize,
     max_connections: usize,
-    /// Nearly every user holds one placement: inline in the bucket, so judging a recipient
-    /// reads the bucket its lookup found instead of one more heap line.
-    by_user: HashMap<CompactString, SmallVec<[Placement; 1]>>,
+    /// By user, hashed as `&str` by `hasher`. A table rather than a map so that a recipient's
+    /// bucket can be found, and prefetched, before it is read (`prefetch`).
+    by_user: HashTable<UserPlacements>,
+    hasher: DefaultHashBuilder,
     /// The connection that holds each placement, so that its close ends it.
     users_by_connection: HashMap<ConnectionId, CompactString>,
     /// Placements made before this observer started (cluster mode), by their connection's two
@@ -58,7 +69,8 @@ impl Placements {
             max_users: limits.max_users,
             max_per_user: limits.max_placements_per_user,
             max_connections: limits.max_tracked_connections,
-            by_user: HashMap::new(),
+            by_user: HashTable::new(),
+            hasher: DefaultHashBuilder::default(),
             users_by_connection: HashMap::new(),
             adopted: HashMap::new(),
             next_adopted: 1,
@@ -76,7 +88,37 @@ impl Placements {
 
     /// The live placements of `user`, oldest first.
     pub fn of(&self, user: &str) -> Option<&[Placement]> {
-        self.by_user.get(user).map(SmallVec::as_slice)
+        self.by_user
+            .find(self.hasher.hash_one(user), |entry| entry.user == user)
+            .map(|entry| entry.placements.as_slice())
+    }
+
+    /// Starts loading the bucket `of(user)` will read. The bucket is the first whose hash
+    /// matches `user`'s in its control bytes: nearly always the user's own, found without
+    /// reading any bucket (a wrong guess costs one useless prefetch).
+    pub fn prefetch(&self, user: &str) {
+        if let Some(entry) = self.likely_entry(user) {
+            prefetch(entry);
+        }
+    }
+
+    fn likely_entry(&self, user: &str) -> Option<&UserPlacements> {
+        let hash = self.hasher.hash_one(user);
+        let index = self.by_user.find_bucket_index(hash, |_| true)?;
+        self.by_user.get_bucket(index)
+    }
+
+    fn entry_mut(&mut self, user: &str) -> Option<&mut UserPlacements> {
+        self.by_user
+            .find_mut(self.hasher.hash_one(user), |entry| entry.user == user)
+    }
+
+    fn remove_user(&mut self, user: &str) -> Option<SmallVec<[Placement; 1]>> {
+        let entry = self
+            .by_user
+            .find_entry(self.hasher.hash_one(user), |entry| entry.user == user)
+            .ok()?;
+        Some(entry.remove().0.placements)
     }
 
     /// The proxy asked a gateway to take `user` on `connection`.
@@ -92,7 +134,7 @@ impl Placements {
         // A full table makes room by dropping the users placed longest ago, rather than
         // refusing the newest ones (the likeliest to be pushed to).
         let user = CompactString::from(user);
-        if !self.by_user.contains_key(&user) && self.by_user.len() >= self.max_users {
+        if self.by_user.len() >= self.max_users && self.of(&user).is_none() {
             self.counters.users_evicted += self.evict(budget::eviction_batch(self.max_users));
         }
         if self.users_by_connection.len() >= self.max_connections
@@ -103,7 +145,20 @@ impl Placements {
         }
         self.users_by_connection.insert(connection, user.clone());
         self.counters.placements += 1;
-        let placements = self.by_user.entry(user).or_default();
+        let hasher = &self.hasher;
+        let placements = &mut self
+            .by_user
+            .entry(
+                hasher.hash_one(user.as_str()),
+                |entry| entry.user == user,
+                |entry| hasher.hash_one(entry.user.as_str()),
+            )
+            .or_insert_with(|| UserPlacements {
+                user,
+                placements: SmallVec::new(),
+            })
+            .into_mut()
+            .placements;
         if placements.len() >= self.max_per_user {
             // The oldest placement is the likeliest to be stale (its close missed).
             placements.remove(0);
@@ -145,10 +200,12 @@ impl Placements {
     /// The placement on `connection`, if any, ends: refused, or closed. Returns its user.
     pub fn end(&mut self, connection: ConnectionId) -> Option<String> {
         let user = self.users_by_connection.remove(&connection)?;
-        if let Some(placements) = self.by_user.get_mut(&user) {
-            placements.retain(|placement| placement.connection != connection);
-            if placements.is_empty() {
-                self.by_user.remove(&user);
+        if let Some(entry) = self.entry_mut(&user) {
+            entry
+                .placements
+                .retain(|placement| placement.connection != connection);
+            if entry.placements.is_empty() {
+                self.remove_user(&user);
             }
         }
         Some(user.into_string())
@@ -173,12 +230,16 @@ impl Placements {
     /// Drops the `count` users whose newest placement is oldest, with their placements;
     /// returns how many went.
     pub fn evict(&mut self, count: usize) -> u64 {
-        let users = budget::least_useful(&self.by_user, count, |placements| {
+        let entries = self
+            .by_user
+            .iter()
+            .map(|entry| (&entry.user, &entry.placements));
+        let users = budget::least_useful(entries, count, |placements| {
             placements.iter().map(|placement| placement.since_ns).max()
         });
         let mut evicted = 0;
         for user in users {
-            let Some(placements) = self.by_user.remove(&user) else {
+            let Some(placements) = self.remove_user(&user) else {
                 continue;
             };
             for placement in placements {
@@ -244,5 +305,25 @@ mod tests {
         // The newest users stay: a full table evicts the oldest, it does not refuse.
         assert!(table.placements.of("user99").is_some());
         assert!(table.placements.of("user0").is_none());
+    }
+
+    /// What `prefetch` loads is, nearly always, the bucket the lookup then reads.
+    #[test]
+    fn the_prefetched_bucket_is_nearly_always_the_users_own() {
+        let mut table = Detectors::new(RouteLimits::default());
+        let users: Vec<String> = (0..10_000).map(|index| format!("{index:010}")).collect();
+        for (index, user) in (0u64..).zip(&users) {
+            place(&mut table, index + 1, user, 0, SEC);
+        }
+        let own = users
+            .iter()
+            .filter(|user| {
+                table
+                    .placements
+                    .likely_entry(user)
+                    .is_some_and(|entry| entry.user == user.as_str())
+            })
+            .count();
+        assert!(own >= 9_500, "{own} of 10,000");
     }
 }

@@ -95,7 +95,7 @@ impl PushCalls {
         self.counters.push_calls += 1;
         if self.pending.len() >= self.max_pending {
             let batch = budget::eviction_batch(self.max_pending);
-            let oldest = budget::least_useful(&self.pending, batch, |call| call.ts_ns);
+            let oldest = budget::least_useful(self.pending.iter(), batch, |call| call.ts_ns);
             for key in oldest {
                 if let Some(old) = self.pending.remove(&key) {
                     self.counters.pending_calls_evicted += 1;
@@ -169,6 +169,11 @@ impl PushCalls {
     }
 }
 
+/// How many recipients ahead of the one being judged its two lookups are prefetched: each is a
+/// cache miss in a table of up to 100,000 users, and judging one recipient takes about as long
+/// as a miss.
+const PREFETCH_AHEAD: usize = 4;
+
 /// Checks each recipient of a call against its placements. In cluster mode, recipients this
 /// node holds no placement for are looked up on the other nodes and judged when the answer
 /// comes (`judge_joined`), and every answer is shared.
@@ -184,7 +189,22 @@ fn judge_call(
     let mut unplaced = Vec::new();
     let mut unseen = 0;
     let answers = Answers::new(&call.recipients, results.unwrap_or_default());
+    let prefetch = |judge: &Judge<'_>, user: &str| {
+        local_placements.prefetch(user);
+        judge.folds.prefetch(&MismatchKey {
+            user,
+            // Where a user is placed is not hashed: the key is found without it.
+            placed: &[],
+            pushed: call.gateway.ip,
+        });
+    };
+    for user in call.recipients.iter().take(PREFETCH_AHEAD) {
+        prefetch(judge, user);
+    }
     for (position, user) in call.recipients.iter().enumerate() {
+        if let Some(ahead) = call.recipients.get(position + PREFETCH_AHEAD) {
+            prefetch(judge, ahead);
+        }
         let answer = answers.for_recipient(position, user);
         if let Some(cluster) = judge.cluster.as_deref_mut()
             && let Some(answer) = answer

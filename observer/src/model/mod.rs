@@ -6,14 +6,17 @@
 //! - `routing`: gateways and processes, and what a push call carries and gets back.
 //! - `json_text`: the bytes a JSON string cannot hold as they are, found sixteen at a time.
 //! - `time_text`: instants as RFC 3339 text.
+//! - `prefetch`: loading a table's bucket ahead of its lookup.
 
 mod event;
 pub mod json_text;
+mod prefetch;
 mod routing;
 mod time_text;
 pub mod wire;
 
 pub use event::{ConnectionId, ConnectionKey, Direction, Event, EventKind, PortClass, TcpState};
+pub use prefetch::prefetch;
 pub use routing::{
     Gateway, GatewayAnswer, IpText, MessageIds, PlatformResult, Process, UserId, UserResult,
 };
