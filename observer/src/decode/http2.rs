@@ -103,11 +103,18 @@ enum HeaderBlockKind {
     PushPromise,
 }
 
-#[derive(Clone)]
-struct OpenHeaderBlock {
+/// What the frame that opened a header block said about it.
+#[derive(Clone, Copy)]
+struct BlockHead {
     stream_id: u32,
     kind: HeaderBlockKind,
     end_stream: bool,
+}
+
+/// A header block continued in CONTINUATION frames, gathered until its last.
+#[derive(Clone)]
+struct OpenHeaderBlock {
+    head: BlockHead,
     fragments: Vec<u8>,
 }
 
@@ -409,7 +416,7 @@ impl Http2Direction {
                 let Some(block) = self.open_header_block.as_mut() else {
                     return Err(framing(FrameError::UnexpectedContinuation));
                 };
-                if block.stream_id != header.stream_id {
+                if block.head.stream_id != header.stream_id {
                     return Err(framing(FrameError::ContinuationExpected {
                         frame_type: header.frame_type,
                     }));
@@ -447,15 +454,19 @@ impl Http2Direction {
                 error: FrameError::HeaderBlockTooLarge(self.limits.max_header_block_bytes),
             });
         }
-        self.open_header_block = Some(OpenHeaderBlock {
+        let head = BlockHead {
             stream_id: header.stream_id,
             kind,
             end_stream: header.flags & FLAG_END_STREAM != 0,
+        };
+        if header.flags & FLAG_END_HEADERS != 0 {
+            // Nearly every block fits in one frame: decoded where it lies, without a copy.
+            return self.decode_block(head, fragment, events);
+        }
+        self.open_header_block = Some(OpenHeaderBlock {
+            head,
             fragments: fragment.to_vec(),
         });
-        if header.flags & FLAG_END_HEADERS != 0 {
-            self.close_block(events)?;
-        }
         Ok(())
     }
 
@@ -463,7 +474,17 @@ impl Http2Direction {
         let Some(block) = self.open_header_block.take() else {
             return Ok(());
         };
-        let fields = match self.hpack.decode(&block.fragments) {
+        self.decode_block(block.head, &block.fragments, events)
+    }
+
+    /// Decodes a whole header block, in one frame or gathered from its CONTINUATIONs.
+    fn decode_block(
+        &mut self,
+        head: BlockHead,
+        fragments: &[u8],
+        events: &mut Vec<StreamEvent>,
+    ) -> Result<(), Undecodable> {
+        let fields = match self.hpack.decode(fragments) {
             Ok(fields) => fields,
             Err(_) if self.joined_mid_stream => {
                 // Most likely a reference this decoder misread: what the block added to the
@@ -479,11 +500,11 @@ impl Http2Direction {
                 });
             }
         };
-        if block.kind == HeaderBlockKind::Headers {
+        if head.kind == HeaderBlockKind::Headers {
             events.push(StreamEvent::Headers {
-                stream_id: block.stream_id,
+                stream_id: head.stream_id,
                 fields,
-                end_stream: block.end_stream,
+                end_stream: head.end_stream,
             });
         }
         Ok(())
