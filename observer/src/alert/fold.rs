@@ -5,6 +5,7 @@
 use std::{
     collections::VecDeque,
     hash::{BuildHasher, Hash},
+    sync::Arc,
 };
 
 use hashbrown::{DefaultHashBuilder, Equivalent, HashTable};
@@ -22,11 +23,11 @@ struct Fold<K> {
     /// The latest repeat, the summary's time.
     last_ns: u64,
     count: u64,
-    /// The window's first alert; repeats only update the count and time beside it and its
-    /// merged lists, so a repeat costs a lookup, not a new alert text. Held in the bucket (an
-    /// envelope around its shared body): boxed, it cost an allocation per window and one more
-    /// cold read when the window ends.
-    summary: Alert,
+    /// The body of the window's first alert, shared with it; repeats only update the count and
+    /// time beside it and its merged lists, so a repeat costs a lookup, not a new alert text.
+    /// Only the body: the envelope's time is `window_start_ns` and its node is named when
+    /// alerts leave the engine, so a bucket holds 40 bytes fewer (152 → 112 for a mismatch's).
+    summary: Arc<AlertBody>,
 }
 
 /// The open windows, at most `max_keys`: a key that finds the table full is emitted unfolded,
@@ -121,7 +122,8 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
         &mut self,
         key: &Q,
     ) -> Option<&mut AlertBody> {
-        self.find_mut(key).map(|fold| fold.summary.body_mut())
+        self.find_mut(key)
+            .map(|fold| Arc::make_mut(&mut fold.summary))
     }
 
     /// Emits the first alert of a window for `key` and opens the window. Windows that ended
@@ -133,7 +135,8 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
             // Only when alerts come out of time order (a cluster join judges an older call).
             emit_summary(expired, alerts);
         }
-        alerts.push(alert.clone());
+        let summary = Arc::clone(&alert.body);
+        alerts.push(alert);
         if self.folds.len() >= self.max_keys {
             // Unfolded: repeats of this key will each be emitted.
             self.keys_evicted += 1;
@@ -148,7 +151,7 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
                 window_start_ns,
                 last_ns: window_start_ns,
                 count: 1,
-                summary: alert,
+                summary,
             },
             |fold| hasher.hash_one(&fold.key),
         );
@@ -185,8 +188,7 @@ fn emit_summary<K>(fold: Fold<K>, alerts: &mut Vec<Alert>) {
     if fold.count < 2 {
         return;
     }
-    let mut summary = fold.summary;
-    summary.ts_ns = fold.last_ns;
+    let mut summary = Alert::shared(fold.last_ns, fold.summary);
     if let Some(count) = summary.body_mut().fold_count_mut() {
         *count = fold.count;
     }

@@ -331,10 +331,15 @@ pub struct Alert {
 
 impl Alert {
     pub fn new(ts_ns: u64, body: AlertBody) -> Self {
+        Self::shared(ts_ns, Arc::new(body))
+    }
+
+    /// An alert around a body a fold window shared.
+    pub fn shared(ts_ns: u64, body: Arc<AlertBody>) -> Self {
         Self {
             schema_version: SCHEMA_VERSION,
             ts_ns,
-            body: Arc::new(body),
+            body,
             node: None,
         }
     }
