@@ -5,7 +5,7 @@
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).
 //!
 //! Layers, bottom-up; each imports only from those before it in this list (README:
-//! Architecture): `model`, `budget`, `openim`, `hpack`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
+//! Architecture): `model`, `budget`, `table_memory`, `openim`, `hpack`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
 //! the edges `allocator`, `lines`, `cluster`, `identity`, `metrics`, `tools`, `daemon`.
 
 // The shared vocabulary and OpenIM knowledge.
@@ -13,6 +13,7 @@ pub mod model;
 // What every table draws on.
 pub mod budget;
 pub mod openim;
+pub mod table_memory;
 // Bytes: the HPACK codec, privacy, decoding, capture.
 pub mod capture;
 pub mod decode;

@@ -11,7 +11,10 @@ use std::{
 use hashbrown::{DefaultHashBuilder, Equivalent, HashTable};
 
 use super::{Alert, AlertBody};
-use crate::model::{NANOS_PER_SEC, prefetch};
+use crate::{
+    model::{NANOS_PER_SEC, prefetch},
+    table_memory::HugePageTables,
+};
 
 /// How many windows ahead of the one closing its bucket is prefetched.
 const CLOSE_PREFETCH_AHEAD: usize = 4;
@@ -37,8 +40,8 @@ pub struct FoldWindows<K> {
     window_secs: u64,
     max_keys: usize,
     /// By key, hashed by `hasher`. A table rather than a map so that a key's bucket can be
-    /// found, and prefetched, before it is read (`prefetch`).
-    folds: HashTable<Fold<K>>,
+    /// found, and prefetched, before it is read (`prefetch`); on huge pages once it is large.
+    folds: HashTable<Fold<K>, HugePageTables>,
     hasher: DefaultHashBuilder,
     /// Each window's key and start in the order the windows opened, which is the order they
     /// end: closing them pops from the front instead of walking the whole table (a walk a
@@ -55,7 +58,7 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
         Self {
             window_secs,
             max_keys,
-            folds: HashTable::new(),
+            folds: HashTable::new_in(HugePageTables),
             hasher: DefaultHashBuilder::default(),
             opened: VecDeque::new(),
             keys_evicted: 0,

@@ -13,6 +13,7 @@ use crate::{
     alert::PlacementInfo,
     budget,
     model::{ConnectionId, ConnectionKey, Gateway, Process, prefetch},
+    table_memory::HugePageTables,
 };
 
 use super::RouteLimits;
@@ -49,8 +50,9 @@ pub struct Placements {
     max_per_user: usize,
     max_connections: usize,
     /// By user, hashed as `&str` by `hasher`. A table rather than a map so that a recipient's
-    /// bucket can be found, and prefetched, before it is read (`prefetch`).
-    by_user: HashTable<UserPlacements>,
+    /// bucket can be found, and prefetched, before it is read (`prefetch`); on huge pages once
+    /// it is large.
+    by_user: HashTable<UserPlacements, HugePageTables>,
     hasher: DefaultHashBuilder,
     /// The connection that holds each placement, so that its close ends it.
     users_by_connection: HashMap<ConnectionId, CompactString>,
@@ -69,7 +71,7 @@ impl Placements {
             max_users: limits.max_users,
             max_per_user: limits.max_placements_per_user,
             max_connections: limits.max_tracked_connections,
-            by_user: HashTable::new(),
+            by_user: HashTable::new_in(HugePageTables),
             hasher: DefaultHashBuilder::default(),
             users_by_connection: HashMap::new(),
             adopted: HashMap::new(),
