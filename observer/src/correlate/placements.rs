@@ -1,9 +1,7 @@
 //! Where the proxy placed each user: user → the live WebSocket placements (gateway, `Host`,
 //! platform), each ended when its connection closes or its upgrade is refused.
 
-use std::sync::Arc;
-
-use std::hash::BuildHasher;
+use std::{hash::BuildHasher, sync::Arc};
 
 use compact_str::CompactString;
 use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
