@@ -10,8 +10,8 @@
 //!    once the previous watcher has exited and the CPUs are idle again (bounded wait); a segment
 //!    that started on a busy machine is flagged noisy and its pair left out of the ratios.
 //!    A second no-watcher segment in every round (the control, at its own place in the order)
-//!    pairs with the first as a watcher would: the spread of those ratios is what noise alone
-//!    does to a pair, and "within noise" means a watcher's median ratio lies inside it.
+//!    pairs with the first as a watcher would: those ratios are what noise alone does to a
+//!    pair, and "within noise" means a rank test does not tell a watcher's ratios from them.
 //! 2. Nanoseconds per syscall, timed by a small C program (tests/bench/syscall_cost.c, built with
 //!    `cc`): `getppid` (not hooked), 64-byte writes to /dev/null (hooked, no socket), and 64-byte
 //!    writes on loopback TCP to an unwatched and to a watched port, under each watcher in
@@ -962,7 +962,7 @@ fn chance_of_ranking_this_low(first: &[f64], second: &[f64]) -> f64 {
 }
 
 /// For `n` values of one kind and `m` of another in a random order, how many of the orderings
-/// give each U from 0 to n·m (U: the pairs whose first-kind value comes first). The largest
+/// give each U from 0 to n·m (U: the pairs whose first-kind value is the smaller). The largest
 /// value is either of the second kind, above all `n` of the first (U gains `n`), or of the
 /// first kind, above none of the second.
 fn u_distribution(n: usize, m: usize) -> Vec<f64> {
