@@ -12,7 +12,7 @@ use hashbrown::{DefaultHashBuilder, Equivalent, HashTable};
 
 use super::{Alert, AlertBody};
 use crate::{
-    model::{NANOS_PER_SEC, prefetch},
+    model::{NANOS_PER_SEC, prefetch_bucket},
     table_memory::HugePageTables,
 };
 
@@ -90,18 +90,9 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
         Some(entry.remove().0)
     }
 
-    /// Starts loading the bucket `repeat(key)` will read: the first whose hash matches `key`'s
-    /// in its control bytes, found without reading any bucket.
+    /// Starts loading the bucket `repeat(key)` will read.
     pub fn prefetch<Q: Hash + ?Sized>(&self, key: &Q) {
-        if let Some(fold) = self.likely_fold(key) {
-            prefetch(fold);
-        }
-    }
-
-    fn likely_fold<Q: Hash + ?Sized>(&self, key: &Q) -> Option<&Fold<K>> {
-        let hash = self.hasher.hash_one(key);
-        let index = self.folds.find_bucket_index(hash, |_| true)?;
-        self.folds.get_bucket(index)
+        prefetch_bucket(&self.folds, self.hasher.hash_one(key));
     }
 
     /// Counts a repeat of `key` inside its open window; false when `key` has no open window,
@@ -201,7 +192,7 @@ fn emit_summary<K>(fold: Fold<K>, alerts: &mut Vec<Alert>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Process;
+    use crate::model::{Process, likely_bucket};
 
     /// What `prefetch` loads is, nearly always, the bucket the lookup then reads.
     #[test]
@@ -229,7 +220,10 @@ mod tests {
             folds.first(key, alert.clone(), &mut alerts);
         }
         let own = (0..10_000u64)
-            .filter(|key| folds.likely_fold(key).is_some_and(|fold| fold.key == *key))
+            .filter(|key| {
+                likely_bucket(&folds.folds, folds.hasher.hash_one(key))
+                    .is_some_and(|fold| fold.key == *key)
+            })
             .count();
         assert!(own >= 9_500, "{own} of 10,000");
         assert!(folds.repeat(&7, 2 * NANOS_PER_SEC));

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use crate::{
     alert::PlacementInfo,
     budget,
-    model::{ConnectionId, ConnectionKey, Gateway, Process, prefetch},
+    model::{ConnectionId, ConnectionKey, Gateway, Process, prefetch_bucket},
     table_memory::HugePageTables,
 };
 
@@ -93,19 +93,9 @@ impl Placements {
             .map(|entry| entry.placements.as_slice())
     }
 
-    /// Starts loading the bucket `of(user)` will read. The bucket is the first whose hash
-    /// matches `user`'s in its control bytes: nearly always the user's own, found without
-    /// reading any bucket (a wrong guess costs one useless prefetch).
+    /// Starts loading the bucket `of(user)` will read.
     pub fn prefetch(&self, user: &str) {
-        if let Some(entry) = self.likely_entry(user) {
-            prefetch(entry);
-        }
-    }
-
-    fn likely_entry(&self, user: &str) -> Option<&UserPlacements> {
-        let hash = self.hasher.hash_one(user);
-        let index = self.by_user.find_bucket_index(hash, |_| true)?;
-        self.by_user.get_bucket(index)
+        prefetch_bucket(&self.by_user, self.hasher.hash_one(user));
     }
 
     fn entry_mut(&mut self, user: &str) -> Option<&mut UserPlacements> {
@@ -284,7 +274,10 @@ pub fn summarize(placements: &[Placement], local_node: Option<&str>) -> Vec<Plac
 
 #[cfg(test)]
 mod tests {
+    use std::hash::BuildHasher;
+
     use super::super::detectors::testing::*;
+    use crate::model::likely_bucket;
 
     #[test]
     fn full_tables_evict_the_users_placed_longest_ago_and_count_them() {
@@ -318,10 +311,12 @@ mod tests {
         let own = users
             .iter()
             .filter(|user| {
-                table
-                    .placements
-                    .likely_entry(user)
-                    .is_some_and(|entry| entry.user == user.as_str())
+                let placements = &table.placements;
+                likely_bucket(
+                    &placements.by_user,
+                    placements.hasher.hash_one(user.as_str()),
+                )
+                .is_some_and(|entry| entry.user == user.as_str())
             })
             .count();
         assert!(own >= 9_500, "{own} of 10,000");

@@ -16,7 +16,7 @@ mod time_text;
 pub mod wire;
 
 pub use event::{ConnectionId, ConnectionKey, Direction, Event, EventKind, PortClass, TcpState};
-pub use prefetch::prefetch;
+pub use prefetch::{likely_bucket, prefetch, prefetch_bucket};
 pub use routing::{
     Gateway, GatewayAnswer, IpText, MessageIds, PlatformResult, Process, UserId, UserResult,
 };

@@ -3,6 +3,24 @@
 //! found in order, every miss waits for the one before. Prefetched a few recipients ahead, the
 //! misses overlap.
 
+use allocator_api2::alloc::Allocator;
+use hashbrown::HashTable;
+
+/// Starts loading the bucket a lookup of `hash` in `table` will read (`likely_bucket`).
+pub fn prefetch_bucket<T, A: Allocator>(table: &HashTable<T, A>, hash: u64) {
+    if let Some(bucket) = likely_bucket(table, hash) {
+        prefetch(bucket);
+    }
+}
+
+/// The bucket a lookup of `hash` in `table` most likely reads: the first whose control byte
+/// matches `hash`, found without reading any bucket (the test accepts every entry). Nearly
+/// always the key's own; a wrong guess costs one useless prefetch.
+pub fn likely_bucket<T, A: Allocator>(table: &HashTable<T, A>, hash: u64) -> Option<&T> {
+    let index = table.find_bucket_index(hash, |_| true)?;
+    table.get_bucket(index)
+}
+
 /// Starts loading the cache lines that hold `value` (a table bucket spans two to four), without
 /// waiting for them and without reading it.
 #[cfg(target_arch = "x86_64")]
