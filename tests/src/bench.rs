@@ -966,25 +966,25 @@ fn chance_of_ranking_this_low(first: &[f64], second: &[f64]) -> f64 {
 /// value is either of the second kind, above all `n` of the first (U gains `n`), or of the
 /// first kind, above none of the second.
 fn u_distribution(n: usize, m: usize) -> Vec<f64> {
-    // counts[i][j]: the distribution for i values of the first kind and j of the second.
-    let mut counts: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); m + 1]; n + 1];
-    for i in 0..=n {
-        for j in 0..=m {
-            counts[i][j] = if i == 0 || j == 0 {
-                vec![1.0]
-            } else {
-                let mut here = vec![0.0; i * j + 1];
-                for (u, count) in counts[i][j - 1].iter().enumerate() {
-                    here[u + i] += count;
-                }
-                for (u, count) in counts[i - 1][j].iter().enumerate() {
-                    here[u] += count;
-                }
-                here
-            };
+    // One row at a time (i values of the first kind, j = 0..=m of the second), so that
+    // `--rounds` in the hundreds needs megabytes, not the whole table's gigabytes.
+    let mut row: Vec<Vec<f64>> = vec![vec![1.0]; m + 1];
+    for i in 1..=n {
+        let mut next: Vec<Vec<f64>> = Vec::with_capacity(m + 1);
+        next.push(vec![1.0]);
+        for j in 1..=m {
+            let mut here = vec![0.0; i * j + 1];
+            for (u, count) in next[j - 1].iter().enumerate() {
+                here[u + i] += count;
+            }
+            for (u, count) in row[j].iter().enumerate() {
+                here[u] += count;
+            }
+            next.push(here);
         }
+        row = next;
     }
-    counts.swap_remove(n).swap_remove(m)
+    row.swap_remove(m)
 }
 
 /// "median (min–max)" of the ratios, or a dash when there are none.
@@ -1263,6 +1263,8 @@ mod tests {
         assert_eq!(seven.iter().sum::<f64>(), 3432.0);
         assert!(seven.iter().eq(seven.iter().rev()));
         assert_eq!(u_distribution(2, 0), [1.0]);
+        assert_eq!(u_distribution(0, 2), [1.0]);
+        assert_eq!(u_distribution(1, 2), [1.0, 1.0, 1.0]);
     }
 
     /// The pairs of three runs of this bench on a 2-core VM (throughput ratios to no observer:
