@@ -14,8 +14,8 @@ use observer_records::{AF_INET, AF_INET6, RecordKind, SockLayout, TcpState};
 use crate::{
     maps::{
         Budget, CONFIG, CONNECTIONS, Connection, PACKET_STREAMS, PENDING_CONNECTS, PacketStream,
-        PendingConnect, SOCKETS, SocketKey, SocketState, WATCHED_PORTS, insert_or_count,
-        mark_watching, may_be_watching, packet_hook,
+        PendingConnect, SOCKETS, SocketKey, SocketState, insert_or_count, mark_watching,
+        may_be_watching, packet_hook, watched_port,
     },
     ring::{header_for, output_header, stamp_current},
     scope::current_task_in_scope,
@@ -75,7 +75,7 @@ fn try_sys_enter_connect(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     }
     let port_be: u16 = unsafe { bpf_probe_read_user((sockaddr + 2) as *const u16) }?;
-    let Some(class) = (unsafe { WATCHED_PORTS.get(u16::from_be(port_be)) }) else {
+    let Some(class) = watched_port(u16::from_be(port_be)) else {
         return Ok(());
     };
     // After the port test: only connects to watched ports pay for the cgroup test.
@@ -85,7 +85,7 @@ fn try_sys_enter_connect(ctx: &TracePointContext) -> Result<(), i64> {
     let pending = PendingConnect {
         sock: 0,
         fd: fd as u32,
-        port_class: *class,
+        port_class: class,
         _reserved: [0; 3],
     };
     insert_or_count(PENDING_CONNECTS.insert(bpf_get_current_pid_tgid(), pending, 0))
@@ -149,15 +149,30 @@ fn try_raw_sock_state(ctx: &RawTracePointContext) -> Result<(), i64> {
 }
 
 fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
+    let (old_state, new_state) = change.states()?;
+    let new_state = new_state as u32;
+    // Userspace acts on three changes of a watched socket: SYN_SENT (its owner), ESTABLISHED
+    // (its 4-tuple complete) and CLOSE (its end). The others (FIN_WAIT1, CLOSE_WAIT, LAST_ACK,
+    // …), half of a connection's changes, stop here before anything is read.
+    let connecting = new_state == TcpState::SynSent as u32;
+    if !connecting
+        && new_state != TcpState::Established as u32
+        && new_state != TcpState::Close as u32
+    {
+        return Ok(());
+    }
     if change.protocol()? != IPPROTO_TCP {
         return Ok(());
     }
+    // Only a socket connecting to a watched port is ever watched: one array read turns the
+    // others (every accepted socket among them) away before the `CONNECTIONS` lookup.
+    let dport = change.dport()?;
+    let Some(class) = watched_port(dport) else {
+        return Ok(());
+    };
     let sock = change.sock()?;
-    let (old_state, new_state) = change.states()?;
-    let new_state = new_state as u32;
-
-    if new_state == TcpState::SynSent as u32 {
-        return on_syn_sent(change, sock);
+    if connecting {
+        return on_syn_sent(change, sock, dport, class);
     }
     let Some(conn) = CONNECTIONS.get_ptr_mut(sock) else {
         return Ok(());
@@ -166,8 +181,10 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     // and the kernel serialises those under the socket lock.
     let conn = unsafe { &mut *conn };
     // The source port is chosen after SYN_SENT is set (inet_hash_connect), so the 4-tuple is
-    // only complete from the next state on: refresh it every time.
-    read_tuple(change, conn)?;
+    // complete from the next state on: ESTABLISHED, or CLOSE for a connect that failed.
+    if new_state == TcpState::Established as u32 || conn.sport == 0 {
+        read_tuple(change, conn)?;
+    }
     let mut header = header_for(RecordKind::TcpState, sock, conn);
     header.old_state = old_state as u32;
     header.new_state = new_state;
@@ -293,14 +310,10 @@ impl StateChange for SocketFields<'_> {
 /// A connection's `PACKET_STREAMS` entry at SYN_SENT: neither SYN seen yet.
 static NEW_PACKET_STREAM: PacketStream = PacketStream::NEW;
 
-/// SYN_SENT fires inside `connect`: the connecting thread is current, and if it is connecting
-/// to a watched port, its pending connect is waiting for this socket (with the packet hook,
-/// nothing waits: the port and the scope decide here).
-fn on_syn_sent(change: &impl StateChange, sock: u64) -> Result<(), i64> {
-    let dport = change.dport()?;
-    let Some(class) = (unsafe { WATCHED_PORTS.get(dport) }).copied() else {
-        return Ok(());
-    };
+/// SYN_SENT fires inside `connect`: the connecting thread is current. The socket connects to
+/// `dport`, watched as `class`: with the syscall hook, its pending connect is waiting for this
+/// socket; with the packet hook nothing waits, and the scope decides here.
+fn on_syn_sent(change: &impl StateChange, sock: u64, dport: u16, class: u8) -> Result<(), i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let packet_hook = packet_hook();
     let port_class = if packet_hook {

@@ -13,8 +13,8 @@ use aya_ebpf::{
 pub use observer_records::{Budget, Connection, ConnectionTuple, SocketKey, SocketState};
 use observer_records::{
     CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, CaptureHook, Counter,
-    DEFAULT_MAX_WATCHED_CONNECTIONS, DataRecord, Direction, MAX_CGROUP_SCOPES, MAX_WATCHED_PORTS,
-    WATCHING_SLOTS, watching_slot,
+    DEFAULT_MAX_WATCHED_CONNECTIONS, DataRecord, Direction, MAX_CGROUP_SCOPES, WATCHED_PORT_WORDS,
+    WATCHING_SLOTS, watched_port_class, watched_port_slot, watching_slot,
 };
 
 use crate::copy::CopyState;
@@ -24,10 +24,20 @@ use crate::copy::CopyState;
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(8 << 20, 0);
 
-/// Remote port → `PortClass`, written by userspace before attaching. Bound: the number of
-/// `--grpc-port`/`--ws-port` flags, at most `MAX_WATCHED_PORTS`.
+/// Remote port → `PortClass`, two bits a port (`watched_port_slot`), written by userspace
+/// before attaching. Every packet of every socket and every TCP state change asks it first, so
+/// it is one array read (a lookup the verifier inlines), not the hash lookup it was: the packet
+/// programs' turn-away cost 70 ns a packet with that, under the lab's push flood. Bound: every
+/// port, `WATCHED_PORT_WORDS` words (16 KiB).
 #[map]
-pub static WATCHED_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(MAX_WATCHED_PORTS, 0);
+pub static WATCHED_PORTS: Array<u64> = Array::with_max_entries(WATCHED_PORT_WORDS, 0);
+
+/// The `PortClass` of a watched port, `None` for any other.
+pub fn watched_port(port: u16) -> Option<u8> {
+    let (index, shift) = watched_port_slot(port);
+    let class = watched_port_class(*WATCHED_PORTS.get(index)?, shift);
+    (class != 0).then_some(class)
+}
 
 /// Non-zero where a process whose tgid falls in the slot (`watching_slot`) may own a watched
 /// descriptor: set when `SOCKETS` gains one (connect here, adoption in userspace), never
@@ -204,6 +214,10 @@ pub const STREAM_JOINED: u32 = 4;
 pub struct PacketStream {
     pub send: PacketDirection,
     pub recv: PacketDirection,
+    /// The connection's `CONNECTIONS` entry, copied by the first segment with payload that
+    /// finds its 4-tuple complete (a source port), so the segments after it build their
+    /// records without a second hash lookup. Zero until then.
+    pub conn: Connection,
 }
 
 impl PacketStream {
@@ -218,10 +232,24 @@ impl PacketStream {
         },
     };
 
+    const NO_CONNECTION: Connection = Connection {
+        cgroup_id: 0,
+        tgid: 0,
+        sport: 0,
+        dport: 0,
+        family: 0,
+        port_class: 0,
+        _reserved: [0; 5],
+        saddr: [0; 16],
+        daddr: [0; 16],
+        comm: [0; 16],
+    };
+
     /// A connection whose SYNs have not been seen yet.
     pub const NEW: Self = Self {
         send: Self::NEW_DIRECTION,
         recv: Self::NEW_DIRECTION,
+        conn: Self::NO_CONNECTION,
     };
 
     const JOINED_DIRECTION: PacketDirection = PacketDirection {
@@ -233,6 +261,7 @@ impl PacketStream {
     pub const JOINED: Self = Self {
         send: Self::JOINED_DIRECTION,
         recv: Self::JOINED_DIRECTION,
+        conn: Self::NO_CONNECTION,
     };
 }
 

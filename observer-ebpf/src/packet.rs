@@ -3,11 +3,13 @@
 //! TCP made it and before TCP takes it. No syscall runs any of our code, so no process pays for
 //! the observer; a watched connection's segments are copied as they pass.
 //!
-//! A packet is turned away after two reads of its socket (`skb->sk`: the remote port, then the
-//! socket's address as the `PACKET_STREAMS` key): the remote port of the watched side of a
-//! connection is the gateway's, in both directions, and `inet_sock_set_state` put its socket in
-//! `PACKET_STREAMS` at SYN_SENT. The socket's address is the `skaddr` of that tracepoint, so the
-//! connection's owner (`CONNECTIONS`, recorded in the connecting process) needs no syscall hook.
+//! A packet is turned away by its socket's remote port (`skb->sk`, one array read in
+//! `WATCHED_PORTS`): the remote port of the watched side of a connection is the gateway's, in
+//! both directions. A watched port's segment without payload (an ACK, a FIN) stops after its
+//! headers. Any other is looked up by its socket's address in `PACKET_STREAMS`, where
+//! `inet_sock_set_state` put the socket at SYN_SENT. The socket's address is the `skaddr` of
+//! that tracepoint, so the connection's owner (`CONNECTIONS`, recorded in the connecting
+//! process, and copied into the stream's entry) needs no syscall hook.
 //!
 //! Where a segment's bytes sit in the stream comes from its sequence number, relative to the
 //! SYN of its direction (the SYN this side sent, and the SYN-ACK it received). Each direction
@@ -39,7 +41,7 @@ use crate::{
     maps::{
         ADOPTABLE, CONFIG, CONNECTIONS, NO_HOLE, PACKET_COPY, PACKET_STREAMS, PacketCopy,
         PacketDirection, PacketStream, SCRATCH, STREAM_HEAD_TAKEN, STREAM_JOINED, STREAM_SEQ_KNOWN,
-        WATCHED_PORTS, count, insert_or_count,
+        count, insert_or_count, watched_port,
     },
     ring::{header_for, output_data, output_header},
 };
@@ -89,7 +91,13 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     // What every other packet costs: the port of its socket (the kernel runs cgroup programs
     // only for packets of full sockets, so there is one), network byte order in the upper half.
     let remote_port = (u32::from_be(ctx.skb.remote_port())) as u16;
-    if unsafe { WATCHED_PORTS.get(remote_port) }.is_none() {
+    if watched_port(remote_port).is_none() {
+        return Ok(());
+    }
+    let segment = read_segment(ctx)?;
+    // A segment without payload matters only as a SYN, where its direction's sequence starts:
+    // the ACKs and FINs, a third of a push connection's segments, stop before any lookup.
+    if segment.payload_len == 0 && !segment.syn {
         return Ok(());
     }
     // The socket's address as a number, the key `inet_sock_set_state` used. Verifier: a socket
@@ -103,7 +111,6 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
             PACKET_STREAMS.get_ptr_mut(sock).ok_or(0)?
         }
     };
-    let segment = read_segment(ctx)?;
     // SAFETY: a live map value. A socket's packets in one direction pass one at a time in
     // practice (sent under its lock; a flow's packets received on one CPU); two CPUs racing
     // could only copy a segment twice or misplace a hole, which userspace's reordering
@@ -147,8 +154,18 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     };
     // Bytes of the segment's front seen before.
     let skip = start - segment_start;
-    let Some(conn) = (unsafe { CONNECTIONS.get(sock) }) else {
-        return Ok(());
+    let conn = if stream.conn.sport != 0 {
+        &stream.conn
+    } else {
+        let Some(conn) = (unsafe { CONNECTIONS.get(sock) }) else {
+            return Ok(());
+        };
+        // The source port is chosen after SYN_SENT, and `CONNECTIONS` learns it at ESTABLISHED:
+        // data in a SYN (TCP Fast Open) finds it missing, and takes the entry as it is.
+        if conn.sport != 0 {
+            stream.conn = *conn;
+        }
+        conn
     };
     let capture = capture_allowance(half, conn.port_class, &segment, start, len);
     if capture < len {
@@ -234,22 +251,24 @@ fn read_tuple(ctx: &SkBuffContext, direction: Direction) -> Result<ConnectionTup
     Ok(tuple)
 }
 
-/// Reads the IP and TCP headers; the packet starts at its network header.
+/// Reads the IP and TCP headers; the packet starts at its network header. Two loads, each a
+/// helper call: the start of the IP header (IPv4's protocol is its 10th byte, IPv6's next
+/// header its 7th), then the TCP header up to its flags.
 fn read_segment(ctx: &SkBuffContext) -> Result<Segment, i64> {
-    let version: u8 = ctx.load(0)?;
-    let (ip_header_len, protocol) = match version >> 4 {
-        4 => (u32::from(version & 0x0f) * 4, ctx.load::<u8>(9)?),
+    let ip: [u8; 10] = ctx.load(0)?;
+    let (ip_header_len, protocol) = match ip[0] >> 4 {
+        4 => (u32::from(ip[0] & 0x0f) * 4, ip[9]),
         // Extension headers are not followed: TCP sockets send none of their own.
-        6 => (40, ctx.load::<u8>(6)?),
+        6 => (40, ip[6]),
         _ => return Err(0),
     };
     if protocol != IPPROTO_TCP {
         return Err(0);
     }
-    let tcp = ip_header_len as usize;
-    let seq = u32::from_be(ctx.load::<u32>(tcp + 4)?);
-    let data_offset: u8 = ctx.load(tcp + 12)?;
-    let flags: u8 = ctx.load(tcp + 13)?;
+    let tcp: [u8; 14] = ctx.load(ip_header_len as usize)?;
+    let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+    let data_offset = tcp[12];
+    let flags = tcp[13];
     let payload_start = ip_header_len + u32::from(data_offset >> 4) * 4;
     Ok(Segment {
         seq,

@@ -65,6 +65,30 @@ pub const MAX_GRPC_BUDGET_REFILL: u32 = 1 << 30;
 /// Ports watched at once per class (`WATCHED_PORTS` holds their union).
 pub const MAX_WATCHED_PORTS: u32 = 64;
 
+/// Bits of `WATCHED_PORTS` a port takes: its `PortClass`, 0 when it is not watched.
+const WATCHED_PORT_BITS: u32 = 2;
+
+/// Ports one `WATCHED_PORTS` word holds.
+const PORTS_PER_WORD: u32 = u64::BITS / WATCHED_PORT_BITS;
+
+/// Words of `WATCHED_PORTS`: every port, 16 KiB in all.
+pub const WATCHED_PORT_WORDS: u32 = (1 << 16) / PORTS_PER_WORD;
+
+/// Where a port's class sits in `WATCHED_PORTS`: the word's index and the shift to its bits.
+/// The kernel reads it, userspace writes it: both must agree.
+pub const fn watched_port_slot(port: u16) -> (u32, u32) {
+    let port = port as u32;
+    (
+        port / PORTS_PER_WORD,
+        (port % PORTS_PER_WORD) * WATCHED_PORT_BITS,
+    )
+}
+
+/// The class a `WATCHED_PORTS` word holds at `shift` (0: not watched).
+pub const fn watched_port_class(word: u64, shift: u32) -> u8 {
+    ((word >> shift) & ((1 << WATCHED_PORT_BITS) - 1)) as u8
+}
+
 /// cgroup v2 directories a capture can be scoped to (`--cgroup-scope`, the `CGROUP_SCOPE`
 /// array). Each costs one helper call per watched connect and per I/O on a watched socket.
 pub const MAX_CGROUP_SCOPES: u32 = 16;
@@ -102,7 +126,7 @@ numbered_enum! {
     pub enum RecordKind: u8 {
         /// A watched socket entered SYN_SENT inside `connect`: the connecting process is current.
         TcpConnect = 1,
-        /// Any later TCP state change of a watched socket (ESTABLISHED, CLOSE, …).
+        /// A watched socket became ESTABLISHED or CLOSE (the changes between them are not sent).
         TcpState = 2,
         /// Payload bytes moved by a syscall on a watched socket.
         Data = 3,
@@ -508,6 +532,30 @@ mod tests {
         for (index, counter) in Counter::ALL.into_iter().enumerate() {
             // The counters index an array: dense from 0.
             assert_eq!(counter as usize, index);
+        }
+    }
+
+    #[test]
+    fn every_port_has_its_own_bits_of_watched_ports() {
+        let mut words = [0u64; WATCHED_PORT_WORDS as usize];
+        for port in 0..=u16::MAX {
+            let (index, shift) = watched_port_slot(port);
+            let bits = 0b11u64 << shift;
+            assert_eq!(words[index as usize] & bits, 0, "port {port} shares bits");
+            words[index as usize] |= bits;
+        }
+        assert!(words.iter().all(|word| *word == u64::MAX), "every bit used");
+        for (port, class) in [
+            (0, PortClass::Grpc),
+            (88, PortClass::WebSocket),
+            (u16::MAX, PortClass::Grpc),
+        ] {
+            let (index, shift) = watched_port_slot(port);
+            let word = (class as u64) << shift;
+            assert_eq!(watched_port_class(word, shift), class as u8);
+            let (neighbour_index, neighbour_shift) = watched_port_slot(port ^ 1);
+            assert_eq!(neighbour_index, index);
+            assert_eq!(watched_port_class(word, neighbour_shift), 0);
         }
     }
 }

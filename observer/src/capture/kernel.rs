@@ -249,19 +249,11 @@ impl KernelCapture {
             .load(EBPF_OBJECT)
             .map_err(|err| programs::classify_load_error(&err, memlock_in_the_way))?;
 
-        let mut watched: HashMap<_, u16, u8> = take_map(&mut ebpf, "WATCHED_PORTS")?;
-        for (ports, class) in [
-            (&options.grpc_ports, observer_records::PortClass::Grpc),
-            (
-                &options.websocket_ports,
-                observer_records::PortClass::WebSocket,
-            ),
-        ] {
-            for port in ports {
-                watched
-                    .insert(port, class as u8, 0)
-                    .map_err(|err| CaptureError::Setup(format!("WATCHED_PORTS: {err}")))?;
-            }
+        let mut watched: Array<_, u64> = take_map(&mut ebpf, "WATCHED_PORTS")?;
+        for (index, word) in watched_port_words(options) {
+            watched
+                .set(index, word, 0)
+                .map_err(|err| CaptureError::Setup(format!("WATCHED_PORTS: {err}")))?;
         }
         let mut config: Array<_, CaptureConfig> = take_map(&mut ebpf, "CONFIG")?;
         let capture_config = CaptureConfig {
@@ -632,6 +624,25 @@ impl KernelCapture {
         }
         Ok(totals)
     }
+}
+
+/// The non-zero words of `WATCHED_PORTS` for the watched ports: each port's `PortClass` at its
+/// `watched_port_slot`.
+fn watched_port_words(options: &CaptureOptions) -> std::collections::BTreeMap<u32, u64> {
+    let mut words = std::collections::BTreeMap::new();
+    for (ports, class) in [
+        (&options.grpc_ports, observer_records::PortClass::Grpc),
+        (
+            &options.websocket_ports,
+            observer_records::PortClass::WebSocket,
+        ),
+    ] {
+        for &port in ports {
+            let (index, shift) = observer_records::watched_port_slot(port);
+            *words.entry(index).or_insert(0) |= u64::from(class as u8) << shift;
+        }
+    }
+    words
 }
 
 fn validate_options(options: &CaptureOptions) -> Result<(), CaptureError> {
