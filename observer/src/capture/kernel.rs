@@ -415,8 +415,8 @@ impl KernelCapture {
     }
 
     /// Tells the programs the reader polls the ring: it reads again within `follow_up`
-    /// (`read_pacing`), so records need not wake it; they do once that is more than a
-    /// millisecond late, or the ring fills.
+    /// (`read_pacing`), so records need not wake it; they do once that is late by more than
+    /// `read_pacing::awake_stamp` allows, or the ring fills.
     pub fn reader_polls(&mut self, follow_up: std::time::Duration) {
         self.reader_awake
             .stamp(read_pacing::awake_stamp(monotonic_now_ns(), follow_up));
