@@ -7,6 +7,7 @@
 
 mod huffman;
 mod huffman_table;
+mod string_cache;
 
 pub(crate) use huffman::decode as huffman_decode;
 #[cfg(test)]
@@ -163,13 +164,16 @@ impl HpackDecoder {
                 let prefix = if add_to_table { 6 } else { 4 };
                 let name_index = reader.integer(prefix)?;
                 let name = if name_index == 0 {
-                    Some(reader.string()?)
+                    Some(reader.string(true)?)
                 } else if self.unknown_entry(name_index) {
                     None
                 } else {
                     Some(self.lookup(name_index)?.name).filter(|name| !name.is_empty())
                 };
-                let value = reader.string()?;
+                let cacheable = name
+                    .as_ref()
+                    .is_some_and(|name| string_cache::value_cacheable(name));
+                let value = reader.string(cacheable)?;
                 let Some(name) = name else {
                     // The entry still takes its place in the table, nameless.
                     self.unknown_fields += 1;
@@ -277,7 +281,9 @@ impl Reader<'_> {
         }
     }
 
-    fn string(&mut self) -> Result<Bytes, HpackError> {
+    /// A string literal. Huffman-coded, it is decoded through `string_cache` when `cacheable`
+    /// (a name, or the value of a protocol header), else into a buffer of its own.
+    fn string(&mut self, cacheable: bool) -> Result<Bytes, HpackError> {
         let huffman = self.input.first().ok_or(HpackError::Truncated)? & 0x80 != 0;
         let length = self.integer(7)?;
         if length > self.input.len() {
@@ -285,12 +291,10 @@ impl Reader<'_> {
         }
         let (raw, rest) = self.input.split_at(length);
         self.input = rest;
-        if huffman {
-            let mut decoded = Vec::with_capacity(length * 8 / 5);
-            huffman::decode(raw, &mut decoded)?;
-            Ok(Bytes::from(decoded))
-        } else {
-            Ok(Bytes::copy_from_slice(raw))
+        match (huffman, cacheable) {
+            (true, true) => string_cache::decode(raw),
+            (true, false) => string_cache::decode_fresh(raw),
+            (false, _) => Ok(Bytes::copy_from_slice(raw)),
         }
     }
 }
