@@ -152,8 +152,8 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     let (old_state, new_state) = change.states()?;
     let new_state = new_state as u32;
     // Userspace acts on three changes of a watched socket: SYN_SENT (its owner), ESTABLISHED
-    // (its 4-tuple complete) and CLOSE (its end). The others (FIN_WAIT1, CLOSE_WAIT, LAST_ACK,
-    // …), half of a connection's changes, stop here before anything is read.
+    // (its 4-tuple complete) and CLOSE (its end). The others (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT,
+    // LAST_ACK, …) stop here, before anything is read.
     let connecting = new_state == TcpState::SynSent as u32;
     if !connecting
         && new_state != TcpState::Established as u32

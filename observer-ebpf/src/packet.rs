@@ -96,7 +96,7 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     }
     let segment = read_segment(ctx)?;
     // A segment without payload matters only as a SYN, where its direction's sequence starts:
-    // the ACKs and FINs, a third of a push connection's segments, stop before any lookup.
+    // the ACKs and FINs stop here, before any lookup.
     if segment.payload_len == 0 && !segment.syn {
         return Ok(());
     }
