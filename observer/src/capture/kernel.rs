@@ -2,11 +2,7 @@
 //! them), configures their maps, reads their ring buffer (`ring_records` turns its records into
 //! `Event`s) and keeps their tables in line with the kernel's sockets.
 
-use std::{
-    collections::HashSet,
-    os::fd::AsFd,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashSet, os::fd::AsFd, path::Path};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -20,6 +16,7 @@ use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
 pub use super::hook_choice::HookChoice;
+pub use super::options::CaptureOptions;
 pub use super::programs::{CaptureHook, CopyWalk, program_names};
 pub use super::ring_records::Drained;
 use super::{
@@ -28,6 +25,7 @@ use super::{
     hook_choice,
     host::{self, TRACEFS},
     kernel_counters::KernelCounters,
+    options::{page_size, validate_options, watched_port_words},
     programs,
     read_pacing::{self, READ_FOLLOW_UP},
     reader_awake::ReaderAwake,
@@ -102,26 +100,6 @@ pub enum CaptureError {
     PacketHook(Box<CaptureError>),
     #[error("reading the ring buffer failed: {0}")]
     Read(#[from] std::io::Error),
-}
-
-/// What to watch and how much to copy.
-#[derive(Clone, Debug)]
-pub struct CaptureOptions {
-    pub grpc_ports: Vec<u16>,
-    pub websocket_ports: Vec<u16>,
-    pub grpc_budget: u32,
-    /// Bytes per second each direction's gRPC budget regains.
-    pub grpc_budget_refill: u32,
-    pub ring_bytes: u32,
-    /// Entries of the kernel's `CONNECTIONS` and `SOCKETS` tables.
-    pub max_watched_connections: u32,
-    /// cgroup v2 directories whose processes alone are watched; empty: every process.
-    pub cgroup_scope: Vec<PathBuf>,
-    pub copy_walk: CopyWalk,
-    pub capture_hook: HookChoice,
-    pub state_tracepoint: sock_layout::StateTracepointChoice,
-    /// The node's cgroup v2 hierarchy, where `CaptureHook::Packets` attaches.
-    pub cgroup_root: PathBuf,
 }
 
 /// The loaded and attached programs. Dropping it detaches and unloads them all.
@@ -624,53 +602,6 @@ impl KernelCapture {
         }
         Ok(totals)
     }
-}
-
-/// The non-zero words of `WATCHED_PORTS` for the watched ports: each port's `PortClass` at its
-/// `watched_port_slot`.
-fn watched_port_words(options: &CaptureOptions) -> std::collections::BTreeMap<u32, u64> {
-    let mut words = std::collections::BTreeMap::new();
-    for (ports, class) in [
-        (&options.grpc_ports, observer_records::PortClass::Grpc),
-        (
-            &options.websocket_ports,
-            observer_records::PortClass::WebSocket,
-        ),
-    ] {
-        for &port in ports {
-            let (index, shift) = observer_records::watched_port_slot(port);
-            *words.entry(index).or_insert(0) |= u64::from(class as u8) << shift;
-        }
-    }
-    words
-}
-
-fn validate_options(options: &CaptureOptions) -> Result<(), CaptureError> {
-    let count = options.grpc_ports.len() + options.websocket_ports.len();
-    if count > observer_records::MAX_WATCHED_PORTS as usize {
-        return Err(CaptureError::TooManyPorts {
-            count,
-            max: observer_records::MAX_WATCHED_PORTS,
-        });
-    }
-    if let Some(port) = options
-        .grpc_ports
-        .iter()
-        .find(|port| options.websocket_ports.contains(port))
-    {
-        return Err(CaptureError::PortInBothClasses(*port));
-    }
-    let page = page_size();
-    if !options.ring_bytes.is_power_of_two() || options.ring_bytes < page {
-        return Err(CaptureError::BadRingSize(options.ring_bytes));
-    }
-    Ok(())
-}
-
-fn page_size() -> u32 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u32::try_from(size).unwrap_or(4096)
 }
 
 fn take_map<M>(ebpf: &mut Ebpf, name: &str) -> Result<M, CaptureError>

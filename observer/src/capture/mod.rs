@@ -9,6 +9,7 @@ mod host;
 pub mod kernel;
 pub mod kernel_counters;
 mod kernel_features;
+mod options;
 mod programs;
 pub mod read_pacing;
 mod reader_awake;
