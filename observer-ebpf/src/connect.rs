@@ -13,9 +13,9 @@ use observer_records::{AF_INET, AF_INET6, RecordKind, SockLayout, TcpState};
 
 use crate::{
     maps::{
-        Budget, CONFIG, CONNECTIONS, Connection, PACKET_STREAMS, PENDING_CONNECTS, PacketStream,
-        PendingConnect, SOCKETS, SocketKey, SocketState, insert_or_count, mark_watching,
-        may_be_watching, packet_hook, watched_port,
+        Budget, CONFIG, CONNECTIONS, Connection, NEW_CONNECTION, PACKET_STREAMS, PENDING_CONNECTS,
+        PacketStream, PendingConnect, SOCKETS, SocketKey, SocketState, insert_or_count,
+        mark_watching, may_be_watching, packet_hook, watched_port,
     },
     ring::{header_for, output_header, stamp_current},
     scope::current_task_in_scope,
@@ -165,7 +165,7 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
         return Ok(());
     }
     // Only a socket connecting to a watched port is ever watched: one array read turns the
-    // others (every accepted socket among them) away before the `CONNECTIONS` lookup.
+    // others (every accepted socket among them) away before the table lookup.
     let dport = change.dport()?;
     let Some(class) = watched_port(dport) else {
         return Ok(());
@@ -174,11 +174,16 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     if connecting {
         return on_syn_sent(change, sock, dport, class);
     }
-    let Some(conn) = CONNECTIONS.get_ptr_mut(sock) else {
-        return Ok(());
+    let packet_hook = packet_hook();
+    let conn = if packet_hook {
+        let stream = PACKET_STREAMS.get_ptr_mut(sock).ok_or(0)?;
+        // SAFETY: a field of a live map value.
+        unsafe { core::ptr::addr_of_mut!((*stream).conn) }
+    } else {
+        CONNECTIONS.get_ptr_mut(sock).ok_or(0)?
     };
-    // SAFETY: the pointer is a live map value; only this socket's state changes write it,
-    // and the kernel serialises those under the socket lock.
+    // SAFETY: the pointer is into a live map value; only this socket's state changes write
+    // it, and the kernel serialises those under the socket lock.
     let conn = unsafe { &mut *conn };
     // The source port is chosen after SYN_SENT is set (inet_hash_connect), so the 4-tuple is
     // complete from the next state on: ESTABLISHED, or CLOSE for a connect that failed.
@@ -190,8 +195,11 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     header.new_state = new_state;
     output_header(&header);
     if new_state == TcpState::Close as u32 {
-        let _ = CONNECTIONS.remove(sock);
-        let _ = PACKET_STREAMS.remove(sock);
+        let _ = if packet_hook {
+            PACKET_STREAMS.remove(sock)
+        } else {
+            CONNECTIONS.remove(sock)
+        };
     }
     Ok(())
 }
@@ -199,7 +207,8 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
 /// What a TCP state change tells: read from the formatted tracepoint's record, or from the
 /// socket the raw tracepoint hands over. Ports in host order, addresses as the wire has them.
 trait StateChange {
-    /// The socket's address, by which `CONNECTIONS` and the packet programs know it.
+    /// The socket's address, by which `CONNECTIONS`, `PACKET_STREAMS` and the packet programs
+    /// know it.
     fn sock(&self) -> Result<u64, i64>;
     /// The old state and the new one.
     fn states(&self) -> Result<(i32, i32), i64>;
@@ -307,9 +316,6 @@ impl StateChange for SocketFields<'_> {
     }
 }
 
-/// A connection's `PACKET_STREAMS` entry at SYN_SENT: neither SYN seen yet.
-static NEW_PACKET_STREAM: PacketStream = PacketStream::NEW;
-
 /// SYN_SENT fires inside `connect`: the connecting thread is current. The socket connects to
 /// `dport`, watched as `class`: with the syscall hook, its pending connect is waiting for this
 /// socket; with the packet hook nothing waits, and the scope decides here.
@@ -330,43 +336,33 @@ fn on_syn_sent(change: &impl StateChange, sock: u64, dport: u16, class: u8) -> R
         pending.sock = sock;
         pending.port_class
     };
-    let mut conn = Connection {
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        tgid: (pid_tgid >> 32) as u32,
-        sport: 0,
-        dport,
-        family: 0,
-        port_class,
-        _reserved: [0; 5],
-        saddr: [0; 16],
-        daddr: [0; 16],
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    };
-    read_tuple(change, &mut conn)?;
-    let mut header = header_for(RecordKind::TcpConnect, sock, &conn);
+    let entry = NEW_CONNECTION.get_ptr_mut(0).ok_or(0)?;
+    // SAFETY: this CPU's slot, written only here, in process context (see `NEW_CONNECTION`).
+    let entry = unsafe { &mut *entry };
+    // Neither SYN seen yet.
+    entry.send = PacketStream::NEW.send;
+    entry.recv = PacketStream::NEW.recv;
+    let conn = &mut entry.conn;
+    conn.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    conn.tgid = (pid_tgid >> 32) as u32;
+    conn.dport = dport;
+    conn.port_class = port_class;
+    conn.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    read_tuple(change, conn)?;
+    let mut header = header_for(RecordKind::TcpConnect, sock, conn);
     header.new_state = TcpState::SynSent as u32;
-    // By reference, as in `exit_connect`: Linux 6.1 refused this program with the `Connection`
-    // passed by value ("combined stack size of 3 calls is 544. Too large").
-    #[expect(
-        clippy::needless_borrows_for_generic_args,
-        reason = "BPF stack size on Linux 6.1"
-    )]
-    let inserted = CONNECTIONS.insert(&sock, &conn, 0);
-    insert_or_count(inserted)?;
-    if packet_hook {
-        // Before the SYN leaves: `connect` sends it after this state change. From read-only
-        // data, not the stack: 64 more bytes here and Linux 6.1 refused the program ("combined
-        // stack size of 3 calls is 544. Too large").
+    // Before the SYN leaves: `connect` sends it after this state change. By reference: by
+    // value, the entry would be copied onto the stack it is kept off (`NEW_CONNECTION`).
+    let inserted = if packet_hook {
+        PACKET_STREAMS.insert(sock, entry, 0)
+    } else {
         #[expect(
             clippy::needless_borrows_for_generic_args,
             reason = "BPF stack size on Linux 6.1"
         )]
-        let inserted = PACKET_STREAMS.insert(&sock, &NEW_PACKET_STREAM, 0);
-        if insert_or_count(inserted).is_err() {
-            let _ = CONNECTIONS.remove(sock);
-            return Ok(());
-        }
-    }
+        CONNECTIONS.insert(sock, &entry.conn, 0)
+    };
+    insert_or_count(inserted)?;
     output_header(&header);
     Ok(())
 }

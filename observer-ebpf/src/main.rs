@@ -20,7 +20,8 @@
 //!
 //! With `--capture-hook packets` (`packet`), no syscall is hooked: SYN_SENT alone makes the
 //! connection watched (the connecting thread is current there too, and the port is the one
-//! the socket connects to), and `cgroup_skb` programs copy its segments' bytes.
+//! the socket connects to), recorded in `PACKET_STREAMS` instead of `CONNECTIONS`, and
+//! `cgroup_skb` programs copy its segments' bytes.
 //!
 //! With `--cgroup-scope`, step 1 and every read or write also require the current task to be
 //! inside one of the scope's cgroup v2 directories (`scope`): the kernel ignores the rest.

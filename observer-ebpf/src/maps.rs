@@ -10,7 +10,10 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, CgroupArray, HashMap, PerCpuArray, ProgramArray, RingBuf},
 };
-pub use observer_records::{Budget, Connection, ConnectionTuple, SocketKey, SocketState};
+pub use observer_records::{
+    Budget, Connection, ConnectionTuple, NO_HOLE, PacketDirection, PacketStream, STREAM_HEAD_TAKEN,
+    STREAM_JOINED, STREAM_SEQ_KNOWN, SocketKey, SocketState,
+};
 use observer_records::{
     CHUNK_SIZE, COUNTER_COUNT, CaptureConfig, CaptureHook, Counter,
     DEFAULT_MAX_WATCHED_CONNECTIONS, DataRecord, Direction, MAX_CGROUP_SCOPES, WATCHED_PORT_WORDS,
@@ -106,7 +109,9 @@ pub const COPY_CONTINUE: u32 = 0;
 pub static PENDING_CONNECTS: HashMap<u64, PendingConnect> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
-/// Watched kernel sockets (sock address → owner and 4-tuple). Removed at TCP_CLOSE, which every
+/// Watched kernel sockets (sock address → owner and 4-tuple) of the syscall hook, and the
+/// connections userspace adopts at start (by `adopted_connection_id`) with either hook; the
+/// packet hook keeps its own connections in `PACKET_STREAMS`. Removed at TCP_CLOSE, which every
 /// TCP socket reaches. Bound: watched connections alive at once (`--max-watched-connections`,
 /// set by userspace). Not LRU: an LRU would silently forget live connections on a node that
 /// holds more (a proxy with more online users), and userspace ends what is not here; full, an
@@ -137,9 +142,11 @@ pub static SOCKETS: HashMap<SocketKey, SocketState> =
 pub static IN_FLIGHT: HashMap<u64, IoCall> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
-/// Packet hook: the sequence-number state of each watched connection's two directions
-/// (sock address → stream), added at SYN_SENT and removed at TCP_CLOSE as `CONNECTIONS`, in
-/// `CaptureHook::Packets` only. Bound and fullness as `CONNECTIONS`.
+/// Packet hook: its watched connections (sock address → owner, 4-tuple and where each
+/// direction's stream stands), inserted at SYN_SENT and removed at TCP_CLOSE, in
+/// `CaptureHook::Packets` only. The one table a connection costs the packet hook: a second
+/// (`CONNECTIONS` beside it, as before) doubled the hash inserts and deletes of every
+/// connection. Bound and fullness as `CONNECTIONS`.
 #[map]
 pub static PACKET_STREAMS: HashMap<u64, PacketStream> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
@@ -151,6 +158,14 @@ pub static PACKET_STREAMS: HashMap<u64, PacketStream> =
 #[map]
 pub static ADOPTABLE: HashMap<ConnectionTuple, Connection> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
+
+/// Per-CPU space where SYN_SENT builds a new connection's entry: whole for `PACKET_STREAMS`,
+/// its `conn` for `CONNECTIONS`. The 152-byte stream does not fit on the state program's stack
+/// beside the record header (Linux 6.1 refused 64 bytes more there: "combined stack size of 3
+/// calls is 544. Too large"). Only SYN_SENT, which runs in `connect` (process context, never
+/// nested on its CPU), writes it. One entry per CPU.
+#[map]
+pub static NEW_CONNECTION: PerCpuArray<PacketStream> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU progress of a packet's copy (`packet::copy_payload`). One entry per CPU.
 #[map]
@@ -178,91 +193,6 @@ impl PacketCopy {
         // SAFETY: as in `load`.
         unsafe { core::ptr::write_volatile(self, value) }
     }
-}
-
-/// Where one direction of a watched connection stands (`packet`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct PacketDirection {
-    /// Sequence number of the direction's first payload byte (its SYN's plus one).
-    pub first_seq: u32,
-    /// `STREAM_SEQ_KNOWN`, `STREAM_HEAD_TAKEN`.
-    pub flags: u32,
-    /// Stream offset just past the furthest byte seen.
-    pub seen_end: u64,
-    /// Where bytes before `seen_end` may be missing (a segment came beyond it): from here
-    /// they are copied again; `NO_HOLE` when every byte before it was seen.
-    pub hole_from: u64,
-    /// gRPC budget (see `io::draw`).
-    pub budget: Budget,
-}
-
-/// `PacketDirection::hole_from` when nothing before `seen_end` is missing.
-pub const NO_HOLE: u64 = u64::MAX;
-
-/// `PacketDirection::flags`: the direction's SYN was seen, so its bytes can be placed.
-pub const STREAM_SEQ_KNOWN: u32 = 1;
-/// `PacketDirection::flags`: a WebSocket direction's first write (its upgrade request or
-/// answer) has been copied; nothing after it is.
-pub const STREAM_HEAD_TAKEN: u32 = 2;
-/// `PacketDirection::flags`: the connection was adopted established, so the direction's first
-/// segment seen is where its stream starts (offset 0), no SYN being to come.
-pub const STREAM_JOINED: u32 = 4;
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct PacketStream {
-    pub send: PacketDirection,
-    pub recv: PacketDirection,
-    /// The connection's `CONNECTIONS` entry, copied by the first segment with payload that
-    /// finds its 4-tuple complete (a source port), so the segments after it build their
-    /// records without a second hash lookup. Zero until then.
-    pub conn: Connection,
-}
-
-impl PacketStream {
-    const NEW_DIRECTION: PacketDirection = PacketDirection {
-        first_seq: 0,
-        flags: 0,
-        seen_end: 0,
-        hole_from: NO_HOLE,
-        budget: Budget {
-            spent: 0,
-            settled_ns: 0,
-        },
-    };
-
-    const NO_CONNECTION: Connection = Connection {
-        cgroup_id: 0,
-        tgid: 0,
-        sport: 0,
-        dport: 0,
-        family: 0,
-        port_class: 0,
-        _reserved: [0; 5],
-        saddr: [0; 16],
-        daddr: [0; 16],
-        comm: [0; 16],
-    };
-
-    /// A connection whose SYNs have not been seen yet.
-    pub const NEW: Self = Self {
-        send: Self::NEW_DIRECTION,
-        recv: Self::NEW_DIRECTION,
-        conn: Self::NO_CONNECTION,
-    };
-
-    const JOINED_DIRECTION: PacketDirection = PacketDirection {
-        flags: STREAM_JOINED,
-        ..Self::NEW_DIRECTION
-    };
-
-    /// A connection adopted established: each direction starts at its first segment seen.
-    pub const JOINED: Self = Self {
-        send: Self::JOINED_DIRECTION,
-        recv: Self::JOINED_DIRECTION,
-        conn: Self::NO_CONNECTION,
-    };
 }
 
 #[repr(C)]

@@ -8,8 +8,8 @@
 //! both directions. A watched port's segment without payload (an ACK, a FIN) stops after its
 //! headers. Any other is looked up by its socket's address in `PACKET_STREAMS`, where
 //! `inet_sock_set_state` put the socket at SYN_SENT. The socket's address is the `skaddr` of
-//! that tracepoint, so the connection's owner (`CONNECTIONS`, recorded in the connecting
-//! process, and copied into the stream's entry) needs no syscall hook.
+//! that tracepoint, so the connection's owner (recorded in the connecting process, in the
+//! same entry) needs no syscall hook.
 //!
 //! Where a segment's bytes sit in the stream comes from its sequence number, relative to the
 //! SYN of its direction (the SYN this side sent, and the SYN-ACK it received). Each direction
@@ -39,19 +39,21 @@ use observer_records::{
 use crate::{
     io::draw,
     maps::{
-        ADOPTABLE, CONFIG, CONNECTIONS, NO_HOLE, PACKET_COPY, PACKET_STREAMS, PacketCopy,
-        PacketDirection, PacketStream, SCRATCH, STREAM_HEAD_TAKEN, STREAM_JOINED, STREAM_SEQ_KNOWN,
-        count, insert_or_count, watched_port,
+        ADOPTABLE, CONFIG, NO_HOLE, PACKET_COPY, PACKET_STREAMS, PacketCopy, PacketDirection,
+        PacketStream, SCRATCH, STREAM_HEAD_TAKEN, STREAM_JOINED, STREAM_SEQ_KNOWN, count,
+        watched_port,
     },
     ring::{header_for, output_data, output_header},
 };
 
-/// A connection's `PACKET_STREAMS` entry when it is adopted (read-only data, as
-/// `connect`'s new entries).
+/// A connection's `PACKET_STREAMS` entry when it is adopted, from read-only data: the packet
+/// programs' stack has no room for it (Linux 6.1), and a per-CPU slot could be overwritten by
+/// an ingress packet's softirq interrupting an egress one on the same CPU.
 static JOINED_PACKET_STREAM: PacketStream = PacketStream::JOINED;
 
-/// `bpf_map_update_elem` flag: insert only if the key is absent.
+/// `bpf_map_update_elem` flag: insert only if the key is absent; refused so: -EEXIST.
 const BPF_NOEXIST: u64 = 1;
+const EEXIST: i64 = 17;
 
 /// `cgroup_skb` verdict: let the packet through. The programs only look.
 const PASS: i32 = 1;
@@ -106,16 +108,19 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     let sock = unsafe { (*skb).__bindgen_anon_2.sk } as u64;
     let stream = match PACKET_STREAMS.get_ptr_mut(sock) {
         Some(stream) => stream,
-        None => {
-            adopt(ctx, sock, direction)?;
-            PACKET_STREAMS.get_ptr_mut(sock).ok_or(0)?
-        }
+        None => adopt(ctx, sock, direction)?,
     };
     // SAFETY: a live map value. A socket's packets in one direction pass one at a time in
     // practice (sent under its lock; a flow's packets received on one CPU); two CPUs racing
     // could only copy a segment twice or misplace a hole, which userspace's reordering
     // tolerates, never touch memory outside the value.
     let stream = unsafe { &mut *stream };
+    // Every entry names its watched port, but one another CPU adopted may not hold its
+    // connection yet (between its insert and the write after it, `adopt`).
+    if stream.conn.dport == 0 {
+        count(Counter::BytesNotCaptured, u64::from(segment.payload_len));
+        return Ok(());
+    }
     let half = if direction == Direction::Send {
         &mut stream.send
     } else {
@@ -154,19 +159,9 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     };
     // Bytes of the segment's front seen before.
     let skip = start - segment_start;
-    let conn = if stream.conn.sport != 0 {
-        &stream.conn
-    } else {
-        let Some(conn) = (unsafe { CONNECTIONS.get(sock) }) else {
-            return Ok(());
-        };
-        // The source port is chosen after SYN_SENT, and `CONNECTIONS` learns it at ESTABLISHED:
-        // data in a SYN (TCP Fast Open) finds it missing, and takes the entry as it is.
-        if conn.sport != 0 {
-            stream.conn = *conn;
-        }
-        conn
-    };
+    // Complete from ESTABLISHED on; data in a SYN (TCP Fast Open) finds the source port still
+    // 0, and takes the connection as it is.
+    let conn = &stream.conn;
     let capture = capture_allowance(half, conn.port_class, &segment, start, len);
     if capture < len {
         count(Counter::BytesNotCaptured, len - capture);
@@ -197,8 +192,8 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
 /// A socket to a watched port that `PACKET_STREAMS` does not hold: if userspace named its
 /// connection in `ADOPTABLE` (established before the programs were attached), it is watched
 /// from this packet on, and userspace learns so from a state record "unknown → established".
-/// Err otherwise: the packet is not ours.
-fn adopt(ctx: &SkBuffContext, sock: u64, direction: Direction) -> Result<(), i64> {
+/// Its new entry, or Err: the packet is not ours.
+fn adopt(ctx: &SkBuffContext, sock: u64, direction: Direction) -> Result<*mut PacketStream, i64> {
     let tuple = read_tuple(ctx, direction)?;
     let Some(conn) = (unsafe { ADOPTABLE.get(tuple) }) else {
         return Err(0);
@@ -210,18 +205,21 @@ fn adopt(ctx: &SkBuffContext, sock: u64, direction: Direction) -> Result<(), i64
         reason = "BPF stack size on Linux 6.1"
     )]
     let inserted = PACKET_STREAMS.insert(&sock, &JOINED_PACKET_STREAM, BPF_NOEXIST);
-    if inserted.is_err() {
-        return Ok(());
+    if let Err(err) = inserted {
+        if i64::from(err) == -EEXIST {
+            return PACKET_STREAMS.get_ptr_mut(sock).ok_or(0);
+        }
+        count(Counter::MapInsertFailures, 1);
+        return Err(i64::from(err));
     }
-    if insert_or_count(CONNECTIONS.insert(sock, conn, 0)).is_err() {
-        let _ = PACKET_STREAMS.remove(sock);
-        return Err(0);
-    }
+    let stream = PACKET_STREAMS.get_ptr_mut(sock).ok_or(0)?;
+    // SAFETY: a live map value, inserted just now by this program.
+    unsafe { (*stream).conn = *conn };
     let mut header = header_for(RecordKind::TcpState, sock, conn);
     header.new_state = TcpState::Established as u32;
     output_header(&header);
     let _ = ADOPTABLE.remove(tuple);
-    Ok(())
+    Ok(stream)
 }
 
 /// The connection's endpoints as the programs record them: ours first, IPv4 as IPv4.

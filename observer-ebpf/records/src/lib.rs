@@ -372,6 +372,95 @@ pub struct Budget {
     pub settled_ns: u64,
 }
 
+/// Where one direction of a watched connection stands (`packet`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PacketDirection {
+    /// Sequence number of the direction's first payload byte (its SYN's plus one).
+    pub first_seq: u32,
+    /// `STREAM_SEQ_KNOWN`, `STREAM_HEAD_TAKEN`.
+    pub flags: u32,
+    /// Stream offset just past the furthest byte seen.
+    pub seen_end: u64,
+    /// Where bytes before `seen_end` may be missing (a segment came beyond it): from here
+    /// they are copied again; `NO_HOLE` when every byte before it was seen.
+    pub hole_from: u64,
+    /// gRPC budget (see the programs' `io::draw`).
+    pub budget: Budget,
+}
+
+/// `PacketDirection::hole_from` when nothing before `seen_end` is missing.
+pub const NO_HOLE: u64 = u64::MAX;
+
+/// `PacketDirection::flags`: the direction's SYN was seen, so its bytes can be placed.
+pub const STREAM_SEQ_KNOWN: u32 = 1;
+/// `PacketDirection::flags`: a WebSocket direction's first write (its upgrade request or
+/// answer) has been copied; nothing after it is.
+pub const STREAM_HEAD_TAKEN: u32 = 2;
+/// `PacketDirection::flags`: the connection was adopted established, so the direction's first
+/// segment seen is where its stream starts (offset 0), no SYN being to come.
+pub const STREAM_JOINED: u32 = 4;
+
+/// A watched connection of the packet hook (`PACKET_STREAMS` map value, keyed by the kernel's
+/// socket address): where each direction's stream stands, and the connection as `CONNECTIONS`
+/// holds one for the syscall hook. One entry, inserted once at SYN_SENT (or at adoption) and
+/// removed once at TCP_CLOSE, is all a connection costs the packet hook's tables. Userspace
+/// reads only the keys: which connections are alive.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PacketStream {
+    pub send: PacketDirection,
+    pub recv: PacketDirection,
+    /// Its owner from SYN_SENT, its 4-tuple from ESTABLISHED on (the source port is 0
+    /// before).
+    pub conn: Connection,
+}
+
+impl PacketStream {
+    const NEW_DIRECTION: PacketDirection = PacketDirection {
+        first_seq: 0,
+        flags: 0,
+        seen_end: 0,
+        hole_from: NO_HOLE,
+        budget: Budget {
+            spent: 0,
+            settled_ns: 0,
+        },
+    };
+
+    const NO_CONNECTION: Connection = Connection {
+        cgroup_id: 0,
+        tgid: 0,
+        sport: 0,
+        dport: 0,
+        family: 0,
+        port_class: 0,
+        _reserved: [0; 5],
+        saddr: [0; 16],
+        daddr: [0; 16],
+        comm: [0; 16],
+    };
+
+    /// A connection whose SYNs have not been seen yet.
+    pub const NEW: Self = Self {
+        send: Self::NEW_DIRECTION,
+        recv: Self::NEW_DIRECTION,
+        conn: Self::NO_CONNECTION,
+    };
+
+    const JOINED_DIRECTION: PacketDirection = PacketDirection {
+        flags: STREAM_JOINED,
+        ..Self::NEW_DIRECTION
+    };
+
+    /// A connection adopted established: each direction starts at its first segment seen.
+    pub const JOINED: Self = Self {
+        send: Self::JOINED_DIRECTION,
+        recv: Self::JOINED_DIRECTION,
+        conn: Self::NO_CONNECTION,
+    };
+}
+
 /// Connections userspace adopts at start (established before the programs were attached) are
 /// keyed by this id instead of a kernel socket address: bit 62 set and bit 63 clear, which no
 /// kernel pointer has (they live in the top half of the address space), and the socket's
@@ -486,6 +575,7 @@ mod pod {
     unsafe impl aya::Pod for super::SocketKey {}
     unsafe impl aya::Pod for super::ConnectionTuple {}
     unsafe impl aya::Pod for super::SocketState {}
+    unsafe impl aya::Pod for super::PacketStream {}
 }
 
 // No implicit padding: each size is the sum of its fields.
@@ -501,6 +591,13 @@ const _: () = assert!(
 const _: () = assert!(core::mem::size_of::<Connection>() == 8 + 4 + 3 * 2 + 1 + 5 + 3 * 16);
 const _: () = assert!(core::mem::size_of::<SocketKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ConnectionTuple>() == 2 * 16 + 4 * 2);
+const _: () = assert!(
+    core::mem::size_of::<PacketDirection>() == 4 * 2 + 8 * 2 + core::mem::size_of::<Budget>()
+);
+const _: () = assert!(
+    core::mem::size_of::<PacketStream>()
+        == 2 * core::mem::size_of::<PacketDirection>() + core::mem::size_of::<Connection>()
+);
 const _: () = assert!(
     core::mem::size_of::<SocketState>()
         == 3 * 8 + 2 * core::mem::size_of::<Budget>() + core::mem::size_of::<Connection>() + 3 + 5

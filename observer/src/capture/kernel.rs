@@ -9,7 +9,7 @@ use aya::{
     maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, RingBuf},
 };
 use observer_records::{
-    CaptureConfig, Connection, ConnectionTuple, Counter, SocketKey, SocketState,
+    CaptureConfig, Connection, ConnectionTuple, Counter, PacketStream, SocketKey, SocketState,
     adopted_connection_id, watching_slot,
 };
 use thiserror::Error;
@@ -109,6 +109,9 @@ pub struct KernelCapture {
     /// The programs' connection and descriptor tables: adoption fills them, `reconcile` reads
     /// and prunes them.
     connections: HashMap<MapData, u64, Connection>,
+    /// The packet hook's connections (the syscall hook's are in `connections`): `reconcile`
+    /// reads their keys. `None` with the syscall hook.
+    packet_streams: Option<HashMap<MapData, u64, PacketStream>>,
     sockets: HashMap<MapData, SocketKey, SocketState>,
     /// The programs' filter of processes that may own a watched descriptor: adoption marks
     /// the processes whose descriptors it adds.
@@ -265,6 +268,10 @@ impl KernelCapture {
         let connections: HashMap<_, u64, Connection> = take_map(&mut ebpf, "CONNECTIONS")?;
         let sockets: HashMap<_, SocketKey, SocketState> = take_map(&mut ebpf, "SOCKETS")?;
         let adoptable: HashMap<_, ConnectionTuple, Connection> = take_map(&mut ebpf, "ADOPTABLE")?;
+        let packet_streams: Option<HashMap<_, u64, PacketStream>> = match capture_hook {
+            CaptureHook::Syscalls => None,
+            CaptureHook::Packets => Some(take_map(&mut ebpf, "PACKET_STREAMS")?),
+        };
         let watching: Array<_, u8> = take_map(&mut ebpf, "WATCHING")?;
         let reader_awake = match ebpf.take_map("READER_AWAKE") {
             Some(aya::maps::Map::Array(map)) => ReaderAwake::map(map, page_size() as usize)
@@ -296,6 +303,7 @@ impl KernelCapture {
                 .map_err(|err| CaptureError::Read(err.into()))?,
             counters,
             connections,
+            packet_streams,
             sockets,
             watching,
             reader_awake,
@@ -511,8 +519,8 @@ impl KernelCapture {
         Ok(())
     }
 
-    /// Brings the programs' tables in line with the kernel's sockets, and returns the
-    /// `CONNECTIONS` keys still alive: a tracked connection not among them is gone, whether or
+    /// Brings the programs' tables in line with the kernel's sockets, and returns the keys of
+    /// `CONNECTIONS` and `PACKET_STREAMS` still alive: a tracked connection not among them is gone, whether or
     /// not its close reached userspace (a full ring drops records, never map updates).
     ///
     /// An adopted connection that none of its descriptors holds any more is removed (the
@@ -562,7 +570,10 @@ impl KernelCapture {
             .flatten()
             .map(|(key, state)| (key, state.sock))
             .collect();
-        let alive: HashSet<u64> = self.connections.keys().flatten().collect();
+        let mut alive: HashSet<u64> = self.connections.keys().flatten().collect();
+        if let Some(packet_streams) = &self.packet_streams {
+            alive.extend(packet_streams.keys().flatten());
+        }
         let mut orphaned = HashSet::new();
         for (key, sock) in descriptors {
             if alive.contains(&sock) {
