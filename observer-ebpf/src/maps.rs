@@ -84,10 +84,25 @@ pub static CGROUP_SCOPE: CgroupArray = CgroupArray::with_max_entries(MAX_CGROUP_
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_COUNT, 0);
 
 /// Per-CPU scratch space for the data record being filled: 4 KiB does not fit the 512-byte
-/// BPF stack. One entry per CPU; a program (with its tail calls) runs to completion on its CPU,
-/// so nothing else touches it.
+/// BPF stack. The syscall hook's programs use entry 0: they run in a syscall, to completion on
+/// their CPU (with their tail calls), and nothing that uses it interrupts them. The packet
+/// programs use the entry of their nesting level (`PACKET_NESTING`). Bound: `SCRATCH_SLOTS`
+/// entries per CPU.
 #[map]
-pub static SCRATCH: PerCpuArray<ChunkBuffer> = PerCpuArray::with_max_entries(1, 0);
+pub static SCRATCH: PerCpuArray<ChunkBuffer> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
+
+/// Packet programs that can be filling a record on one CPU at once. One sending in process
+/// context (`connect`, `sendmsg`: bottom halves enabled) can be interrupted by a softirq whose
+/// packets run the programs again on the same CPU, before the first one put its record on the
+/// ring; with a single slot the inner run overwrote the outer one's record. Softirqs do not
+/// interrupt each other, and no packet program runs in a hard interrupt: two levels.
+pub const SCRATCH_SLOTS: u32 = 2;
+
+/// Per-CPU count of packet programs between taking their scratch slot and giving it back
+/// (`packet::copy_at_level`): the next one's level. A run that interrupts another gives its
+/// slot back before the interrupted one resumes. One entry per CPU.
+#[map]
+pub static PACKET_NESTING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU state of the payload copy in progress (see `copy`). One entry per CPU.
 #[map]
@@ -167,9 +182,10 @@ pub static ADOPTABLE: HashMap<ConnectionTuple, Connection> =
 #[map]
 pub static NEW_CONNECTION: PerCpuArray<PacketStream> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per-CPU progress of a packet's copy (`packet::copy_payload`). One entry per CPU.
+/// Per-CPU progress of a packet's copy (`packet::copy_payload`), an entry per nesting level as
+/// `SCRATCH`. Bound: `SCRATCH_SLOTS` entries per CPU.
 #[map]
-pub static PACKET_COPY: PerCpuArray<PacketCopy> = PerCpuArray::with_max_entries(1, 0);
+pub static PACKET_COPY: PerCpuArray<PacketCopy> = PerCpuArray::with_max_entries(SCRATCH_SLOTS, 0);
 
 // Kernel-only values (never read by userspace, so not in `observer-records`).
 

@@ -32,16 +32,16 @@ use aya_ebpf::{
 };
 use observer_records::{
     AF_INET, AF_INET6, CHUNK_SIZE, ConnectionTuple, Counter, DEFAULT_GRPC_BUDGET,
-    DEFAULT_GRPC_BUDGET_REFILL, Direction, FLAG_TRUNCATED, JOINED_STREAM_OFFSET, PortClass,
-    RecordKind, TcpState,
+    DEFAULT_GRPC_BUDGET_REFILL, DataRecord, Direction, FLAG_TRUNCATED, JOINED_STREAM_OFFSET,
+    PortClass, RecordKind, TcpState,
 };
 
 use crate::{
     io::draw,
     maps::{
-        ADOPTABLE, CONFIG, NO_HOLE, PACKET_COPY, PACKET_STREAMS, PacketCopy, PacketDirection,
-        PacketStream, SCRATCH, STREAM_HEAD_TAKEN, STREAM_JOINED, STREAM_SEQ_KNOWN, count,
-        watched_port,
+        ADOPTABLE, CONFIG, Connection, NO_HOLE, PACKET_COPY, PACKET_NESTING, PACKET_STREAMS,
+        PacketCopy, PacketDirection, PacketStream, SCRATCH, SCRATCH_SLOTS, STREAM_HEAD_TAKEN,
+        STREAM_JOINED, STREAM_SEQ_KNOWN, count, watched_port,
     },
     ring::{header_for, output_data, output_header},
 };
@@ -169,24 +169,67 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     if capture == 0 {
         return Ok(());
     }
-    let Some(buffer) = SCRATCH.get_ptr_mut(0) else {
+    let Some(nesting) = PACKET_NESTING.get_ptr_mut(0) else {
         return Ok(());
     };
-    // SAFETY: this CPU's scratch record; the program runs to completion on its CPU.
-    let record = unsafe { &mut (*buffer).record };
-    record.header = header_for(RecordKind::Data, sock, conn);
-    record.header.direction = direction as u8;
-    record.header.call_len = len;
-    let truncated = capture < len;
+    // SAFETY: this CPU's counter. Volatile: the compiler knows nothing of interrupts, and must
+    // not drop the writes that take and give back the level. (No fence: the BPF backend cannot
+    // select one. None is needed: the record is reached through helper calls made after the
+    // level is taken, and it is last read by the ring's helper before the level is given back;
+    // the compiler moves no write to `nesting` across a helper that might read it.)
+    let level = unsafe { core::ptr::read_volatile(nesting) };
+    if level >= SCRATCH_SLOTS {
+        count(Counter::BytesNotCaptured, capture);
+        return Ok(());
+    }
+    unsafe { core::ptr::write_volatile(nesting, level + 1) };
+    let record = Record {
+        sock,
+        direction,
+        call_len: len,
+        payload_start: segment.payload_start + skip as u32,
+        offset: start,
+        capture: capture as u32,
+    };
+    copy_at_level(ctx, level, conn, &record);
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(nesting, level) };
+    Ok(())
+}
+
+/// What of a segment goes to the ring, and where it sits in the stream.
+struct Record {
+    sock: u64,
+    direction: Direction,
+    /// The segment's bytes not seen before; more than `capture` when the policy cut them.
+    call_len: u64,
+    payload_start: u32,
+    offset: u64,
+    capture: u32,
+}
+
+/// Builds `record` in the scratch slot of nesting level `level` and copies it to the ring.
+fn copy_at_level(ctx: &SkBuffContext, level: u32, conn: &Connection, record: &Record) {
+    let (Some(buffer), Some(progress)) =
+        (SCRATCH.get_ptr_mut(level), PACKET_COPY.get_ptr_mut(level))
+    else {
+        return;
+    };
+    // SAFETY: this CPU's slots of this nesting level: no other run touches them until this
+    // one gives the level back.
+    let (data, progress) = unsafe { (&mut (*buffer).record, &mut *progress) };
+    data.header = header_for(RecordKind::Data, record.sock, conn);
+    data.header.direction = record.direction as u8;
+    data.header.call_len = record.call_len;
     copy_payload(
         ctx,
-        record,
-        segment.payload_start + skip as u32,
-        start,
-        capture as u32,
-        truncated,
+        data,
+        progress,
+        record.payload_start,
+        record.offset,
+        record.capture,
+        u64::from(record.capture) < record.call_len,
     );
-    Ok(())
 }
 
 /// A socket to a watched port that `PACKET_STREAMS` does not hold: if userspace named its
@@ -369,17 +412,13 @@ const MAX_CHUNKS_PER_PACKET: u32 = 128;
 /// paths of one iteration converge at the next, as in `copy`.
 fn copy_payload(
     ctx: &SkBuffContext,
-    record: &mut observer_records::DataRecord,
+    record: &mut DataRecord,
+    progress: &mut PacketCopy,
     payload_start: u32,
     offset: u64,
     capture: u32,
     truncated: bool,
 ) {
-    let Some(progress) = PACKET_COPY.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: this CPU's entry; the program runs to completion on its CPU.
-    let progress = unsafe { &mut *progress };
     progress.store(PacketCopy {
         position: payload_start,
         left: capture,
