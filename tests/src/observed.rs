@@ -196,6 +196,19 @@ impl ObserverProcess {
         lines
     }
 
+    /// Stops the observer (SIGSTOP) until `resume`, as on a node that gives it no CPU: nothing
+    /// reads its ring meanwhile, so the programs drop the records that do not fit.
+    pub fn pause(&self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) };
+    }
+
+    /// Lets a paused observer run again (SIGCONT).
+    pub fn resume(&self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) };
+    }
+
     /// Whether the process has not exited.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
