@@ -197,7 +197,7 @@ fn after_dropped_records_tracked_state_returns_to_zero_once_the_sockets_are_gone
         );
         // Every socket of the lab goes with it, while the observer reads nothing: the closes
         // past the ring's two pages are dropped. (Left reading, it kept up with them often
-        // enough that waiting for a lost close failed one run in three.)
+        // enough that waiting for a lost close failed about one run in three.)
         observer.pause();
         drop(lab);
         tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -520,8 +520,9 @@ impl KernelCapture {
     }
 
     /// Brings the programs' tables in line with the kernel's sockets, and returns the keys of
-    /// `CONNECTIONS` and `PACKET_STREAMS` still alive: a tracked connection not among them is gone, whether or
-    /// not its close reached userspace (a full ring drops records, never map updates).
+    /// `CONNECTIONS` and `PACKET_STREAMS` still alive: a tracked connection not among them is
+    /// gone, whether or not its close reached userspace (a full ring drops records, never map
+    /// updates).
     ///
     /// An adopted connection that none of its descriptors holds any more is removed (the
     /// programs only remove those they saw connecting), and so is every descriptor entry
