@@ -99,7 +99,7 @@ pub static SCRATCH: PerCpuArray<ChunkBuffer> = PerCpuArray::with_max_entries(SCR
 pub const SCRATCH_SLOTS: u32 = 2;
 
 /// Per-CPU count of packet programs between taking their scratch slot and giving it back
-/// (`packet::copy_at_level`): the next one's level. A run that interrupts another gives its
+/// (`packet::try_packet`): the next one's level. A run that interrupts another gives its
 /// slot back before the interrupted one resumes. One entry per CPU.
 #[map]
 pub static PACKET_NESTING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);

@@ -39,9 +39,9 @@ use observer_records::{
 use crate::{
     io::draw,
     maps::{
-        ADOPTABLE, CONFIG, Connection, NO_HOLE, PACKET_COPY, PACKET_NESTING, PACKET_STREAMS,
-        PacketCopy, PacketDirection, PacketStream, SCRATCH, SCRATCH_SLOTS, STREAM_HEAD_TAKEN,
-        STREAM_JOINED, STREAM_SEQ_KNOWN, count, watched_port,
+        ADOPTABLE, CONFIG, NO_HOLE, PACKET_COPY, PACKET_NESTING, PACKET_STREAMS, PacketCopy,
+        PacketDirection, PacketStream, SCRATCH, SCRATCH_SLOTS, STREAM_HEAD_TAKEN, STREAM_JOINED,
+        STREAM_SEQ_KNOWN, count, watched_port,
     },
     ring::{header_for, output_data, output_header},
 };
@@ -183,53 +183,28 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         return Ok(());
     }
     unsafe { core::ptr::write_volatile(nesting, level + 1) };
-    let record = Record {
-        sock,
-        direction,
-        call_len: len,
-        payload_start: segment.payload_start + skip as u32,
-        offset: start,
-        capture: capture as u32,
-    };
-    copy_at_level(ctx, level, conn, &record);
+    if let (Some(buffer), Some(progress)) =
+        (SCRATCH.get_ptr_mut(level), PACKET_COPY.get_ptr_mut(level))
+    {
+        // SAFETY: this CPU's slots of this nesting level: no other run touches them until
+        // this one gives the level back.
+        let (record, progress) = unsafe { (&mut (*buffer).record, &mut *progress) };
+        record.header = header_for(RecordKind::Data, sock, conn);
+        record.header.direction = direction as u8;
+        record.header.call_len = len;
+        copy_payload(
+            ctx,
+            record,
+            progress,
+            segment.payload_start + skip as u32,
+            start,
+            capture as u32,
+            capture < len,
+        );
+    }
     // SAFETY: as above.
     unsafe { core::ptr::write_volatile(nesting, level) };
     Ok(())
-}
-
-/// What of a segment goes to the ring, and where it sits in the stream.
-struct Record {
-    sock: u64,
-    direction: Direction,
-    /// The segment's bytes not seen before; more than `capture` when the policy cut them.
-    call_len: u64,
-    payload_start: u32,
-    offset: u64,
-    capture: u32,
-}
-
-/// Builds `record` in the scratch slot of nesting level `level` and copies it to the ring.
-fn copy_at_level(ctx: &SkBuffContext, level: u32, conn: &Connection, record: &Record) {
-    let (Some(buffer), Some(progress)) =
-        (SCRATCH.get_ptr_mut(level), PACKET_COPY.get_ptr_mut(level))
-    else {
-        return;
-    };
-    // SAFETY: this CPU's slots of this nesting level: no other run touches them until this
-    // one gives the level back.
-    let (data, progress) = unsafe { (&mut (*buffer).record, &mut *progress) };
-    data.header = header_for(RecordKind::Data, record.sock, conn);
-    data.header.direction = record.direction as u8;
-    data.header.call_len = record.call_len;
-    copy_payload(
-        ctx,
-        data,
-        progress,
-        record.payload_start,
-        record.offset,
-        record.capture,
-        u64::from(record.capture) < record.call_len,
-    );
 }
 
 /// A socket to a watched port that `PACKET_STREAMS` does not hold: if userspace named its
