@@ -208,10 +208,15 @@ impl Metrics {
         let previous = &self.exported;
         self.events
             .inc_by(engine.events.saturating_sub(previous.engine.events));
-        for (counter, now) in kernel.iter() {
+        for (kind, now) in kernel.iter() {
+            let before = previous
+                .kernel
+                .iter()
+                .find(|&(known, _)| known == kind)
+                .map_or(0, |(_, before)| before);
             self.kernel
-                .get_or_create(&[("kind", counter.name())])
-                .inc_by(now.saturating_sub(previous.kernel[counter]));
+                .get_or_create(&[("kind", kind)])
+                .inc_by(now.saturating_sub(before));
         }
         let (decode, decode_before) = (
             &engine.connections.decode,
@@ -521,12 +526,20 @@ mod tests {
         kernel[observer_records::Counter::RingFullDrops] = 3;
         metrics.update(&kernel, &engine);
         engine.events = 25;
+        // Not counted at the first read, then 4 and 6: all of it is exported.
+        kernel.runs_skipped = Some(4);
+        metrics.update(&kernel, &engine);
+        kernel.runs_skipped = Some(6);
         metrics.update(&kernel, &engine);
         metrics.alert("route_mismatch", 0.002);
         let text = metrics.render();
         assert!(text.contains("openim_observer_events_total 25"), "{text}");
         assert!(
             text.contains("openim_observer_kernel_total{kind=\"ring_full_drops\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("openim_observer_kernel_total{kind=\"program_runs_skipped\"} 6"),
             "{text}"
         );
         assert!(

@@ -303,7 +303,8 @@ fn a_watched_connect_reports_its_lifecycle(state_tracepoint: &str, port: u16) {
     // one the socket had all the same.
     assert_eq!(closed["sport"], local_port, "{closed}");
     assert_eq!(closed["saddr"], "127.0.0.1", "{closed}");
-    let (lines, _) = observer.stop();
+    let (lines, stderr) = observer.stop();
+    skipped_runs_are_read_where_counted(&stopped_line(&stderr)["kernel"]);
     let ours = events_on_port(&lines, port);
 
     let connect = ours
@@ -641,6 +642,27 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
     let kernel = &stopped_line(&stderr)["kernel"];
     assert_eq!(kernel["bytes_not_captured"], 0, "{kernel}");
     assert_eq!(kernel["map_insert_failures"], 0, "{kernel}");
+    skipped_runs_are_read_where_counted(kernel);
+}
+
+/// The kernel's count of the programs' skipped runs (`recursion_misses`, Linux 5.12 on) is on
+/// the stop line: a number where the kernel keeps it, `null` (unknown) before.
+fn skipped_runs_are_read_where_counted(kernel: &Value) {
+    let skipped = &kernel["program_runs_skipped"];
+    if kernel_version() < (5, 12) {
+        assert!(skipped.is_null(), "{kernel}");
+    } else {
+        assert!(skipped.is_u64(), "{kernel}");
+    }
+}
+
+/// The running kernel's major and minor version.
+fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release
+        .split(|character: char| !character.is_ascii_digit())
+        .map(|number| number.parse::<u32>().unwrap_or(0));
+    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
 }
 
 #[test]
@@ -1260,12 +1282,7 @@ fn a_memlock_limit_it_cannot_lift_is_named_before_linux_5_11_and_harmless_after(
         .output()
         .expect("setpriv and prlimit (util-linux)");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut numbers = release
-        .split(|character: char| !character.is_ascii_digit())
-        .map(|number| number.parse::<u32>().unwrap_or(0));
-    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
-    if version < (5, 11) {
+    if kernel_version() < (5, 11) {
         assert_eq!(output.status.code(), Some(2), "{stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(

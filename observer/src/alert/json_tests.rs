@@ -271,10 +271,11 @@ fn every_kind_of_alert_line_is_serde_jsons() {
             bytes: Some(3),
             users: Some(4),
             calls: Some(5),
+            runs: Some(6),
             processes: vec![AffectedProcess {
                 process: process(30, "p"),
-                connections: 6,
-                bytes: 7,
+                connections: 7,
+                bytes: 8,
             }],
         })),
         degraded(Some(Affected::default())),

@@ -191,6 +191,9 @@ pub enum DegradedReason {
     TableFull,
     /// gRPC bytes beyond the per-connection capture budget were not copied.
     BudgetExhausted,
+    /// The kernel skipped runs of the observer's programs (one was already running on that
+    /// CPU): state changes or syscalls they would have seen went unseen.
+    RunsSkipped,
 }
 
 impl DegradedReason {
@@ -203,6 +206,7 @@ impl DegradedReason {
             DegradedReason::Undecodable => "undecodable",
             DegradedReason::TableFull => "table_full",
             DegradedReason::BudgetExhausted => "budget_exhausted",
+            DegradedReason::RunsSkipped => "runs_skipped",
         }
     }
 }
@@ -224,6 +228,9 @@ pub struct Affected {
     /// Push calls dropped before their answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calls: Option<u64>,
+    /// Runs of the observer's programs the kernel skipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<AffectedProcess>,
 }

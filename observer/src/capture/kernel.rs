@@ -31,6 +31,7 @@ use super::{
     reader_awake::ReaderAwake,
     reorder::{Reorder, ReorderCounters},
     ring_records::{RecordConverter, monotonic_now_ns},
+    skipped_runs,
     sock_layout::{self, SockLayoutError, StateTracepoint, VMLINUX_BTF},
     tracepoint_format::{self, LayoutError},
 };
@@ -147,8 +148,9 @@ pub struct KernelCapture {
     capture_hook_reason: String,
     state_tracepoint: StateTracepoint,
     log_task: tokio::task::JoinHandle<()>,
-    // Last: the programs must outlive the maps and logger taken from them.
-    _ebpf: Ebpf,
+    /// The programs (`counters` asks the kernel how many of their runs it skipped). Last: they
+    /// must outlive the maps and logger taken from them.
+    ebpf: Ebpf,
 }
 
 impl Drop for KernelCapture {
@@ -325,7 +327,7 @@ impl KernelCapture {
             capture_hook_reason,
             state_tracepoint: state,
             log_task,
-            _ebpf: ebpf,
+            ebpf,
         })
     }
 
@@ -611,6 +613,15 @@ impl KernelCapture {
                 .get(&(counter as u32), 0)
                 .map_err(|err| CaptureError::Setup(format!("COUNTERS: {err}")))?;
             totals[counter] = per_cpu.iter().sum();
+        }
+        for (name, program) in self.ebpf.programs() {
+            // The hook's own programs; the other hook's were never loaded and never run.
+            let Ok(fd) = program.fd() else { continue };
+            let skipped = skipped_runs::recursion_misses(fd)
+                .map_err(|err| CaptureError::Setup(format!("program {name}'s info: {err}")))?;
+            if let Some(skipped) = skipped {
+                *totals.runs_skipped.get_or_insert(0) += skipped;
+            }
         }
         Ok(totals)
     }

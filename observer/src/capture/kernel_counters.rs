@@ -1,18 +1,30 @@
-//! The programs' counters as userspace reads them: one total per `Counter`, summed over CPUs
-//! by `KernelCapture::counters`.
+//! The kernel side's counters as userspace reads them (`KernelCapture::counters`): the
+//! programs' own, one total per `Counter` summed over CPUs, and the kernel's count of their
+//! skipped runs.
 
 use observer_records::{COUNTER_COUNT, Counter};
 
+/// The name `program_runs_skipped` has among the counters (stop line, `/metrics`).
+pub const RUNS_SKIPPED: &str = "program_runs_skipped";
+
 /// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
-/// by `Counter::name`.
+/// by `Counter::name` and `RUNS_SKIPPED`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KernelCounters([u64; COUNTER_COUNT as usize]);
+pub struct KernelCounters {
+    programs: [u64; COUNTER_COUNT as usize],
+    /// Runs of the observer's programs the kernel skipped (`skipped_runs`), summed over them;
+    /// `None` where the kernel does not count them.
+    pub runs_skipped: Option<u64>,
+}
 
 impl KernelCounters {
-    pub fn iter(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
+    /// Every counter the kernel has, by name: the programs' own, then the skipped runs where
+    /// counted.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         Counter::ALL
             .into_iter()
-            .map(|counter| (counter, self[counter]))
+            .map(|counter| (counter.name(), self[counter]))
+            .chain(self.runs_skipped.map(|skipped| (RUNS_SKIPPED, skipped)))
     }
 }
 
@@ -20,23 +32,28 @@ impl std::ops::Index<Counter> for KernelCounters {
     type Output = u64;
 
     fn index(&self, counter: Counter) -> &u64 {
-        &self.0[counter as usize]
+        &self.programs[counter as usize]
     }
 }
 
 impl std::ops::IndexMut<Counter> for KernelCounters {
     fn index_mut(&mut self, counter: Counter) -> &mut u64 {
-        &mut self.0[counter as usize]
+        &mut self.programs[counter as usize]
     }
 }
 
 impl serde::Serialize for KernelCounters {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(Counter::ALL.len()))?;
-        for (counter, value) in self.iter() {
-            map.serialize_entry(counter.name(), &value)?;
+        let mut map = serializer.serialize_map(None)?;
+        for (name, value) in Counter::ALL
+            .into_iter()
+            .map(|counter| (counter.name(), self[counter]))
+        {
+            map.serialize_entry(name, &value)?;
         }
+        // `null` where the kernel does not count them: unknown, not none.
+        map.serialize_entry(RUNS_SKIPPED, &self.runs_skipped)?;
         map.end()
     }
 }

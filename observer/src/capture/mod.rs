@@ -16,6 +16,7 @@ mod reader_awake;
 pub mod recording;
 pub mod reorder;
 mod ring_records;
+mod skipped_runs;
 pub mod sock_layout;
 pub mod socket_tables;
 pub mod tracepoint_format;

@@ -1,12 +1,13 @@
 //! Blindness is an alert: when the observer loses sight of watched traffic it says so
 //! (`capture_degraded`), and again when it sees again (`"state":"recovered"`).
 //!
-//! Two sources: totals that only grow (the kernel's ring-full drops; evictions and memory
-//! sheds), read once a second, and `BlindSpots`, what the decoders lost since the last read,
-//! by process. A reason whose count grows by `min_events` in one read starts an episode (one
-//! `degraded` alert); while it keeps growing, a summary with the totals so far follows once
-//! per fold window; after `quiet_secs` without growth the episode ends with `recovered` and
-//! its totals. So a flood is a few lines, like a folded alert, however long it lasts.
+//! Two sources: totals that only grow (the kernel's ring-full drops and skipped runs;
+//! evictions and memory sheds), read once a second, and `BlindSpots`, what the decoders lost
+//! since the last read, by process. A reason whose count grows by `min_events` in one read
+//! starts an episode (one `degraded` alert); while it keeps growing, a summary with the totals
+//! so far follows once per fold window; after `quiet_secs` without growth the episode ends
+//! with `recovered` and its totals. So a flood is a few lines, like a folded alert, however
+//! long it lasts.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -126,6 +127,7 @@ pub struct CaptureHealth {
 #[derive(Clone, Copy, Debug, Default)]
 struct Totals {
     ring_full_drops: u64,
+    runs_skipped: u64,
     connections_dropped: u64,
     users_dropped: u64,
     calls_dropped: u64,
@@ -137,6 +139,7 @@ impl Totals {
         let memory = &engine.memory;
         Self {
             ring_full_drops: kernel.map_or(0, |kernel| kernel[Counter::RingFullDrops]),
+            runs_skipped: kernel.and_then(|kernel| kernel.runs_skipped).unwrap_or(0),
             // A full kernel table leaves a new connection unwatched (its insert fails).
             connections_dropped: engine.connections.evicted
                 + memory.shed_undecoded_decoders
@@ -160,8 +163,9 @@ pub struct ReasonHealth {
 }
 
 /// The capture reasons, in the order `/metrics` lists them.
-pub const CAPTURE_REASONS: [DegradedReason; 5] = [
+pub const CAPTURE_REASONS: [DegradedReason; 6] = [
     DegradedReason::RingFull,
+    DegradedReason::RunsSkipped,
     DegradedReason::LostSync,
     DegradedReason::Undecodable,
     DegradedReason::TableFull,
@@ -194,6 +198,7 @@ impl CaptureHealth {
         let last = std::mem::replace(&mut self.last, totals);
         let grew = |now: u64, before: u64| now.saturating_sub(before);
         let ring_drops = grew(totals.ring_full_drops, last.ring_full_drops);
+        let runs_skipped = grew(totals.runs_skipped, last.runs_skipped);
         let table = (
             grew(totals.connections_dropped, last.connections_dropped),
             grew(totals.users_dropped, last.users_dropped),
@@ -207,6 +212,16 @@ impl CaptureHealth {
                 ..Affected::default()
             };
             growth.insert(DegradedReason::RingFull, (ring_drops, affected, Vec::new()));
+        }
+        if runs_skipped > 0 {
+            let affected = Affected {
+                runs: Some(runs_skipped),
+                ..Affected::default()
+            };
+            growth.insert(
+                DegradedReason::RunsSkipped,
+                (runs_skipped, affected, Vec::new()),
+            );
         }
         let table_events = table.0 + table.1 + table.2;
         if table_events > 0 {
@@ -333,6 +348,7 @@ fn add(total: &mut Affected, more: &Affected) {
     sum(&mut total.bytes, more.bytes);
     sum(&mut total.users, more.users);
     sum(&mut total.calls, more.calls);
+    sum(&mut total.runs, more.runs);
 }
 
 /// What each capture reason hides, in words.
@@ -350,6 +366,10 @@ fn affects(reason: DegradedReason) -> &'static str {
         }
         DegradedReason::BudgetExhausted => {
             "push calls past the capture budget on the listed connections"
+        }
+        DegradedReason::RunsSkipped => {
+            "connections whose start or end fell in a skipped run (unwatched, or their end \
+             unseen); with the syscall hook, the bytes of skipped reads and writes"
         }
         DegradedReason::SharedStateUnreachable => "cluster-wide joins and deduplication",
         DegradedReason::JoinedMidStream => {
@@ -473,6 +493,46 @@ mod tests {
         let line = alerts[0].to_json_line();
         assert!(line.contains(r#""connections":5,"users":2"#), "{line}");
         assert!(line.contains("--memory-budget"), "{line}");
+    }
+
+    #[test]
+    fn runs_the_kernel_skipped_are_their_own_reason_and_unknown_counts_raise_nothing() {
+        let mut health = health();
+        let engine = EngineCounters::default();
+        let mut alerts = Vec::new();
+        let mut counters = KernelCounters::default();
+        health.tick(
+            SEC,
+            Some(&counters),
+            &engine,
+            BlindSpots::default(),
+            &mut alerts,
+        );
+        counters.runs_skipped = Some(0);
+        health.tick(
+            2 * SEC,
+            Some(&counters),
+            &engine,
+            BlindSpots::default(),
+            &mut alerts,
+        );
+        assert!(alerts.is_empty());
+        counters.runs_skipped = Some(3);
+        health.tick(
+            3 * SEC,
+            Some(&counters),
+            &engine,
+            BlindSpots::default(),
+            &mut alerts,
+        );
+        assert_eq!(
+            states(&alerts),
+            [(DegradedReason::RunsSkipped, DegradedState::Degraded)]
+        );
+        let line = alerts[0].to_json_line();
+        assert!(line.contains(r#""reason":"runs_skipped""#), "{line}");
+        assert!(line.contains(r#""affected":{"runs":3}"#), "{line}");
+        assert!(line.contains("recursion_misses"), "{line}");
     }
 
     #[test]
