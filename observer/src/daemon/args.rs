@@ -38,7 +38,7 @@ pub struct RunArgs {
     /// Where the kernel copies watched connections' bytes. `packets`: `cgroup_skb` programs at
     /// --cgroup-root on the packets of watched connections only, so no syscall pays; needs the
     /// node's cgroup v2 hierarchy and CAP_NET_ADMIN. `syscalls`: tracepoints on every read and
-    /// write, which every process on the node pays for (about ×1.3 for any syscall, ×2.4 for a
+    /// write, which every process on the node pays for (about ×1.15 for any syscall, ×2 for a
     /// write; README, Benchmarks). `auto`: `packets` where this process can, else `syscalls`;
     /// `observer_started` says which and why (`capture_hook`, `capture_hook_reason`).
     #[arg(long, value_enum, value_name = "HOOK", default_value_t = HookChoice::Auto)]
