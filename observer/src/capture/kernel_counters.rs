@@ -5,7 +5,7 @@
 use observer_records::{COUNTER_COUNT, Counter};
 
 /// The name `program_runs_skipped` has among the counters (stop line, `/metrics`).
-pub const RUNS_SKIPPED: &str = "program_runs_skipped";
+const RUNS_SKIPPED: &str = "program_runs_skipped";
 
 /// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
 /// by `Counter::name` and `RUNS_SKIPPED`.
