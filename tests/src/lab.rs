@@ -244,6 +244,7 @@ impl Lab {
         };
         let proxy_net = network.add_pod("proxy", PROXY_HOST)?;
         let push_net = network.add_pod("push", PUSH_HOST)?;
+        netns::reuse_time_wait_ports(&push_net.netns)?;
         if config.family == AddressFamily::Ipv4 {
             // An IPv4 run must not hand push a dual-stack socket behind its back (grpcio would).
             netns::disable_ipv6(&push_net.netns)?;
