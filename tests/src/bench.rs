@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 
 use crate::lab::truth::FloodReport;
+use crate::watching_cost::{self, WatchSwitch, WatchingCost};
 use crate::{Lab, LabConfig};
 
 /// The gateways' ports, watched by default by the observer: gRPC (push) and WebSocket (proxy).
@@ -77,6 +78,8 @@ pub struct BenchConfig {
     pub users: usize,
     /// 64-byte TCP writes per timed syscall loop (the cheaper calls run 5× as many).
     pub writes: usize,
+    /// Pairs of phases watched and not within one flood (`watching_cost`); 0 skips them.
+    pub watching_pairs: usize,
     /// Only the memory section.
     pub memory_only: bool,
     /// Only the alert latency section.
@@ -186,7 +189,7 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
     }
     let tools = Tools::find();
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let floods = measure_pushes(&config, &tools).await?;
+    let (floods, watching) = measure_pushes(&config, &tools).await?;
     let syscalls = measure_syscalls(&config, &tools).await?;
     // The last syscall round's watcher (bpftrace's exit can take seconds) must be gone too.
     let quiet = wait_until_quiet_async().await?;
@@ -201,7 +204,8 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
         );
     }
     let memory = crate::memory_load::measure(&config.observer).await?;
-    Ok(render(&config, load_before.trim(), &floods, &syscalls) + &latency + &memory)
+    let watching = watching.map_or_else(String::new, |cost| cost.render(TARGET_LOSS_PERCENT));
+    Ok(render(&config, load_before.trim(), &floods, &syscalls) + &watching + &latency + &memory)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,10 +655,12 @@ async fn wait_until_quiet_async() -> anyhow::Result<Quiet> {
     Ok(quiet)
 }
 
+/// The push flood's rounds, then (with a packet hook and `watching_pairs`) watching's cost
+/// within one flood of the same lab.
 async fn measure_pushes(
     config: &BenchConfig,
     tools: &Tools,
-) -> anyhow::Result<BTreeMap<Watcher, Vec<FloodRound>>> {
+) -> anyhow::Result<(BTreeMap<Watcher, Vec<FloodRound>>, Option<WatchingCost>)> {
     let mut lab = Lab::start(LabConfig {
         replicas_initial: config.replicas,
         replicas_final: config.replicas,
@@ -694,7 +700,27 @@ async fn measure_pushes(
             });
         }
     }
-    Ok(rounds)
+    if config.watching_pairs == 0 || tools.cgroup2_root.is_none() {
+        return Ok((rounds, None));
+    }
+    wait_until_quiet_async().await?;
+    let before = watching_cost::watched_port_maps()?;
+    let process = start_watcher(
+        Watcher::PacketHook,
+        config,
+        tools,
+        GATEWAY_PORTS.to_vec(),
+        None,
+    )
+    .await?;
+    let cost = match WatchSwitch::find(&before) {
+        Ok(mut switch) => {
+            watching_cost::measure(&mut lab, &mut switch, config.watching_pairs).await
+        }
+        Err(err) => Err(err),
+    };
+    stop_watcher(process).await?;
+    Ok((rounds, Some(cost?)))
 }
 
 // ---------------------------------------------------------------------------------------------

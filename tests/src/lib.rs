@@ -24,6 +24,7 @@ pub mod memory_load;
 pub mod observed;
 pub mod privileges;
 pub mod redis_server;
+pub mod watching_cost;
 
 pub use lab::truth::{FloodReport, GroundTruth, Summary, UserTruth};
 pub use lab::{Lab, LabConfig, ProxyMode};

@@ -160,6 +160,11 @@ struct BenchArgs {
     /// 64-byte TCP writes per timed loop in the syscall benchmark (other calls: 5×).
     #[arg(long, default_value_t = 200_000)]
     writes: usize,
+    /// Pairs of 1.5 s phases of one push flood, the observer (packet hook) watching in one and
+    /// not in the other: watching's cost to about ±2% with 40 pairs, where separate rounds
+    /// spread by ±10%. 0 skips them.
+    #[arg(long, default_value_t = 40)]
+    watching_pairs: usize,
     /// Only the memory section (peak RSS under the garbage flood and with 100k users).
     #[arg(long)]
     memory_only: bool,
@@ -337,6 +342,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         replicas: args.replicas,
         users: args.users,
         writes: args.writes,
+        watching_pairs: args.watching_pairs,
         memory_only: args.memory_only,
         latency_only: args.latency_only,
     })
