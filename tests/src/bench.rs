@@ -12,6 +12,9 @@
 //!    A second no-watcher segment in every round (the control, at its own place in the order)
 //!    pairs with the first as a watcher would: those ratios are what noise alone does to a
 //!    pair, and "within noise" means a rank test does not tell a watcher's ratios from them.
+//!    Then, in the same lab, watching's cost within one flood (`watching_cost`): one observer
+//!    attached throughout, its watching switched on and off between short phases, which spread
+//!    far less than separate segments.
 //! 2. Nanoseconds per syscall, timed by a small C program (tests/bench/syscall_cost.c, built with
 //!    `cc`): `getppid` (not hooked), 64-byte writes to /dev/null (hooked, no socket), and 64-byte
 //!    writes on loopback TCP to an unwatched and to a watched port, under each watcher in
