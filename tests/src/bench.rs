@@ -706,6 +706,8 @@ async fn measure_pushes(
     if config.watching_pairs == 0 || tools.cgroup2_root.is_none() {
         return Ok((rounds, None));
     }
+    // Only for the last segment's watcher to be gone: pairs side by side within one flood
+    // need no quiet machine, drift on it reaches both phases of a pair alike.
     wait_until_quiet_async().await?;
     let before = watching_cost::watched_port_maps()?;
     let process = start_watcher(

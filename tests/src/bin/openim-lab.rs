@@ -161,7 +161,7 @@ struct BenchArgs {
     #[arg(long, default_value_t = 200_000)]
     writes: usize,
     /// Pairs of 1.5 s phases of one push flood, the observer (packet hook) watching in one and
-    /// not in the other: watching's cost to about ±2% with 40 pairs, where separate rounds
+    /// not in the other: watching's cost to about ±2.5% with 40 pairs, where separate rounds
     /// spread by ±10%. 0 skips them.
     #[arg(long, default_value_t = 40)]
     watching_pairs: usize,

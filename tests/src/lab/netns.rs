@@ -129,14 +129,18 @@ pub struct PodNet {
 /// IPv6 is available (gRPC C-core opens AF_INET6 sockets to IPv4-mapped addresses even for an
 /// `ipv4:` target) use IPv4 ones. Nothing to do on a kernel without IPv6.
 pub fn disable_ipv6(netns: &str) -> Result<(), NetError> {
-    const SETTING: &str = "/proc/sys/net/ipv6/conf/all/disable_ipv6";
+    write_setting(netns, "/proc/sys/net/ipv6/conf/all/disable_ipv6", "1")
+}
+
+/// Writes `value` to the kernel setting at `path` as seen inside `netns`, if the kernel has it.
+fn write_setting(netns: &str, path: &str, value: &str) -> Result<(), NetError> {
     ip(&[
         "netns",
         "exec",
         netns,
         "sh",
         "-c",
-        &format!("[ ! -e {SETTING} ] || echo 1 > {SETTING}"),
+        &format!("[ ! -e {path} ] || echo {value} > {path}"),
     ])
     .map(|_| ())
 }
@@ -149,15 +153,7 @@ pub fn disable_ipv6(netns: &str) -> Result<(), NetError> {
 /// every `connect` searching the port range, and recovered only as they expired; with it,
 /// 2,200–2,400 a second throughout 100 s.
 pub fn reuse_time_wait_ports(netns: &str) -> Result<(), NetError> {
-    ip(&[
-        "netns",
-        "exec",
-        netns,
-        "sh",
-        "-c",
-        "echo 1 > /proc/sys/net/ipv4/tcp_tw_reuse",
-    ])
-    .map(|_| ())
+    write_setting(netns, "/proc/sys/net/ipv4/tcp_tw_reuse", "1")
 }
 
 /// The bridge and the pod namespaces of one lab run; dropping it removes them all.
