@@ -912,7 +912,7 @@ async fn measure_syscalls(config: &BenchConfig, tools: &Tools) -> anyhow::Result
 // Report.
 // ---------------------------------------------------------------------------------------------
 
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {

@@ -18,6 +18,7 @@ use anyhow::{Context, bail};
 use aya::maps::{Array, Map, MapData, loaded_maps};
 
 use crate::Lab;
+use crate::bench::median;
 use crate::lab::truth::FloodReport;
 
 /// One phase of the flood, watching or not.
@@ -179,15 +180,6 @@ fn geometric_interval(ratios: &[f64]) -> Option<(f64, f64, f64)> {
     ))
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 impl WatchingCost {
     /// The section of the bench's report: the ratio of throughput watched to not, its interval
     /// and what the interval says about issue 13's goal (within noise: it holds ×1) and issue
@@ -199,13 +191,13 @@ impl WatchingCost {
             .iter()
             .map(|pair| pair.watching.pushes_per_second / pair.not_watching.pushes_per_second)
             .collect();
-        let mut p99: Vec<f64> = self
+        let p99: Vec<f64> = self
             .pairs
             .iter()
             .map(|pair| pair.watching.p99_us as f64 / pair.not_watching.p99_us.max(1) as f64)
             .collect();
         let below = throughput.iter().filter(|ratio| **ratio < 1.0).count();
-        let mut not_watching: Vec<f64> = self
+        let not_watching: Vec<f64> = self
             .pairs
             .iter()
             .map(|pair| pair.not_watching.pushes_per_second)
@@ -215,7 +207,7 @@ impl WatchingCost {
             "\nwatching within one flood: the observer (packet hook) attached throughout, its ports watched and not in alternate phases of {:.1} s, {} pairs; not watching {:.0} pushes/s (median)",
             PHASE.as_secs_f64(),
             self.pairs.len(),
-            median(&mut not_watching)
+            median(&not_watching)
         );
         let Some((ratio, low, high)) = geometric_interval(&throughput) else {
             let _ = writeln!(out, "too few pairs for an interval");
@@ -240,7 +232,7 @@ impl WatchingCost {
             out,
             "throughput watched / not: ×{ratio:.3} (95% interval ×{low:.3}–×{high:.3}, geometric mean of the pairs; {below} of {} pairs below ×1); p99 ×{:.3} (median of the pairs)",
             self.pairs.len(),
-            median(&mut p99)
+            median(&p99)
         );
         let _ = writeln!(
             out,

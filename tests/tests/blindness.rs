@@ -18,9 +18,9 @@ const TINY_RING_BYTES: &str = "4096";
 const QUIET_SECS: u64 = 2;
 const FLOOD: Duration = Duration::from_secs(4);
 /// The reader is woken once an eighth of the ring holds records, so at a slow machine's pace
-/// it can keep up with even one page (a full test run here flooded at 326 pushes/s and dropped nothing):
-/// the observer is paused for the flood's first second, as on a node that gives it no CPU, so
-/// that the ring certainly overflows.
+/// it can keep up with even one page (a full test run here flooded at 326 pushes/s and
+/// dropped nothing): the observer is paused for the flood's first second, as on a node that
+/// gives it no CPU, so that the ring certainly overflows.
 const PAUSED: Duration = Duration::from_secs(1);
 /// Issue 9: "within 5 seconds of the observer losing sight".
 const RAISED_WITHIN: Duration = Duration::from_secs(5);

@@ -2,10 +2,11 @@
 //! again on a CPU where it is already running: a raw tracepoint program since Linux 6.1 or 6.2
 //! (per program; 5.19 runs it nested), a formatted tracepoint program where any kprobe or
 //! tracepoint program of any tool is running (a per-CPU guard of the kernel's since long
-//! before; its skips are counted since 6.7). So a TCP state change that an interrupt makes while the state program runs on that
-//! CPU is lost, or with the syscall hook a read or write inside another program's run: a
-//! connection unwatched, its end unseen, or bytes not copied. The kernel counts the skips per
-//! program (`recursion_misses` of `bpf_prog_info`, since 5.12); `capture_degraded` reports them.
+//! before; its skips are counted since 6.7). So a TCP state change that an interrupt makes
+//! while the state program runs on that CPU is lost, or with the syscall hook a read or write
+//! inside another program's run: a connection unwatched, its end unseen, or bytes not copied.
+//! The kernel counts the skips per program (`recursion_misses` of `bpf_prog_info`, since
+//! 5.12); `capture_degraded` reports them.
 
 use std::{
     io, mem,
