@@ -718,9 +718,10 @@ async fn measure_pushes(
         None,
     )
     .await?;
+    let daemon_cpu = || process.as_ref().map_or(0.0, WatcherProcess::cpu_seconds);
     let cost = match WatchSwitch::find(&before) {
         Ok(mut switch) => {
-            watching_cost::measure(&mut lab, &mut switch, config.watching_pairs).await
+            watching_cost::measure(&mut lab, &mut switch, config.watching_pairs, &daemon_cpu).await
         }
         Err(err) => Err(err),
     };

@@ -10,12 +10,19 @@
 //! pairs give the cost to about ±2.5% (95%). What it leaves out is what attaching costs (every
 //! program running and turning everything away), which an observer watching nothing measures
 //! (`--grpc-port 9999 --ws-port 9998`): ×1.00 on the VMs here.
+//!
+//! After the pairs, a few more phases say what the observer's CPU a push is, watching and not:
+//! its programs' time as the kernel accounts it (BPF run-time statistics, switched on for
+//! these phases only, since they cost every program run a clock read), which the lab's own
+//! processes pay inside their syscalls and softirqs, and its daemon's time from /proc.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use aya::maps::{Array, Map, MapData, loaded_maps};
+use aya::programs::loaded_programs;
+use aya::sys::{Stats, enable_stats};
 
 use crate::Lab;
 use crate::bench::median;
@@ -23,6 +30,11 @@ use crate::lab::truth::FloodReport;
 
 /// One phase of the flood, watching or not.
 const PHASE: Duration = Duration::from_millis(1500);
+/// Phases timed for the observer's CPU, half of them watching.
+const TIMED_PHASES: usize = 4;
+/// Left to the daemon after a timed phase, so that it reads that phase's last records within
+/// it: its reads follow one another within a few milliseconds while records come.
+const TIMED_PHASE_SETTLE: Duration = Duration::from_millis(30);
 /// The observer's map of watched ports (`observer-ebpf/src/maps.rs`), as the kernel names it.
 const WATCHED_PORTS: &str = "WATCHED_PORTS";
 
@@ -41,6 +53,8 @@ pub fn watched_port_maps() -> anyhow::Result<Vec<u32>> {
 
 /// Switches one observer's watching: its `WATCHED_PORTS` words as it set them, or zero.
 pub struct WatchSwitch {
+    /// The map's id, by which the observer's programs name it.
+    id: u32,
     map: Array<MapData, u64>,
     /// The words the observer set (index, bits): the watched ports.
     watched: Vec<(u32, u64)>,
@@ -76,7 +90,7 @@ impl WatchSwitch {
         if watched.is_empty() {
             bail!("the observer's {WATCHED_PORTS} map holds no port");
         }
-        Ok(Self { map, watched })
+        Ok(Self { id, map, watched })
     }
 
     fn set(&mut self, watching: bool) -> anyhow::Result<()> {
@@ -87,6 +101,69 @@ impl WatchSwitch {
         }
         Ok(())
     }
+
+    /// The time and runs the kernel accounted so far to the observer's programs: those that
+    /// use its `WATCHED_PORTS` map, which every program that turns packets or state changes
+    /// away does.
+    fn program_time(&self) -> anyhow::Result<ProgramTime> {
+        let mut time = ProgramTime::default();
+        for info in loaded_programs() {
+            let info = info.context("list the loaded BPF programs")?;
+            let maps = info
+                .map_ids()
+                .with_context(|| format!("the maps of program {}", info.id()))?
+                .context("this kernel does not say which maps a program uses")?;
+            if maps.contains(&self.id) {
+                time.ns += u64::try_from(info.run_time().as_nanos())?;
+                time.runs += info.run_count();
+            }
+        }
+        Ok(time)
+    }
+}
+
+/// Run time and runs of the observer's programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct ProgramTime {
+    ns: u64,
+    runs: u64,
+}
+
+/// The observer's CPU over the timed phases of one watching state, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct PhaseCpu {
+    pushes: u64,
+    program_ns: u64,
+    program_runs: u64,
+    daemon_seconds: f64,
+}
+
+impl PhaseCpu {
+    /// Per push: the programs' microseconds and runs, the daemon's microseconds.
+    fn per_push(&self) -> (f64, f64, f64) {
+        let pushes = self.pushes.max(1) as f64;
+        (
+            self.program_ns as f64 / 1e3 / pushes,
+            self.program_runs as f64 / pushes,
+            self.daemon_seconds * 1e6 / pushes,
+        )
+    }
+
+    fn render(&self, label: &str) -> String {
+        let (program_us, runs, daemon_us) = self.per_push();
+        let run_ns = self.program_ns as f64 / self.program_runs.max(1) as f64;
+        format!(
+            "{label}: programs {program_us:.1} µs ({runs:.1} runs of {run_ns:.0} ns), daemon {daemon_us:.1} µs, together {:.1} ms per 1,000 pushes",
+            program_us + daemon_us
+        )
+    }
+}
+
+/// The observer's CPU a push, watching and not.
+#[derive(Debug)]
+struct ObserverCpu {
+    watching: PhaseCpu,
+    not_watching: PhaseCpu,
 }
 
 /// One pair of phases: the flood watched and not, in either order.
@@ -99,14 +176,18 @@ struct Pair {
 #[derive(Debug)]
 pub struct WatchingCost {
     pairs: Vec<Pair>,
+    /// Or why it could not be timed (an old kernel, no statistics): the pairs still stand.
+    cpu: Result<ObserverCpu, String>,
 }
 
 /// Runs `pairs` pairs of phases of `lab`'s push flood, one watched by the observer behind
-/// `switch` and one not, the order alternating; leaves the observer watching.
+/// `switch` and one not, the order alternating, then the phases that time the observer's CPU
+/// (its daemon's CPU seconds so far: `daemon_cpu`); leaves the observer watching.
 pub async fn measure(
     lab: &mut Lab,
     switch: &mut WatchSwitch,
     pairs: usize,
+    daemon_cpu: &dyn Fn() -> f64,
 ) -> anyhow::Result<WatchingCost> {
     let mut measured = Vec::with_capacity(pairs);
     for pair in 0..pairs {
@@ -132,8 +213,48 @@ pub async fn measure(
             not_watching,
         });
     }
+    eprintln!("bench: the observer's CPU a push, {TIMED_PHASES} phases timed by the kernel");
+    let cpu = measure_cpu(lab, switch, daemon_cpu)
+        .await
+        .map_err(|err| format!("{err:#}"));
     switch.set(true)?;
-    Ok(WatchingCost { pairs: measured })
+    Ok(WatchingCost {
+        pairs: measured,
+        cpu,
+    })
+}
+
+/// `TIMED_PHASES` phases of the flood, watching and not in turn, with the kernel's BPF
+/// run-time statistics on (Linux 5.8+; off again when the descriptor closes).
+async fn measure_cpu(
+    lab: &mut Lab,
+    switch: &mut WatchSwitch,
+    daemon_cpu: &dyn Fn() -> f64,
+) -> anyhow::Result<ObserverCpu> {
+    let _statistics = enable_stats(Stats::RunTime)
+        .context("switch on the kernel's BPF run-time statistics (BPF_ENABLE_STATS)")?;
+    let mut cpu = ObserverCpu {
+        watching: PhaseCpu::default(),
+        not_watching: PhaseCpu::default(),
+    };
+    for phase in 0..TIMED_PHASES {
+        let watching = phase % 2 == 0;
+        switch.set(watching)?;
+        let (programs_before, daemon_before) = (switch.program_time()?, daemon_cpu());
+        let report = lab.push_flood(PHASE).await?;
+        tokio::time::sleep(TIMED_PHASE_SETTLE).await;
+        let (programs_after, daemon_after) = (switch.program_time()?, daemon_cpu());
+        let totals = if watching {
+            &mut cpu.watching
+        } else {
+            &mut cpu.not_watching
+        };
+        totals.pushes += report.calls;
+        totals.program_ns += programs_after.ns.saturating_sub(programs_before.ns);
+        totals.program_runs += programs_after.runs.saturating_sub(programs_before.runs);
+        totals.daemon_seconds += daemon_after - daemon_before;
+    }
+    Ok(cpu)
 }
 
 /// The two-sided 95% quantile of Student's t with `df` degrees of freedom (table values,
@@ -238,6 +359,19 @@ impl WatchingCost {
             out,
             "target: throughput within noise: {noise}; at most {target_loss_percent}% throughput loss: {loss}"
         );
+        match &self.cpu {
+            Ok(cpu) => {
+                let _ = writeln!(
+                    out,
+                    "the observer's CPU a push ({TIMED_PHASES} phases; programs as the kernel accounts them, paid inside the lab's syscalls and softirqs; daemon from /proc):\n  {}\n  {}",
+                    cpu.watching.render("watching"),
+                    cpu.not_watching.render("not watching")
+                );
+            }
+            Err(err) => {
+                let _ = writeln!(out, "the observer's CPU a push: not measured: {err}");
+            }
+        }
         out
     }
 }
@@ -282,6 +416,7 @@ mod tests {
                 pair(1900.0, 2000.0),
                 pair(1900.0, 2000.0),
             ],
+            cpu: Err("not measured here".to_owned()),
         };
         let text = steady.render(3.0);
         assert!(
@@ -298,6 +433,7 @@ mod tests {
                 pair(2200.0, 2000.0),
                 pair(1980.0, 2000.0),
             ],
+            cpu: Err("not measured here".to_owned()),
         };
         let text = noisy.render(3.0);
         assert!(text.contains("within noise: within noise"), "{text}");
@@ -305,8 +441,44 @@ mod tests {
 
         let one = WatchingCost {
             pairs: vec![pair(1900.0, 2000.0)],
+            cpu: Err("not measured here".to_owned()),
         };
         assert!(one.render(3.0).contains("too few pairs"));
+    }
+
+    /// Per push, µs: 24 ms of programs over 2,000 pushes is 12 µs; the daemon's 25 ms, 12.5.
+    #[test]
+    fn the_observer_cpu_is_told_per_push_or_why_not() {
+        let watching = PhaseCpu {
+            pushes: 2_000,
+            program_ns: 24_000_000,
+            program_runs: 100_000,
+            daemon_seconds: 0.025,
+        };
+        assert_eq!(
+            watching.render("watching"),
+            "watching: programs 12.0 µs (50.0 runs of 240 ns), daemon 12.5 µs, together 24.5 ms per 1,000 pushes"
+        );
+        let measured = WatchingCost {
+            pairs: vec![pair(1900.0, 2000.0), pair(1900.0, 2000.0)],
+            cpu: Ok(ObserverCpu {
+                watching,
+                not_watching: PhaseCpu::default(),
+            }),
+        };
+        let text = measured.render(3.0);
+        assert!(text.contains("\n  watching: programs 12.0 µs"), "{text}");
+        assert!(
+            text.contains("\n  not watching: programs 0.0 µs (0.0 runs of 0 ns)"),
+            "{text}"
+        );
+        let unmeasured = WatchingCost {
+            pairs: measured.pairs,
+            cpu: Err("switch on the kernel's BPF run-time statistics: EINVAL".to_owned()),
+        };
+        assert!(unmeasured.render(3.0).contains(
+            "CPU a push: not measured: switch on the kernel's BPF run-time statistics: EINVAL"
+        ),);
     }
 
     #[test]
