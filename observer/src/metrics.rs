@@ -6,7 +6,7 @@
 
 use std::{
     fs::File,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::AtomicU64},
     time::Duration,
 };
 
@@ -59,6 +59,8 @@ pub struct Metrics {
     registry: Registry,
     events: Counter,
     kernel: Family<Labels, Counter>,
+    program_runs: Counter,
+    program_seconds: Counter<f64, AtomicU64>,
     decode_failures: Family<Labels, Counter>,
     evictions: Family<Labels, Counter>,
     alerts: Family<Labels, Counter>,
@@ -91,6 +93,18 @@ impl Default for Metrics {
             "kernel",
             "Kernel-side losses by kind: records dropped on a full ring, bytes not captured (budget and policy), map insert and user-memory read failures",
             kernel.clone(),
+        );
+        let program_runs = Counter::default();
+        registry.register(
+            "kernel_program_runs",
+            "Runs of the observer's programs the kernel timed: only while kernel.bpf_stats_enabled is 1, which the observer leaves as it is",
+            program_runs.clone(),
+        );
+        let program_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "kernel_program_seconds",
+            "CPU time of those runs: the observer's CPU outside its own process, paid inside other processes' syscalls and softirqs",
+            program_seconds.clone(),
         );
         let decode_failures = Family::<Labels, Counter>::default();
         registry.register(
@@ -190,6 +204,8 @@ impl Default for Metrics {
             resident_memory,
             events,
             kernel,
+            program_runs,
+            program_seconds,
             decode_failures,
             evictions,
             alerts,
@@ -218,6 +234,14 @@ impl Metrics {
                 .get_or_create(&[("kind", kind)])
                 .inc_by(now.saturating_sub(before));
         }
+        self.program_runs
+            .inc_by(kernel.runs_timed.saturating_sub(previous.kernel.runs_timed));
+        self.program_seconds.inc_by(
+            kernel
+                .run_time_ns
+                .saturating_sub(previous.kernel.run_time_ns) as f64
+                / 1e9,
+        );
         let (decode, decode_before) = (
             &engine.connections.decode,
             &previous.engine.connections.decode,
@@ -530,6 +554,9 @@ mod tests {
         kernel.runs_skipped = Some(4);
         metrics.update(&kernel, &engine);
         kernel.runs_skipped = Some(6);
+        // The programs' time, once the kernel's statistics are on: 3 runs of 0.5 ms.
+        kernel.runs_timed = 3;
+        kernel.run_time_ns = 1_500_000;
         metrics.update(&kernel, &engine);
         metrics.alert("route_mismatch", 0.002);
         let text = metrics.render();
@@ -540,6 +567,14 @@ mod tests {
         );
         assert!(
             text.contains("openim_observer_kernel_total{kind=\"program_runs_skipped\"} 6"),
+            "{text}"
+        );
+        assert!(
+            text.contains("openim_observer_kernel_program_runs_total 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("openim_observer_kernel_program_seconds_total 0.0015"),
             "{text}"
         );
         assert!(

@@ -584,6 +584,8 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    // The kernel times every BPF program's runs while this is open.
+    let _statistics = aya::sys::enable_stats(aya::sys::Stats::RunTime).unwrap();
     let cgroups = Cgroup2Mount::mount();
     let port = 18845;
     let listener = listen(port);
@@ -643,6 +645,9 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
     assert_eq!(kernel["bytes_not_captured"], 0, "{kernel}");
     assert_eq!(kernel["map_insert_failures"], 0, "{kernel}");
     skipped_runs_are_read_where_counted(kernel);
+    // The programs' own CPU, outside the observer's process, as the kernel timed it.
+    assert!(kernel["program_runs_timed"].as_u64() > Some(0), "{kernel}");
+    assert!(kernel["program_run_time_ns"].as_u64() > Some(0), "{kernel}");
 }
 
 /// The kernel's count of the programs' skipped runs (`recursion_misses`, Linux 5.12 on) is on

@@ -26,12 +26,11 @@ use super::{
     host::{self, TRACEFS},
     kernel_counters::KernelCounters,
     options::{page_size, validate_options, watched_port_words},
-    programs,
+    program_runs, programs,
     read_pacing::{self, READ_FOLLOW_UP},
     reader_awake::ReaderAwake,
     reorder::{Reorder, ReorderCounters},
     ring_records::{RecordConverter, monotonic_now_ns},
-    skipped_runs,
     sock_layout::{self, SockLayoutError, StateTracepoint, VMLINUX_BTF},
     tracepoint_format::{self, LayoutError},
 };
@@ -148,7 +147,7 @@ pub struct KernelCapture {
     capture_hook_reason: String,
     state_tracepoint: StateTracepoint,
     log_task: tokio::task::JoinHandle<()>,
-    /// The programs (`counters` asks the kernel how many of their runs it skipped). Last: they
+    /// The programs (`counters` asks the kernel what it counted of their runs). Last: they
     /// must outlive the maps and logger taken from them.
     ebpf: Ebpf,
 }
@@ -617,11 +616,13 @@ impl KernelCapture {
         for (name, program) in self.ebpf.programs() {
             // The hook's own programs; the other hook's were never loaded and never run.
             let Ok(fd) = program.fd() else { continue };
-            let skipped = skipped_runs::recursion_misses(fd)
+            let runs = program_runs::program_runs(fd)
                 .map_err(|err| CaptureError::Setup(format!("program {name}'s info: {err}")))?;
-            if let Some(skipped) = skipped {
+            if let Some(skipped) = runs.skipped {
                 *totals.runs_skipped.get_or_insert(0) += skipped;
             }
+            totals.runs_timed += runs.timed;
+            totals.run_time_ns += runs.time_ns;
         }
         Ok(totals)
     }

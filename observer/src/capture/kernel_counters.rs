@@ -1,20 +1,28 @@
 //! The kernel side's counters as userspace reads them (`KernelCapture::counters`): the
-//! programs' own, one total per `Counter` summed over CPUs, and the kernel's count of their
-//! skipped runs.
+//! programs' own, one total per `Counter` summed over CPUs, and what the kernel counted of
+//! their runs (`program_runs`).
 
 use observer_records::{COUNTER_COUNT, Counter};
 
 /// The name `program_runs_skipped` has among the counters (stop line, `/metrics`).
 const RUNS_SKIPPED: &str = "program_runs_skipped";
+/// The names of the timed runs and their time on the stop line.
+const RUNS_TIMED: &str = "program_runs_timed";
+const RUN_TIME_NS: &str = "program_run_time_ns";
 
 /// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
 /// by `Counter::name` and `RUNS_SKIPPED`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelCounters {
     programs: [u64; COUNTER_COUNT as usize],
-    /// Runs of the observer's programs the kernel skipped (`skipped_runs`), summed over them;
+    /// Runs of the observer's programs the kernel skipped (`program_runs`), summed over them;
     /// `None` where the kernel does not count them.
     pub runs_skipped: Option<u64>,
+    /// Runs of the observer's programs the kernel timed, and their time, summed over them:
+    /// counted only while the kernel's BPF statistics are on. Not in `iter`, whose counters
+    /// `/metrics` exports as one family of losses: these have series of their own.
+    pub runs_timed: u64,
+    pub run_time_ns: u64,
 }
 
 impl KernelCounters {
@@ -54,6 +62,8 @@ impl serde::Serialize for KernelCounters {
         }
         // `null` where the kernel does not count them: unknown, not none.
         map.serialize_entry(RUNS_SKIPPED, &self.runs_skipped)?;
+        map.serialize_entry(RUNS_TIMED, &self.runs_timed)?;
+        map.serialize_entry(RUN_TIME_NS, &self.run_time_ns)?;
         map.end()
     }
 }
