@@ -13,7 +13,7 @@
 //!
 //! After the pairs, a few more phases say what the observer's CPU a push is, watching and not:
 //! its programs' time as the kernel accounts it (BPF run-time statistics, switched on for
-//! these phases only, since they cost every program run a clock read), which the lab's own
+//! these phases only, since they cost every program run two clock reads), which the lab's own
 //! processes pay inside their syscalls and softirqs, and its daemon's time from /proc.
 
 use std::fmt::Write as _;

@@ -11,7 +11,7 @@ const RUNS_TIMED: &str = "program_runs_timed";
 const RUN_TIME_NS: &str = "program_run_time_ns";
 
 /// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
-/// by `Counter::name` and `RUNS_SKIPPED`.
+/// by `Counter::name`, `RUNS_SKIPPED`, `RUNS_TIMED` and `RUN_TIME_NS`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelCounters {
     programs: [u64; COUNTER_COUNT as usize],
