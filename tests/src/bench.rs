@@ -1128,7 +1128,7 @@ fn render_floods(
     }
     let _ = writeln!(
         out,
-        "clean: segments that started on a quiet machine; figures are medians over them (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's user+system CPU per 1,000 pushes (the kernel-side cost is paid inside the lab's syscalls instead);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
+        "clean: segments that started on a quiet machine; figures are medians over them (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's user+system CPU per 1,000 pushes (not its programs', paid inside the lab's syscalls and softirqs: the observer's are timed in the watching section below);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
     );
     let Some(baseline) = floods.get(&Watcher::Nothing) else {
         return;
