@@ -476,9 +476,13 @@ mod tests {
             pairs: measured.pairs,
             cpu: Err("switch on the kernel's BPF run-time statistics: EINVAL".to_owned()),
         };
-        assert!(unmeasured.render(3.0).contains(
-            "CPU a push: not measured: switch on the kernel's BPF run-time statistics: EINVAL"
-        ),);
+        let text = unmeasured.render(3.0);
+        assert!(
+            text.contains(
+                "CPU a push: not measured: switch on the kernel's BPF run-time statistics: EINVAL"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
