@@ -719,12 +719,12 @@ async fn measure_pushes(
     )
     .await?;
     let daemon_cpu = || process.as_ref().map_or(0.0, WatcherProcess::cpu_seconds);
-    let cost = match WatchSwitch::find(&before) {
-        Ok(mut switch) => {
-            watching_cost::measure(&mut lab, &mut switch, config.watching_pairs, &daemon_cpu).await
-        }
-        Err(err) => Err(err),
-    };
+    // Stopped whatever the measurement's outcome.
+    let cost = async {
+        let mut switch = WatchSwitch::find(&before)?;
+        watching_cost::measure(&mut lab, &mut switch, config.watching_pairs, &daemon_cpu).await
+    }
+    .await;
     stop_watcher(process).await?;
     Ok((rounds, Some(cost?)))
 }
