@@ -153,12 +153,16 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     let new_state = new_state as u32;
     // Userspace acts on three changes of a watched socket: SYN_SENT (its owner), ESTABLISHED
     // (its 4-tuple complete) and CLOSE (its end). The others (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT,
-    // LAST_ACK, …) stop here, before anything is read.
+    // LAST_ACK, …) stop here, before anything is read. With the packet hook ESTABLISHED stops
+    // here too: the packet programs take the source port from the connection's first packet
+    // (its SYN), which spares every connection of the node this run's reads, and every watched
+    // one a record.
     let connecting = new_state == TcpState::SynSent as u32;
-    if !connecting
-        && new_state != TcpState::Established as u32
-        && new_state != TcpState::Close as u32
-    {
+    let packet_hook = packet_hook();
+    let wanted = connecting
+        || new_state == TcpState::Close as u32
+        || (new_state == TcpState::Established as u32 && !packet_hook);
+    if !wanted {
         return Ok(());
     }
     if change.protocol()? != IPPROTO_TCP {
@@ -174,7 +178,6 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     if connecting {
         return on_syn_sent(change, sock, dport, class);
     }
-    let packet_hook = packet_hook();
     let conn = if packet_hook {
         let stream = PACKET_STREAMS.get_ptr_mut(sock).ok_or(0)?;
         // SAFETY: a field of a live map value.
@@ -186,7 +189,8 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     // it, and the kernel serialises those under the socket lock.
     let conn = unsafe { &mut *conn };
     // The source port is chosen after SYN_SENT is set (inet_hash_connect), so the 4-tuple is
-    // complete from the next state on: ESTABLISHED, or CLOSE for a connect that failed.
+    // complete from the next state on: ESTABLISHED, or CLOSE for a connect that failed (or,
+    // with the packet hook, one whose SYN never left).
     if new_state == TcpState::Established as u32 || conn.sport == 0 {
         read_tuple(change, conn)?;
     }

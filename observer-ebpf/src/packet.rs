@@ -121,6 +121,11 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         count(Counter::BytesNotCaptured, u64::from(segment.payload_len));
         return Ok(());
     }
+    // The source port, chosen after SYN_SENT recorded the connection: its first packet (the
+    // SYN) carries it, so the state program need not read the socket again at ESTABLISHED.
+    if stream.conn.sport == 0 {
+        stream.conn.sport = ctx.skb.local_port() as u16;
+    }
     let half = if direction == Direction::Send {
         &mut stream.send
     } else {
@@ -159,8 +164,6 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     };
     // Bytes of the segment's front seen before.
     let skip = start - segment_start;
-    // Complete from ESTABLISHED on; data in a SYN (TCP Fast Open) finds the source port still
-    // 0, and takes the connection as it is.
     let conn = &stream.conn;
     let capture = capture_allowance(half, conn.port_class, &segment, start, len);
     if capture < len {

@@ -614,6 +614,7 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
         received == expected_request
     });
     let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let local_port = client.local_addr().unwrap().port();
     client.write_all(&request).unwrap();
     let mut received = vec![0u8; response.len()];
     client.read_exact(&mut received).unwrap();
@@ -641,6 +642,25 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
         "records of another process"
     );
     assert!(!ours.iter().any(|line| line["kind"] == "close"));
+    // Of the state changes only SYN_SENT and CLOSE are sent: the source port comes from the
+    // SYN, and is on every record after it.
+    let states: Vec<&str> = ours
+        .iter()
+        .filter(|line| line["kind"] == "tcp_state")
+        .map(|line| line["new_state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["CLOSE"]);
+    let connect_sport = ours
+        .iter()
+        .find(|line| line["kind"] == "tcp_connect")
+        .map(|line| line["sport"].clone());
+    assert_eq!(connect_sport, Some(Value::from(0)), "chosen after SYN_SENT");
+    assert!(
+        ours.iter()
+            .filter(|line| line["kind"] != "tcp_connect")
+            .all(|line| line["sport"] == local_port),
+        "a record without the source port"
+    );
     let kernel = &stopped_line(&stderr)["kernel"];
     assert_eq!(kernel["bytes_not_captured"], 0, "{kernel}");
     assert_eq!(kernel["map_insert_failures"], 0, "{kernel}");
@@ -1219,12 +1239,13 @@ fn an_ipv6_connection_is_watched(port: u16, hook_args: &[String]) {
     assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
     let (lines, _) = observer.stop();
     let ours = events_on_port(&lines, port);
-    let established = ours
-        .iter()
-        .find(|line| line["kind"] == "tcp_state" && line["new_state"] == "ESTABLISHED")
-        .expect("ESTABLISHED");
-    assert_eq!(established["daddr"], "::1");
-    assert_eq!(established["sport"], local_port);
+    // The whole 4-tuple on every record after the connect's: the syscall hook reads the
+    // source port at ESTABLISHED, the packet hook from the SYN.
+    for line in ours.iter().filter(|line| line["kind"] != "tcp_connect") {
+        assert_eq!(line["daddr"], "::1", "{line}");
+        assert_eq!(line["saddr"], "::1", "{line}");
+        assert_eq!(line["sport"], local_port, "{line}");
+    }
     assert_eq!(captured_stream(&ours, "send"), b"over v6");
     assert_eq!(captured_stream(&ours, "recv"), b"back");
 }

@@ -126,7 +126,8 @@ numbered_enum! {
     pub enum RecordKind: u8 {
         /// A watched socket entered SYN_SENT inside `connect`: the connecting process is current.
         TcpConnect = 1,
-        /// A watched socket became ESTABLISHED or CLOSE (the changes between them are not sent).
+        /// A watched socket became ESTABLISHED (syscall hook only, or an adopted connection
+        /// announced) or CLOSE; the changes between them are not sent.
         TcpState = 2,
         /// Payload bytes moved by a syscall on a watched socket.
         Data = 3,
@@ -411,8 +412,8 @@ pub const STREAM_JOINED: u32 = 4;
 pub struct PacketStream {
     pub send: PacketDirection,
     pub recv: PacketDirection,
-    /// Its owner from SYN_SENT, its 4-tuple from ESTABLISHED on (the source port is 0
-    /// before).
+    /// Its owner from SYN_SENT, its 4-tuple once its SYN passed the packet programs (the
+    /// source port is 0 before).
     pub conn: Connection,
 }
 
