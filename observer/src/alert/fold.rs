@@ -194,7 +194,10 @@ mod tests {
     use super::*;
     use crate::model::{Process, likely_bucket};
 
-    /// What `prefetch` loads is, nearly always, the bucket the lookup then reads.
+    /// What `prefetch` loads is, nearly always, the bucket the lookup then reads. Keys are text,
+    /// as the engine's are. Consecutive integers, which the hash mixes less, left a rare seed's
+    /// table short: 3 tables of about 1,050 had 2,000 to 9,400 of 10,000 keys in their own
+    /// bucket (one failed a whole test run); 1,000 tables of these keys had 9,915 at least.
     #[test]
     fn the_prefetched_bucket_is_nearly_always_the_keys_own() {
         let mut folds = FoldWindows::new(60, 100_000);
@@ -216,16 +219,18 @@ mod tests {
                 diagnosis: String::new(),
             },
         );
-        for key in 0..10_000u64 {
-            folds.first(key, alert.clone(), &mut alerts);
+        let keys: Vec<String> = (0..10_000).map(|index| format!("{index:010}")).collect();
+        for key in &keys {
+            folds.first(key.clone(), alert.clone(), &mut alerts);
         }
-        let own = (0..10_000u64)
+        let own = keys
+            .iter()
             .filter(|key| {
-                likely_bucket(&folds.folds, folds.hasher.hash_one(key))
-                    .is_some_and(|fold| fold.key == *key)
+                likely_bucket(&folds.folds, folds.hasher.hash_one(key.as_str()))
+                    .is_some_and(|fold| fold.key == **key)
             })
             .count();
         assert!(own >= 9_500, "{own} of 10,000");
-        assert!(folds.repeat(&7, 2 * NANOS_PER_SEC));
+        assert!(folds.repeat("0000000007", 2 * NANOS_PER_SEC));
     }
 }
