@@ -151,12 +151,12 @@ fn try_raw_sock_state(ctx: &RawTracePointContext) -> Result<(), i64> {
 fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     let (old_state, new_state) = change.states()?;
     let new_state = new_state as u32;
-    // Userspace acts on three changes of a watched socket: SYN_SENT (its owner), ESTABLISHED
-    // (its 4-tuple complete) and CLOSE (its end). The others (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT,
-    // LAST_ACK, …) stop here, before anything is read. With the packet hook ESTABLISHED stops
-    // here too: the packet programs take the source port from the connection's first packet
-    // (its SYN), which spares every connection of the node this run's reads, and every watched
-    // one a record.
+    // Three changes of a watched socket matter: SYN_SENT (its owner), ESTABLISHED (its 4-tuple
+    // complete: the source port is chosen after SYN_SENT) and CLOSE (its end). The others
+    // (FIN_WAIT1, FIN_WAIT2, CLOSE_WAIT, LAST_ACK, …) stop here, before anything is read. With
+    // the packet hook ESTABLISHED stops here too: the packet programs take the source port
+    // from the connection's first packet (its SYN), which spares every connection of the node
+    // this run's reads, and every watched one a record.
     let connecting = new_state == TcpState::SynSent as u32;
     let packet_hook = packet_hook();
     let wanted = connecting
