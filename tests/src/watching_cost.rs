@@ -32,9 +32,12 @@ use crate::lab::truth::FloodReport;
 const PHASE: Duration = Duration::from_millis(1500);
 /// Phases timed for the observer's CPU, half of them watching.
 const TIMED_PHASES: usize = 4;
-/// Left to the daemon after a timed phase, so that it reads that phase's last records within
-/// it: its reads follow one another within a few milliseconds while records come.
-const TIMED_PHASE_SETTLE: Duration = Duration::from_millis(30);
+/// Left to the daemon after a timed phase, so that the work of that phase's last records counts
+/// in it, not in the next. Timed by hand in 50 ms steps after watching stopped in the middle of
+/// the flood: 100–240 µs of daemon CPU in each of the first three steps (the last records, the
+/// last connections' ends), then the pattern of a daemon with nothing to watch (about 80 µs
+/// every 250 ms: its quiet drains and the counters' tick).
+const TIMED_PHASE_SETTLE: Duration = Duration::from_millis(300);
 /// The observer's map of watched ports (`observer-ebpf/src/maps.rs`), as the kernel names it.
 const WATCHED_PORTS: &str = "WATCHED_PORTS";
 
