@@ -365,24 +365,21 @@ impl WatcherProcess {
     }
 
     /// CPU seconds of the process so far: its threads' time on a CPU in nanoseconds
-    /// (`/proc/PID/task/*/schedstat`), since user + system time counts in ticks of 10 ms, as
-    /// much as a whole 1.5-second phase of the flood costs the daemon when not watching. A
-    /// thread that exited takes its time with it: the observer runs on one thread, bpftrace
-    /// keeps its own. From the ticks when the kernel keeps no scheduler statistics; 0 when /proc
-    /// cannot tell at all.
+    /// (`/proc/PID/task/*/schedstat`), since user + system time counts in ticks of 10 ms,
+    /// several times what a whole 1.5-second phase of the flood costs the daemon when not
+    /// watching. A thread that exited takes its time with it: the observer runs on one thread,
+    /// bpftrace keeps its own. From the ticks when the kernel keeps no scheduler statistics; 0
+    /// when /proc cannot tell at all.
     fn cpu_seconds(&self) -> f64 {
-        let tasks = format!("/proc/{}/task", self.child.id());
-        let on_cpu_ns: Option<u64> = std::fs::read_dir(&tasks).ok().and_then(|tasks| {
-            tasks
-                .filter_map(Result::ok)
-                .map(|task| {
-                    let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-                    schedstat.split_whitespace().next()?.parse::<u64>().ok()
-                })
-                .sum()
-        });
-        if let Some(ns) = on_cpu_ns {
-            return ns as f64 / 1e9;
+        let on_cpu_ns: Vec<u64> = std::fs::read_dir(format!("/proc/{}/task", self.child.id()))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+            .filter_map(|schedstat| schedstat.split_whitespace().next()?.parse().ok())
+            .collect();
+        if !on_cpu_ns.is_empty() {
+            return on_cpu_ns.iter().sum::<u64>() as f64 / 1e9;
         }
         let stat =
             std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
@@ -1147,7 +1144,7 @@ fn render_floods(
     }
     let _ = writeln!(
         out,
-        "clean: segments that started on a quiet machine; figures are medians over them (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's CPU per 1,000 pushes (its threads' time on a CPU) (not its programs', paid inside the lab's syscalls and softirqs: the observer's are timed in the watching section below);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
+        "clean: segments that started on a quiet machine; figures are medians over them (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's CPU per 1,000 pushes, its threads' time on a CPU (not its programs', paid inside the lab's syscalls and softirqs: the observer's are timed in the watching section below);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
     );
     let Some(baseline) = floods.get(&Watcher::Nothing) else {
         return;
