@@ -175,7 +175,7 @@ pub static ADOPTABLE: HashMap<ConnectionTuple, Connection> =
     HashMap::with_max_entries(DEFAULT_MAX_WATCHED_CONNECTIONS, 0);
 
 /// Per-CPU space where SYN_SENT builds a new connection's entry: whole for `PACKET_STREAMS`,
-/// its `conn` for `CONNECTIONS`. The 152-byte stream does not fit on the state program's stack
+/// its `conn` for `CONNECTIONS`. The 184-byte stream does not fit on the state program's stack
 /// beside the record header (Linux 6.1 refused 64 bytes more there: "combined stack size of 3
 /// calls is 544. Too large"). Only SYN_SENT, which runs in `connect` (process context, never
 /// nested on its CPU), writes it. One entry per CPU.

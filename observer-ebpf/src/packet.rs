@@ -19,6 +19,12 @@
 //! copied at its own offset and counted (`SegmentsOutOfOrder`), and so is the hole's fill when
 //! it comes. Userspace puts the records back in order.
 //!
+//! A gRPC direction's HTTP/2 frames are followed from segment to segment by their headers'
+//! lengths (`follow_frames`), and a segment that holds only frames the decoder does not read
+//! (SETTINGS, WINDOW_UPDATE, PING, GOAWAY) is left out: not copied, and not counted in the
+//! offsets of the bytes after it. Of the 9 or 10 segments of a short connection, such as each
+//! of OpenIM's pushes opens, 5 or 6 are left out so.
+//!
 //! Policies as for syscalls: a WebSocket connection's first write in each direction, up to
 //! `CHUNK_SIZE` bytes (the upgrade request and its answer; the chat after them never), a gRPC
 //! one up to its budget. A write's last segment carries PSH (Linux marks the end of every
@@ -32,8 +38,9 @@ use aya_ebpf::{
 };
 use observer_records::{
     AF_INET, AF_INET6, CHUNK_SIZE, ConnectionTuple, Counter, DEFAULT_GRPC_BUDGET,
-    DEFAULT_GRPC_BUDGET_REFILL, DataRecord, Direction, FLAG_TRUNCATED, JOINED_STREAM_OFFSET,
-    PortClass, RecordKind, TcpState,
+    DEFAULT_GRPC_BUDGET_REFILL, DataRecord, Direction, FLAG_TRUNCATED, FRAMES_NOT_FOLLOWED,
+    JOINED_STREAM_OFFSET, PortClass, RecordKind, TcpState,
+    http2::{CLIENT_PREFACE, FRAME_HEADER_LEN, FRAME_SETTINGS, is_call_frame},
 };
 
 use crate::{
@@ -158,6 +165,15 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     }
     let segment_start = stream_offset(half, payload_seq);
     let end = segment_start + u64::from(segment.payload_len);
+    if stream.conn.port_class == PortClass::Grpc as u8
+        && end > half.seen_end
+        && half.next_frame != FRAMES_NOT_FOLLOWED
+        && follow_frames(ctx, half, direction, &segment, segment_start)
+    {
+        count(Counter::SegmentsLeftOut, 1);
+        return Ok(());
+    }
+    let left_out = half.left_out;
     let Some((start, len)) = place_segment(half, segment_start, end) else {
         // Every byte seen already: a retransmission.
         return Ok(());
@@ -200,7 +216,7 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
             record,
             progress,
             segment.payload_start + skip as u32,
-            start,
+            start - left_out,
             capture as u32,
             capture < len,
         );
@@ -297,6 +313,90 @@ fn read_segment(ctx: &SkBuffContext) -> Result<Segment, i64> {
         // `len` counts from the network header, and covers a whole GSO/GRO packet.
         payload_len: ctx.len().saturating_sub(payload_start),
     })
+}
+
+/// Frame headers of one segment the programs read at most. A short connection's segments
+/// hold one to four frames (SETTINGS, its ACK and a WINDOW_UPDATE; a call's HEADERS, DATA and
+/// trailers); past this many the frames are no longer followed in that direction.
+const MAX_FRAMES_FOLLOWED: u32 = 8;
+
+/// Follows a gRPC direction's HTTP/2 frames through a segment that brings bytes not seen
+/// before, at stream offset `segment_start`: where the next frame header starts
+/// (`next_frame`), and whether the segment is to be left out (true): it holds whole frames
+/// only, all of types the decoder does not read, and nothing before it is missing. Its bytes
+/// then count as seen, and in `left_out`, which the offsets of the bytes copied after it leave
+/// out, so userspace receives the stream without them. Retransmissions and holes are placed
+/// by sequence number as ever: every byte copied after a segment left out lies beyond it.
+///
+/// A short gRPC connection (OpenIM's push opens one per call) sends 9 or 10 segments, of
+/// which 5 or 6 hold SETTINGS, their ACKs, WINDOW_UPDATE and GOAWAY only: leaving them out
+/// spares their copy, their ring records and userspace's work on them.
+fn follow_frames(
+    ctx: &SkBuffContext,
+    half: &mut PacketDirection,
+    direction: Direction,
+    segment: &Segment,
+    segment_start: u64,
+) -> bool {
+    let end = segment_start + u64::from(segment.payload_len);
+    if segment_start == 0 && !opens_as_http2(ctx, direction, segment) {
+        half.next_frame = FRAMES_NOT_FOLLOWED;
+        return false;
+    }
+    let next_frame = half.next_frame;
+    if next_frame >= end {
+        // Inside a frame that runs past this segment (or the client preface).
+        return false;
+    }
+    if next_frame < segment_start {
+        // The next frame header is among bytes not seen.
+        half.next_frame = FRAMES_NOT_FOLLOWED;
+        return false;
+    }
+    let mut position = (next_frame - segment_start) as u32;
+    let mut call_frames = false;
+    for _ in 0..MAX_FRAMES_FOLLOWED {
+        if position >= segment.payload_len {
+            break;
+        }
+        // A frame header's length (24 bits) and type; unreadable when the segment ends
+        // within it.
+        let Ok(head) = ctx.load::<[u8; 4]>((segment.payload_start + position) as usize) else {
+            half.next_frame = FRAMES_NOT_FOLLOWED;
+            return false;
+        };
+        call_frames |= is_call_frame(head[3]);
+        position += FRAME_HEADER_LEN as u32 + u32::from_be_bytes([0, head[0], head[1], head[2]]);
+    }
+    if position < segment.payload_len {
+        half.next_frame = FRAMES_NOT_FOLLOWED;
+        return false;
+    }
+    half.next_frame = segment_start + u64::from(position);
+    let leave_out = !call_frames
+        && next_frame == segment_start
+        && position == segment.payload_len
+        && segment_start == half.seen_end
+        && half.hole_from == NO_HOLE;
+    if leave_out {
+        half.seen_end = end;
+        half.left_out += u64::from(segment.payload_len);
+    }
+    leave_out
+}
+
+/// Whether a direction's first segment opens as HTTP/2 does (RFC 9113 §3.4): the client's with
+/// the preface, the server's with a SETTINGS frame (not an ACK) on stream 0. Frames are
+/// followed only then, so that no other protocol on a gRPC port has a segment left out.
+fn opens_as_http2(ctx: &SkBuffContext, direction: Direction, segment: &Segment) -> bool {
+    let start = segment.payload_start as usize;
+    if direction == Direction::Send {
+        return ctx.load::<[u8; CLIENT_PREFACE.len()]>(start) == Ok(CLIENT_PREFACE);
+    }
+    matches!(
+        ctx.load::<[u8; FRAME_HEADER_LEN]>(start),
+        Ok([_, _, _, FRAME_SETTINGS, 0, 0, 0, 0, 0])
+    )
 }
 
 /// What of the segment at `start..end` to copy, given what this direction saw: `None` when

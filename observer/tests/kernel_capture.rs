@@ -664,10 +664,150 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
     let kernel = &stopped_line(&stderr)["kernel"];
     assert_eq!(kernel["bytes_not_captured"], 0, "{kernel}");
     assert_eq!(kernel["map_insert_failures"], 0, "{kernel}");
+    // Not HTTP/2, though on a gRPC port: nothing is left out.
+    assert_eq!(kernel["segments_left_out"], 0, "{kernel}");
     skipped_runs_are_read_where_counted(kernel);
     // The programs' own CPU, outside the observer's process, as the kernel timed it.
     assert!(kernel["program_runs_timed"].as_u64() > Some(0), "{kernel}");
     assert!(kernel["program_run_time_ns"].as_u64() > Some(0), "{kernel}");
+}
+
+/// An HTTP/2 exchange written one frame group at a time, each its own segment (the peer reads
+/// it whole before the next is written): under the packet hook, the segments that hold only
+/// frames the decoder does not read are left out, and the offsets of the bytes copied close up
+/// over them, so the stream received is the connection's without them. A frame larger than a
+/// segment is followed across its segments.
+#[test]
+fn the_packet_hook_leaves_out_segments_of_http2_control_frames_only() {
+    use observer_records::http2::{
+        CLIENT_PREFACE, FLAG_END_HEADERS, FLAG_END_STREAM, FRAME_DATA, FRAME_GOAWAY, FRAME_HEADERS,
+        FRAME_PING, FRAME_SETTINGS, FRAME_WINDOW_UPDATE,
+    };
+    use openim_test_kit::http2::frame;
+    const ACK: u8 = 0x1;
+
+    if !can_run() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let cgroups = Cgroup2Mount::mount();
+    let port = 18846;
+    let listener = listen(port);
+    let port_arg = port.to_string();
+    let mut args = vec!["--grpc-port", &port_arg, "--grpc-budget", "4194304"];
+    let hook_args = packet_hook_args(&cgroups);
+    args.extend(hook_args.iter().map(String::as_str));
+    let mut observer = Observer::start(&args);
+    observer
+        .wait_for(|line| line["kind"] == "observer_started")
+        .unwrap();
+
+    let settings = frame(FRAME_SETTINGS, 0, 0, &[0, 4, 0, 1, 0, 0]);
+    let settings_ack = frame(FRAME_SETTINGS, ACK, 0, &[]);
+    let window_update = frame(FRAME_WINDOW_UPDATE, 0, 0, &[0, 0x0e, 0, 1]);
+    let ping = frame(FRAME_PING, 0, 0, &[7; 8]);
+    // Header blocks of HPACK static-table fields (:method POST, :scheme http, :path /;
+    // :status 200), which the output whitelist reads through, keeping the frames after them.
+    let headers = frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &[0x83, 0x86, 0x84]);
+    // Larger than a loopback segment (64 KiB).
+    let data = frame(FRAME_DATA, FLAG_END_STREAM, 1, &pattern(4, 100 * 1024));
+    let goaway = frame(FRAME_GOAWAY, 0, 0, &[0; 8]);
+    let answer = [
+        frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, &[0x88]),
+        frame(FRAME_DATA, 0, 1, &pattern(6, 300)),
+        frame(
+            FRAME_HEADERS,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            1,
+            &[0x88],
+        ),
+    ]
+    .concat();
+    // (write, whether it is left out)
+    let client_writes: Vec<(Vec<u8>, bool)> = vec![
+        (CLIENT_PREFACE.to_vec(), false),
+        ([settings.clone(), window_update.clone()].concat(), true),
+        (headers.clone(), false),
+        (data.clone(), false),
+        (settings_ack.clone(), true),
+        // A control frame ahead of a call frame: kept whole.
+        ([ping.clone(), headers.clone()].concat(), false),
+        (goaway.clone(), true),
+    ];
+    let server_writes: Vec<(Vec<u8>, bool)> = vec![
+        (settings.clone(), true),
+        ([settings_ack.clone(), window_update.clone()].concat(), true),
+        (answer.clone(), false),
+        (frame(FRAME_PING, ACK, 0, &[7; 8]), true),
+    ];
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    client.set_nodelay(true).unwrap();
+    server.set_nodelay(true).unwrap();
+    let pass = |from: &mut TcpStream, to: &mut TcpStream, write: &[u8]| {
+        from.write_all(write).unwrap();
+        let mut read = vec![0u8; write.len()];
+        to.read_exact(&mut read).unwrap();
+        assert!(read == write);
+    };
+    // The server speaks first, as HTTP/2 servers do; then the two sides take turns.
+    pass(&mut server, &mut client, &server_writes[0].0);
+    for (write, _) in &client_writes[..4] {
+        pass(&mut client, &mut server, write);
+    }
+    for (write, _) in &server_writes[1..] {
+        pass(&mut server, &mut client, write);
+    }
+    for (write, _) in &client_writes[4..] {
+        pass(&mut client, &mut server, write);
+    }
+    drop(client);
+    drop(server);
+
+    assert!(observer.wait_for(|line| is_end_of(line, port)).is_some());
+    let (lines, stderr) = observer.stop();
+    let ours = events_on_port(&lines, port);
+    let kept = |writes: &[(Vec<u8>, bool)]| -> Vec<u8> {
+        writes
+            .iter()
+            .filter(|(_, left_out)| !left_out)
+            .flat_map(|(write, _)| write.clone())
+            .collect()
+    };
+    // The output whitelist zeroes what it does not let out (header blocks, message bytes),
+    // so the streams are compared by length and by the frame headers where they should be.
+    let frame_headers = |stream: &[u8], start: usize| -> Vec<Vec<u8>> {
+        let mut headers = Vec::new();
+        let mut at = start;
+        while let Some(header) = stream.get(at..at + 9) {
+            headers.push(header.to_vec());
+            at += 9 + u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        }
+        headers
+    };
+    // Send: HEADERS, DATA, PING, HEADERS; receive: HEADERS, DATA, trailers.
+    for (direction, writes, start, frames) in [
+        ("send", &client_writes, CLIENT_PREFACE.len(), 4),
+        ("recv", &server_writes, 0, 3),
+    ] {
+        let (captured, kept) = (captured_stream(&ours, direction), kept(writes));
+        assert_eq!(captured.len(), kept.len(), "{direction}");
+        let headers = frame_headers(&kept, start);
+        assert_eq!(headers.len(), frames, "{direction}");
+        assert_eq!(frame_headers(&captured, start), headers, "{direction}");
+    }
+    assert_eq!(
+        captured_stream(&ours, "send")[..CLIENT_PREFACE.len()],
+        CLIENT_PREFACE
+    );
+    let kernel = &stopped_line(&stderr)["kernel"];
+    let left_out = client_writes
+        .iter()
+        .chain(&server_writes)
+        .filter(|(_, left_out)| *left_out)
+        .count();
+    assert_eq!(kernel["segments_left_out"], left_out, "{kernel}");
+    assert_eq!(kernel["bytes_not_captured"], 0, "{kernel}");
 }
 
 /// The kernel's count of the programs' skipped runs (`recursion_misses`, Linux 5.12 on) is on

@@ -14,6 +14,9 @@ use std::time::Duration;
 
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use openim_test_kit::cgroup2::Cgroup2Mount;
+use openim_test_kit::http2::{
+    ACK, END_HEADERS, END_STREAM, HEADERS, PING, SETTINGS, WINDOW_UPDATE, frame,
+};
 use serde_json::Value;
 use tests::observed::{ObserverProcess, find_observer_binary, metric_value, scrape_metrics};
 use tests::privileges::{Needs, can_run};
@@ -26,33 +29,76 @@ const WRITE_SIZE: usize = 1000;
 /// Which of the server's packets to the client netfilter drops (counted from 0: the SYN-ACK,
 /// then the ACK of the request, then data): two data segments with segments behind them.
 const DROPPED: [u32; 2] = [6, 17];
+/// The HTTP/2 test's port, its rounds of request and PING each way, and which segment with
+/// payload of each direction it drops (from 0: in the rounds, past the opening writes).
+const HTTP2_PORT: u16 = 18993;
+const HTTP2_ROUNDS: usize = 12;
+const HTTP2_DROPPED: u32 = 6;
+/// What an HTTP/2 client sends first (RFC 9113 §3.4).
+const CLIENT_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// An iptables rule in the INPUT chain, removed when dropped.
 struct DropRule(Vec<String>);
 
 impl DropRule {
-    /// Drops the `nth` packet (from 0) from local port `port` on its way in.
+    /// Drops the `nth` packet (from 0) from local port `port` on its way in: the receiver's
+    /// packet programs never see it.
     fn nth_from_port(port: u16, nth: u32) -> Self {
-        let rule: Vec<String> = [
-            "INPUT",
-            "-p",
-            "tcp",
-            "--sport",
-            &port.to_string(),
-            "-m",
-            "statistic",
-            "--mode",
-            "nth",
-            "--every",
-            "1000000",
-            "--packet",
-            &nth.to_string(),
-            "-j",
-            "DROP",
-        ]
-        .iter()
-        .map(|part| (*part).to_owned())
-        .collect();
+        Self::nth(&["--sport", &port.to_string()], nth)
+    }
+
+    /// Drops the `nth` packet (from 0) with payload from local port `port` on its way in, as
+    /// `nth_from_port`. IPv4 and TCP headers with timestamps are 52 bytes: only packets
+    /// longer than that count.
+    fn nth_segment_from_port(port: u16, nth: u32) -> Self {
+        Self::nth(
+            &[
+                "--sport",
+                &port.to_string(),
+                "-m",
+                "length",
+                "--length",
+                "53:65535",
+            ],
+            nth,
+        )
+    }
+
+    /// Drops the `nth` packet (from 0) with payload to local port `port` on its way in: the
+    /// sender's packet programs saw it leave, and see its retransmission.
+    fn nth_segment_to_port(port: u16, nth: u32) -> Self {
+        Self::nth(
+            &[
+                "--dport",
+                &port.to_string(),
+                "-m",
+                "length",
+                "--length",
+                "53:65535",
+            ],
+            nth,
+        )
+    }
+
+    /// `matches` are the rule's before its count: only the packets they match are counted.
+    fn nth(matches: &[&str], nth: u32) -> Self {
+        let rule: Vec<String> = ["INPUT", "-p", "tcp"]
+            .iter()
+            .chain(matches)
+            .chain(&[
+                "-m",
+                "statistic",
+                "--mode",
+                "nth",
+                "--every",
+                "1000000",
+                "--packet",
+                &nth.to_string(),
+                "-j",
+                "DROP",
+            ])
+            .map(|part| (*part).to_owned())
+            .collect();
         let status = Command::new("iptables")
             .args(["-w", "-I"])
             .args(&rule)
@@ -70,6 +116,34 @@ impl Drop for DropRule {
             .args(&self.0)
             .status();
     }
+}
+
+/// One direction of a connection as the observer printed its records (`--events`), which must
+/// follow each other in stream order.
+fn captured_stream(stdout: &[String], local_port: u16, port: u16, direction: &str) -> Vec<u8> {
+    let mut captured = Vec::new();
+    for record in stdout
+        .iter()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| {
+            line["kind"] == "data"
+                && line["direction"] == direction
+                && line["sport"] == local_port
+                && line["dport"] == port
+        })
+    {
+        assert_eq!(
+            record["offset"].as_u64().unwrap(),
+            captured.len() as u64,
+            "records out of order or overlapping: {record}"
+        );
+        captured.extend(
+            BASE64
+                .decode(record["payload_b64"].as_str().unwrap())
+                .unwrap(),
+        );
+    }
+    captured
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -147,30 +221,7 @@ fn segments_lost_and_retransmitted_are_put_back_in_order() {
     std::thread::sleep(Duration::from_millis(500));
     let output = observer.stop().expect("observer stops cleanly");
 
-    let records: Vec<Value> = output
-        .stdout
-        .iter()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|line| {
-            line["kind"] == "data"
-                && line["direction"] == "recv"
-                && line["sport"] == local_port
-                && line["dport"] == PORT
-        })
-        .collect();
-    let mut captured = Vec::new();
-    for record in &records {
-        assert_eq!(
-            record["offset"].as_u64().unwrap(),
-            captured.len() as u64,
-            "records out of order or overlapping: {record}"
-        );
-        captured.extend(
-            BASE64
-                .decode(record["payload_b64"].as_str().unwrap())
-                .unwrap(),
-        );
-    }
+    let captured = captured_stream(&output.stdout, local_port, PORT, "recv");
     assert!(
         captured == answer,
         "captured {} of {} bytes",
@@ -187,4 +238,124 @@ fn segments_lost_and_retransmitted_are_put_back_in_order() {
     assert!(reorder["records_held"].as_u64().unwrap() >= 1, "{reorder}");
     assert!(reorder["gaps_filled"].as_u64().unwrap() >= 1, "{reorder}");
     assert_eq!(reorder["gaps_released"], 0, "{reorder}");
+}
+
+/// The headers of the HTTP/2 frames in `stream` from `start`, which must end with a whole
+/// frame; the control frames' (SETTINGS, PING, WINDOW_UPDATE) left out when `calls_only`.
+fn frame_headers(stream: &[u8], start: usize, calls_only: bool) -> Vec<Vec<u8>> {
+    let mut headers = Vec::new();
+    let mut at = start;
+    while let Some(header) = stream.get(at..at + 9) {
+        if !calls_only || ![SETTINGS, PING, WINDOW_UPDATE].contains(&header[3]) {
+            headers.push(header.to_vec());
+        }
+        at += 9 + u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+    }
+    assert_eq!(at, stream.len(), "the stream ends inside a frame");
+    headers
+}
+
+/// An HTTP/2 connection whose control-frame segments the packet programs leave out, losing a
+/// segment each way: the client's, after its packet programs saw it leave (its retransmission
+/// brings nothing new), and the server's, before the client's programs saw it (the segments
+/// behind it come first, and that direction's frames are no longer followed). Each direction
+/// still reaches userspace in order and whole, frame after frame, with every call frame.
+#[test]
+fn an_http2_connection_losing_segments_keeps_its_frames_whole() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
+    let cgroups = Cgroup2Mount::mount();
+    let root = cgroups.root().display().to_string();
+    let port = HTTP2_PORT.to_string();
+    let observer = ObserverProcess::start(
+        &find_observer_binary().expect("observer binary"),
+        &[
+            "--events",
+            "--capture-hook",
+            "packets",
+            "--cgroup-root",
+            &root,
+            "--grpc-port",
+            &port,
+        ],
+    )
+    .expect("observer attaches");
+    let _rules = [
+        DropRule::nth_segment_to_port(HTTP2_PORT, HTTP2_DROPPED),
+        DropRule::nth_segment_from_port(HTTP2_PORT, HTTP2_DROPPED),
+    ];
+
+    // Header blocks of HPACK static-table fields (:method POST, :scheme http, :path /;
+    // :status 200), which the output whitelist reads through, so the frames after them are
+    // printed with their headers.
+    let request = frame(HEADERS, END_HEADERS | END_STREAM, 1, &[0x83, 0x86, 0x84]);
+    let answer = frame(HEADERS, END_HEADERS | END_STREAM, 1, &[0x88]);
+    let ping = frame(PING, 0, 0, &[7; 8]);
+    let settings = frame(SETTINGS, 0, 0, &[0, 4, 0, 1, 0, 0]);
+    let mut client_writes = vec![CLIENT_PREFACE.to_vec(), settings.clone()];
+    let mut server_writes = vec![settings];
+    for round in 0..HTTP2_ROUNDS {
+        client_writes.extend([request.clone(), ping.clone()]);
+        server_writes.extend([frame(PING, ACK, 0, &[7; 8]), answer.clone()]);
+        if round % 4 == 0 {
+            client_writes.push(frame(WINDOW_UPDATE, 0, 0, &[0, 0, 1, 0]));
+        }
+    }
+    let listener = TcpListener::bind(("127.0.0.1", HTTP2_PORT)).expect("bind");
+    let client_sent: Vec<u8> = client_writes.concat();
+    let expected_request = client_sent.clone();
+    let server_sent: Vec<u8> = server_writes.concat();
+    let server = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        socket.set_nodelay(true).unwrap();
+        for write in &server_writes {
+            socket.write_all(write).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut received = vec![0u8; expected_request.len()];
+        socket.read_exact(&mut received).unwrap();
+        assert!(received == expected_request, "TCP delivered the request");
+        let mut rest = Vec::new();
+        socket.read_to_end(&mut rest).unwrap();
+    });
+    let mut client = TcpStream::connect(("127.0.0.1", HTTP2_PORT)).unwrap();
+    client.set_nodelay(true).unwrap();
+    for write in &client_writes {
+        client.write_all(write).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut received = vec![0u8; server_sent.len()];
+    client.read_exact(&mut received).unwrap();
+    assert!(received == server_sent, "TCP delivered the answer");
+    let local_port = client.local_addr().unwrap().port();
+    drop(client);
+    server.join().unwrap();
+    // Past the reordering's wait for a gap (300 ms).
+    std::thread::sleep(Duration::from_millis(800));
+    let output = observer.stop().expect("observer stops cleanly");
+
+    for (direction, sent, start) in [
+        ("send", &client_sent, CLIENT_PREFACE.len()),
+        ("recv", &server_sent, 0),
+    ] {
+        let captured = captured_stream(&output.stdout, local_port, HTTP2_PORT, direction);
+        assert!(captured.len() < sent.len(), "{direction}: nothing left out");
+        assert_eq!(
+            frame_headers(&captured, start, true),
+            frame_headers(sent, start, true),
+            "{direction}: the call frames differ"
+        );
+    }
+    let stopped = output.stopped_line();
+    let kernel = &stopped["kernel"];
+    assert!(
+        kernel["segments_left_out"].as_u64().unwrap() >= 1,
+        "{kernel}"
+    );
+    assert!(
+        kernel["segments_out_of_order"].as_u64().unwrap() >= 1,
+        "the server's loss reached the programs as a segment out of order: {kernel}"
+    );
+    assert_eq!(stopped["reorder"]["gaps_released"], 0, "{stopped}");
 }

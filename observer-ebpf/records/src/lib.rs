@@ -184,7 +184,8 @@ pub struct RecordHeader {
     pub sock: u64,
     /// cgroup v2 id of the process (tcp_connect, data and close records).
     pub cgroup_id: u64,
-    /// Data: stream offset, in this direction, of the first payload byte of this record.
+    /// Data: stream offset, in this direction, of the first payload byte of this record (the
+    /// packet hook's gRPC offsets leave out the segments it left out: `PacketDirection`).
     pub offset: u64,
     /// Data: bytes the syscall moved in total (all of this call's records share it).
     pub call_len: u64,
@@ -388,7 +389,19 @@ pub struct PacketDirection {
     pub hole_from: u64,
     /// gRPC budget (see the programs' `io::draw`).
     pub budget: Budget,
+    /// gRPC: stream offset of the next HTTP/2 frame header, as far as the programs follow the
+    /// frames; `FRAMES_NOT_FOLLOWED` once they cannot (see `http2::CALL_FRAME_TYPES`).
+    pub next_frame: u64,
+    /// gRPC: bytes before `seen_end` left out because every frame of their segment was of a
+    /// type the decoder does not read. A record's offset does not count them, so the stream
+    /// userspace receives is the connection's without those segments.
+    pub left_out: u64,
 }
+
+/// `PacketDirection::next_frame` when the frame boundaries are not known: a connection
+/// adopted established, bytes missing before a frame header, a send side that did not open
+/// with the client preface, or a segment of more frames than the programs follow.
+pub const FRAMES_NOT_FOLLOWED: u64 = u64::MAX;
 
 /// `PacketDirection::hole_from` when nothing before `seen_end` is missing.
 pub const NO_HOLE: u64 = u64::MAX;
@@ -427,6 +440,8 @@ impl PacketStream {
             spent: 0,
             settled_ns: 0,
         },
+        next_frame: 0,
+        left_out: 0,
     };
 
     const NO_CONNECTION: Connection = Connection {
@@ -442,15 +457,20 @@ impl PacketStream {
         comm: [0; 16],
     };
 
-    /// A connection whose SYNs have not been seen yet.
+    /// A connection whose SYNs have not been seen yet. A gRPC client's first frame follows
+    /// its preface; the server's first frame opens its side.
     pub const NEW: Self = Self {
-        send: Self::NEW_DIRECTION,
+        send: PacketDirection {
+            next_frame: http2::CLIENT_PREFACE.len() as u64,
+            ..Self::NEW_DIRECTION
+        },
         recv: Self::NEW_DIRECTION,
         conn: Self::NO_CONNECTION,
     };
 
     const JOINED_DIRECTION: PacketDirection = PacketDirection {
         flags: STREAM_JOINED,
+        next_frame: FRAMES_NOT_FOLLOWED,
         ..Self::NEW_DIRECTION
     };
 
@@ -502,6 +522,10 @@ numbered_enum! {
         /// Packet hook: segments that arrived ahead of bytes not yet seen (reordered in the
         /// network); copied at their place in the stream, the gap before them shows there.
         SegmentsOutOfOrder = 8,
+        /// Packet hook, gRPC: segments not copied because they held only HTTP/2 frames the
+        /// decoder does not read (SETTINGS and their ACKs, WINDOW_UPDATE, PING, GOAWAY: most
+        /// of a short connection's segments). Not a loss.
+        SegmentsLeftOut = 9,
     }
 }
 
@@ -521,7 +545,44 @@ impl Counter {
             Counter::CallsCutUnreadable => "calls_cut_unreadable",
             Counter::BytesOverBudget => "bytes_over_budget",
             Counter::SegmentsOutOfOrder => "segments_out_of_order",
+            Counter::SegmentsLeftOut => "segments_left_out",
         }
+    }
+}
+
+/// HTTP/2 framing (RFC 9113 §3.4, §4.1, §6), which the decoder and the output whitelist walk
+/// and the packet programs follow far enough to leave out what the decoder does not read.
+pub mod http2 {
+    /// What an HTTP/2 client sends first.
+    pub const CLIENT_PREFACE: [u8; 24] = *b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    pub const FRAME_HEADER_LEN: usize = 9;
+    pub const FRAME_DATA: u8 = 0x0;
+    pub const FRAME_HEADERS: u8 = 0x1;
+    pub const FRAME_PRIORITY: u8 = 0x2;
+    pub const FRAME_RST_STREAM: u8 = 0x3;
+    pub const FRAME_SETTINGS: u8 = 0x4;
+    pub const FRAME_PUSH_PROMISE: u8 = 0x5;
+    pub const FRAME_PING: u8 = 0x6;
+    pub const FRAME_GOAWAY: u8 = 0x7;
+    pub const FRAME_WINDOW_UPDATE: u8 = 0x8;
+    pub const FRAME_CONTINUATION: u8 = 0x9;
+    pub const FLAG_END_STREAM: u8 = 0x1;
+    pub const FLAG_END_HEADERS: u8 = 0x4;
+    pub const FLAG_PADDED: u8 = 0x8;
+    pub const FLAG_PRIORITY: u8 = 0x20;
+
+    /// The frame types the decoder reads, a bit each: a call's headers and data, a stream's
+    /// reset, and what carries HPACK state. SETTINGS, PING, GOAWAY, WINDOW_UPDATE, PRIORITY
+    /// and unknown types carry nothing about calls or the HPACK state.
+    pub const CALL_FRAME_TYPES: u32 = 1 << FRAME_DATA
+        | 1 << FRAME_HEADERS
+        | 1 << FRAME_RST_STREAM
+        | 1 << FRAME_PUSH_PROMISE
+        | 1 << FRAME_CONTINUATION;
+
+    /// Whether the decoder reads frames of `frame_type`.
+    pub const fn is_call_frame(frame_type: u8) -> bool {
+        frame_type < 32 && CALL_FRAME_TYPES & (1 << frame_type) != 0
     }
 }
 
@@ -593,7 +654,7 @@ const _: () = assert!(core::mem::size_of::<Connection>() == 8 + 4 + 3 * 2 + 1 + 
 const _: () = assert!(core::mem::size_of::<SocketKey>() == 8);
 const _: () = assert!(core::mem::size_of::<ConnectionTuple>() == 2 * 16 + 4 * 2);
 const _: () = assert!(
-    core::mem::size_of::<PacketDirection>() == 4 * 2 + 8 * 2 + core::mem::size_of::<Budget>()
+    core::mem::size_of::<PacketDirection>() == 4 * 2 + 8 * 4 + core::mem::size_of::<Budget>()
 );
 const _: () = assert!(
     core::mem::size_of::<PacketStream>()

@@ -11,7 +11,7 @@ use super::http2::{FrameError, Undecodable};
 use super::protobuf::PushCall;
 use super::protobuf::tests::{sample_ids, sample_request};
 use super::{DecodeCounters, Limits};
-use crate::model::wire::CLIENT_PREFACE;
+use crate::model::wire::{CLIENT_PREFACE, FRAME_HEADER_LEN, is_call_frame};
 
 use super::test_streams::*;
 
@@ -32,6 +32,51 @@ fn decodes_a_push_call_and_its_answer() {
     expected.extend(expected_response_facts(1));
     assert_eq!(facts, expected);
     assert_eq!(*decoder.counters(), DecodeCounters::default());
+}
+
+/// `stream` as the packet hook delivers it when each of its frames came in a segment of its
+/// own: without the frames the decoder does not read (`is_call_frame`, which the packet
+/// programs follow), the client preface kept.
+fn without_frames_left_out(stream: &[u8]) -> Vec<u8> {
+    let (mut kept, mut rest) = match stream.strip_prefix(&CLIENT_PREFACE[..]) {
+        Some(rest) => (CLIENT_PREFACE.to_vec(), rest),
+        None => (Vec::new(), stream),
+    };
+    while !rest.is_empty() {
+        let len = FRAME_HEADER_LEN + u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+        let (frame, tail) = rest.split_at(len);
+        if is_call_frame(frame[3]) {
+            kept.extend(frame);
+        }
+        rest = tail;
+    }
+    kept
+}
+
+#[test]
+fn leaving_out_the_frames_the_decoder_does_not_read_changes_no_fact() {
+    let message = grpc_message(0, &sample_request(CANARY, &["alice", "bob"]));
+    let send = request_stream(1, &first_request_headers(PUSH_PATH), &message, 40);
+    let recv = response_stream(1);
+    let facts_of = |send: &[u8], recv: &[u8]| {
+        let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+        let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(send));
+        decoder.feed(
+            Direction::Recv,
+            0,
+            &Bytes::copy_from_slice(recv),
+            &mut facts,
+        );
+        decoder.finish(&mut facts);
+        (facts, *decoder.counters())
+    };
+    let (send_kept, recv_kept) = (
+        without_frames_left_out(&send),
+        without_frames_left_out(&recv),
+    );
+    // The test streams hold SETTINGS, WINDOW_UPDATE and PING frames.
+    assert!(send_kept.len() < send.len() && recv_kept.len() < recv.len());
+    assert_eq!(facts_of(&send_kept, &recv_kept), facts_of(&send, &recv));
 }
 
 #[test]

@@ -1,25 +1,12 @@
 //! What the decoders, the output whitelist and the capture all read on the wire: how a
 //! connection's first bytes say what it carries, HTTP/2 framing, and query-text decoding.
 
-/// What an HTTP/2 client sends first (RFC 9113 §3.4).
-pub const CLIENT_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// HTTP/2 framing (RFC 9113 §4.1, §6) that both the decoder and the output whitelist walk.
-pub const FRAME_HEADER_LEN: usize = 9;
-pub const FRAME_DATA: u8 = 0x0;
-pub const FRAME_HEADERS: u8 = 0x1;
-pub const FRAME_PRIORITY: u8 = 0x2;
-pub const FRAME_RST_STREAM: u8 = 0x3;
-pub const FRAME_SETTINGS: u8 = 0x4;
-pub const FRAME_PUSH_PROMISE: u8 = 0x5;
-pub const FRAME_PING: u8 = 0x6;
-pub const FRAME_GOAWAY: u8 = 0x7;
-pub const FRAME_WINDOW_UPDATE: u8 = 0x8;
-pub const FRAME_CONTINUATION: u8 = 0x9;
-pub const FLAG_END_STREAM: u8 = 0x1;
-pub const FLAG_END_HEADERS: u8 = 0x4;
-pub const FLAG_PADDED: u8 = 0x8;
-pub const FLAG_PRIORITY: u8 = 0x20;
+pub use observer_records::http2::{
+    CLIENT_PREFACE, FLAG_END_HEADERS, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY,
+    FRAME_CONTINUATION, FRAME_DATA, FRAME_GOAWAY, FRAME_HEADER_LEN, FRAME_HEADERS, FRAME_PING,
+    FRAME_PRIORITY, FRAME_PUSH_PROMISE, FRAME_RST_STREAM, FRAME_SETTINGS, FRAME_WINDOW_UPDATE,
+    is_call_frame,
+};
 
 /// Whether `payload` opens like an HTTP/1 request line (a WebSocket upgrade, on a port that
 /// should carry HTTP/2).

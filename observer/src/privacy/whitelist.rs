@@ -149,7 +149,7 @@ impl Protocol {
             let len = first.len().min(whole.len());
             whole[..len] == first[..len]
         };
-        if is_prefix_of(CLIENT_PREFACE) {
+        if is_prefix_of(&CLIENT_PREFACE) {
             Protocol::Http2
         } else if METHODS.iter().any(|method| is_prefix_of(method)) {
             Protocol::http1()
