@@ -520,6 +520,16 @@ fn packet_hook_args(cgroups: &Cgroup2Mount) -> [String; 4] {
     ]
 }
 
+/// The observer with the packet hook at `cgroups`, `port` a gRPC port with a budget no test's
+/// connection spends (4 MiB).
+fn packet_hook_on_grpc_port(cgroups: &Cgroup2Mount, port: u16) -> Observer {
+    let port_arg = port.to_string();
+    let mut args = vec!["--grpc-port", &port_arg, "--grpc-budget", "4194304"];
+    let hook_args = packet_hook_args(cgroups);
+    args.extend(hook_args.iter().map(String::as_str));
+    Observer::start(&args)
+}
+
 /// A WebSocket upgrade with a token, its answer, and three chat frames each way on `port`:
 /// the observer, started with `hook_args`, captures the upgrade (token masked) and its answer,
 /// and no chat.
@@ -589,11 +599,7 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
     let cgroups = Cgroup2Mount::mount();
     let port = 18845;
     let listener = listen(port);
-    let port_arg = port.to_string();
-    let mut args = vec!["--grpc-port", &port_arg, "--grpc-budget", "4194304"];
-    let hook_args = packet_hook_args(&cgroups);
-    args.extend(hook_args.iter().map(String::as_str));
-    let mut observer = Observer::start(&args);
+    let mut observer = packet_hook_on_grpc_port(&cgroups, port);
     let started = observer
         .wait_for(|line| line["kind"] == "observer_started")
         .unwrap();
@@ -693,11 +699,7 @@ fn the_packet_hook_leaves_out_segments_of_http2_control_frames_only() {
     let cgroups = Cgroup2Mount::mount();
     let port = 18846;
     let listener = listen(port);
-    let port_arg = port.to_string();
-    let mut args = vec!["--grpc-port", &port_arg, "--grpc-budget", "4194304"];
-    let hook_args = packet_hook_args(&cgroups);
-    args.extend(hook_args.iter().map(String::as_str));
-    let mut observer = Observer::start(&args);
+    let mut observer = packet_hook_on_grpc_port(&cgroups, port);
     observer
         .wait_for(|line| line["kind"] == "observer_started")
         .unwrap();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use openim_test_kit::cgroup2::Cgroup2Mount;
 use openim_test_kit::http2::{
-    ACK, END_HEADERS, END_STREAM, HEADERS, PING, SETTINGS, WINDOW_UPDATE, frame,
+    ACK, CLIENT_PREFACE, END_HEADERS, END_STREAM, HEADERS, PING, SETTINGS, WINDOW_UPDATE, frame,
 };
 use serde_json::Value;
 use tests::observed::{ObserverProcess, find_observer_binary, metric_value, scrape_metrics};
@@ -34,8 +34,6 @@ const DROPPED: [u32; 2] = [6, 17];
 const HTTP2_PORT: u16 = 18993;
 const HTTP2_ROUNDS: usize = 12;
 const HTTP2_DROPPED: u32 = 6;
-/// What an HTTP/2 client sends first (RFC 9113 §3.4).
-const CLIENT_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// An iptables rule in the INPUT chain, removed when dropped.
 struct DropRule(Vec<String>);
@@ -47,29 +45,14 @@ impl DropRule {
         Self::nth(&["--sport", &port.to_string()], nth)
     }
 
-    /// Drops the `nth` packet (from 0) with payload from local port `port` on its way in, as
-    /// `nth_from_port`. IPv4 and TCP headers with timestamps are 52 bytes: only packets
-    /// longer than that count.
-    fn nth_segment_from_port(port: u16, nth: u32) -> Self {
+    /// Drops the `nth` packet (from 0) with payload coming in from local port `port`
+    /// (`port_match` `--sport`: the receiver's packet programs never see it) or to it
+    /// (`--dport`: the sender's saw it leave, and see its retransmission). IPv4 and TCP headers
+    /// with timestamps are 52 bytes: only packets longer than that count.
+    fn nth_segment(port_match: &str, port: u16, nth: u32) -> Self {
         Self::nth(
             &[
-                "--sport",
-                &port.to_string(),
-                "-m",
-                "length",
-                "--length",
-                "53:65535",
-            ],
-            nth,
-        )
-    }
-
-    /// Drops the `nth` packet (from 0) with payload to local port `port` on its way in: the
-    /// sender's packet programs saw it leave, and see its retransmission.
-    fn nth_segment_to_port(port: u16, nth: u32) -> Self {
-        Self::nth(
-            &[
-                "--dport",
+                port_match,
                 &port.to_string(),
                 "-m",
                 "length",
@@ -118,6 +101,27 @@ impl Drop for DropRule {
     }
 }
 
+/// The observer with the packet hook at a cgroup v2 hierarchy of its own (held while the
+/// observer runs), printing its records, `port` a gRPC port; `more` arguments after those.
+fn observe_packets(port: u16, more: &[&str]) -> (Cgroup2Mount, ObserverProcess) {
+    let cgroups = Cgroup2Mount::mount();
+    let root = cgroups.root().display().to_string();
+    let port = port.to_string();
+    let mut args = vec![
+        "--events",
+        "--capture-hook",
+        "packets",
+        "--cgroup-root",
+        &root,
+        "--grpc-port",
+        &port,
+    ];
+    args.extend(more);
+    let observer = ObserverProcess::start(&find_observer_binary().expect("observer binary"), &args)
+        .expect("observer attaches");
+    (cgroups, observer)
+}
+
 /// One direction of a connection as the observer printed its records (`--events`), which must
 /// follow each other in stream order.
 fn captured_stream(stdout: &[String], local_port: u16, port: u16, direction: &str) -> Vec<u8> {
@@ -155,24 +159,7 @@ fn segments_lost_and_retransmitted_are_put_back_in_order() {
     if !can_run(Needs::RootAndPrograms) {
         return;
     }
-    let cgroups = Cgroup2Mount::mount();
-    let root = cgroups.root().display().to_string();
-    let port = PORT.to_string();
-    let observer = ObserverProcess::start(
-        &find_observer_binary().expect("observer binary"),
-        &[
-            "--events",
-            "--capture-hook",
-            "packets",
-            "--cgroup-root",
-            &root,
-            "--grpc-port",
-            &port,
-            "--metrics-addr",
-            METRICS_ADDR,
-        ],
-    )
-    .expect("observer attaches");
+    let (_cgroups, observer) = observe_packets(PORT, &["--metrics-addr", METRICS_ADDR]);
     // Two rules for two packets: one rule's counter drops only its own nth match.
     let _rules: Vec<DropRule> = DROPPED
         .iter()
@@ -240,6 +227,19 @@ fn segments_lost_and_retransmitted_are_put_back_in_order() {
     assert_eq!(reorder["gaps_released"], 0, "{reorder}");
 }
 
+/// Writes each of `writes` in a segment of its own (no Nagle, 2 ms apart), then reads `len`
+/// bytes.
+fn write_apart_then_read(socket: &mut TcpStream, writes: &[Vec<u8>], len: usize) -> Vec<u8> {
+    socket.set_nodelay(true).unwrap();
+    for write in writes {
+        socket.write_all(write).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut received = vec![0u8; len];
+    socket.read_exact(&mut received).unwrap();
+    received
+}
+
 /// The headers of the HTTP/2 frames in `stream` from `start`, which must end with a whole
 /// frame; the control frames' (SETTINGS, PING, WINDOW_UPDATE) left out when `calls_only`.
 fn frame_headers(stream: &[u8], start: usize, calls_only: bool) -> Vec<Vec<u8>> {
@@ -265,25 +265,10 @@ fn an_http2_connection_losing_segments_keeps_its_frames_whole() {
     if !can_run(Needs::RootAndPrograms) {
         return;
     }
-    let cgroups = Cgroup2Mount::mount();
-    let root = cgroups.root().display().to_string();
-    let port = HTTP2_PORT.to_string();
-    let observer = ObserverProcess::start(
-        &find_observer_binary().expect("observer binary"),
-        &[
-            "--events",
-            "--capture-hook",
-            "packets",
-            "--cgroup-root",
-            &root,
-            "--grpc-port",
-            &port,
-        ],
-    )
-    .expect("observer attaches");
+    let (_cgroups, observer) = observe_packets(HTTP2_PORT, &[]);
     let _rules = [
-        DropRule::nth_segment_to_port(HTTP2_PORT, HTTP2_DROPPED),
-        DropRule::nth_segment_from_port(HTTP2_PORT, HTTP2_DROPPED),
+        DropRule::nth_segment("--dport", HTTP2_PORT, HTTP2_DROPPED),
+        DropRule::nth_segment("--sport", HTTP2_PORT, HTTP2_DROPPED),
     ];
 
     // Header blocks of HPACK static-table fields (:method POST, :scheme http, :path /;
@@ -308,25 +293,13 @@ fn an_http2_connection_losing_segments_keeps_its_frames_whole() {
     let server_sent: Vec<u8> = server_writes.concat();
     let server = std::thread::spawn(move || {
         let (mut socket, _) = listener.accept().unwrap();
-        socket.set_nodelay(true).unwrap();
-        for write in &server_writes {
-            socket.write_all(write).unwrap();
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let mut received = vec![0u8; expected_request.len()];
-        socket.read_exact(&mut received).unwrap();
+        let received = write_apart_then_read(&mut socket, &server_writes, expected_request.len());
         assert!(received == expected_request, "TCP delivered the request");
         let mut rest = Vec::new();
         socket.read_to_end(&mut rest).unwrap();
     });
     let mut client = TcpStream::connect(("127.0.0.1", HTTP2_PORT)).unwrap();
-    client.set_nodelay(true).unwrap();
-    for write in &client_writes {
-        client.write_all(write).unwrap();
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let mut received = vec![0u8; server_sent.len()];
-    client.read_exact(&mut received).unwrap();
+    let received = write_apart_then_read(&mut client, &client_writes, server_sent.len());
     assert!(received == server_sent, "TCP delivered the answer");
     let local_port = client.local_addr().unwrap().port();
     drop(client);

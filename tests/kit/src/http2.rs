@@ -2,6 +2,9 @@
 //! as the byte vectors a peer would send. Nothing here checks its input: tests build broken
 //! streams on purpose.
 
+/// What an HTTP/2 client sends first (RFC 9113 §3.4).
+pub const CLIENT_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 // Frame types.
 pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
