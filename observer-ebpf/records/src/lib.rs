@@ -399,8 +399,9 @@ pub struct PacketDirection {
 }
 
 /// `PacketDirection::next_frame` when the frame boundaries are not known: a connection
-/// adopted established, bytes missing before a frame header, a send side that did not open
-/// with the client preface, or a segment of more frames than the programs follow.
+/// adopted established, a direction that did not open as HTTP/2 does (the client's with its
+/// preface, the server's with SETTINGS), bytes missing before a frame header, a frame header
+/// cut by its segment's end, or a segment of more frames than the programs follow.
 pub const FRAMES_NOT_FOLLOWED: u64 = u64::MAX;
 
 /// `PacketDirection::hole_from` when nothing before `seen_end` is missing.

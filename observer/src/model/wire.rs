@@ -1,5 +1,7 @@
 //! What the decoders, the output whitelist and the capture all read on the wire: how a
 //! connection's first bytes say what it carries, HTTP/2 framing, and query-text decoding.
+//! HTTP/2's framing is defined once, in `observer_records::http2`, which the packet programs
+//! follow too (to leave out the segments the decoder would not read).
 
 pub use observer_records::http2::{
     CLIENT_PREFACE, FLAG_END_HEADERS, FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY,
