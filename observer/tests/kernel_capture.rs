@@ -689,8 +689,7 @@ fn the_packet_hook_leaves_out_segments_of_http2_control_frames_only() {
         CLIENT_PREFACE, FLAG_END_HEADERS, FLAG_END_STREAM, FRAME_DATA, FRAME_GOAWAY, FRAME_HEADERS,
         FRAME_PING, FRAME_SETTINGS, FRAME_WINDOW_UPDATE,
     };
-    use openim_test_kit::http2::frame;
-    const ACK: u8 = 0x1;
+    use openim_test_kit::http2::{ACK, frame};
 
     if !can_run() {
         return;
