@@ -173,7 +173,6 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         count(Counter::SegmentsLeftOut, 1);
         return Ok(());
     }
-    let left_out = half.left_out;
     let Some((start, len)) = place_segment(half, segment_start, end) else {
         // Every byte seen already: a retransmission.
         return Ok(());
@@ -216,7 +215,7 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
             record,
             progress,
             segment.payload_start + skip as u32,
-            start - left_out,
+            start - half.left_out,
             capture as u32,
             capture < len,
         );
