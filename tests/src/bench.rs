@@ -87,6 +87,8 @@ pub struct BenchConfig {
     pub memory_only: bool,
     /// Only the alert latency section.
     pub latency_only: bool,
+    /// Only watching's cost within one flood.
+    pub watching_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -190,9 +192,26 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
     if config.latency_only {
         return crate::alert_latency::measure(&config.observer, config.replicas).await;
     }
+    if config.watching_only {
+        ensure!(
+            config.watching_pairs >= 1,
+            "--watching-only needs --watching-pairs of at least 1"
+        );
+        // The packet hook's observer is the only watcher here.
+        let tools = Tools {
+            bpftrace: None,
+            cgroup2_root: mounted_cgroup2(),
+        };
+        ensure!(
+            tools.cgroup2_root.is_some(),
+            "--watching-only needs a mounted cgroup v2 hierarchy (`mount -t cgroup2 none DIR`) for the packet hook"
+        );
+        let (_, watching) = measure_pushes(&config, &tools, 0).await?;
+        return Ok(watching.map_or_else(String::new, |cost| cost.render(TARGET_LOSS_PERCENT)));
+    }
     let tools = Tools::find();
     let load_before = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let (floods, watching) = measure_pushes(&config, &tools).await?;
+    let (floods, watching) = measure_pushes(&config, &tools, config.rounds).await?;
     let syscalls = measure_syscalls(&config, &tools).await?;
     // The last syscall round's watcher (bpftrace's exit can take seconds) must be gone too.
     let quiet = wait_until_quiet_async().await?;
@@ -674,11 +693,12 @@ async fn wait_until_quiet_async() -> anyhow::Result<Quiet> {
     Ok(quiet)
 }
 
-/// The push flood's rounds, then (with a packet hook and `watching_pairs`) watching's cost
+/// The push flood's `rounds`, then (with a packet hook and `watching_pairs`) watching's cost
 /// within one flood of the same lab.
 async fn measure_pushes(
     config: &BenchConfig,
     tools: &Tools,
+    rounds: usize,
 ) -> anyhow::Result<(BTreeMap<Watcher, Vec<FloodRound>>, Option<WatchingCost>)> {
     let mut lab = Lab::start(LabConfig {
         replicas_initial: config.replicas,
@@ -691,13 +711,13 @@ async fn measure_pushes(
     lab.connect_users(0..config.users, false).await;
     eprintln!("bench: warming up ({} s of push flood)", WARM_UP.as_secs());
     lab.push_flood(WARM_UP).await?;
-    let mut rounds: BTreeMap<Watcher, Vec<FloodRound>> = BTreeMap::new();
-    for round in 0..config.rounds {
+    let mut floods: BTreeMap<Watcher, Vec<FloodRound>> = BTreeMap::new();
+    for round in 0..rounds {
         for watcher in tools.order(round, true) {
             eprintln!(
                 "bench: push flood, round {}/{}, {} ({} s)",
                 round + 1,
-                config.rounds,
+                rounds,
                 watcher.label(),
                 config.seconds
             );
@@ -712,7 +732,7 @@ async fn measure_pushes(
                 "bench:   {:.0} pushes/s, p50 {} us, p99 {} us, {} errors",
                 report.pushes_per_second, report.p50_us, report.p99_us, report.errors
             );
-            rounds.entry(watcher).or_default().push(FloodRound {
+            floods.entry(watcher).or_default().push(FloodRound {
                 report,
                 counts,
                 quiet,
@@ -720,7 +740,7 @@ async fn measure_pushes(
         }
     }
     if config.watching_pairs == 0 || tools.cgroup2_root.is_none() {
-        return Ok((rounds, None));
+        return Ok((floods, None));
     }
     // Only for the last segment's watcher to be gone: pairs side by side within one flood
     // need no quiet machine, drift on it reaches both phases of a pair alike.
@@ -742,7 +762,7 @@ async fn measure_pushes(
     }
     .await;
     stop_watcher(process).await?;
-    Ok((rounds, Some(cost?)))
+    Ok((floods, Some(cost?)))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -171,6 +171,10 @@ struct BenchArgs {
     /// Only the alert latency section (from traffic to alert line at low load).
     #[arg(long)]
     latency_only: bool,
+    /// Only watching's cost within one flood (`--watching-pairs` of them, default 40): the
+    /// push flood's tightest figure, in about 3 minutes.
+    #[arg(long)]
+    watching_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -345,6 +349,7 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         watching_pairs: args.watching_pairs,
         memory_only: args.memory_only,
         latency_only: args.latency_only,
+        watching_only: args.watching_only,
     })
     .await?;
     println!("{text}");
