@@ -173,7 +173,7 @@ struct BenchArgs {
     latency_only: bool,
     /// Only watching's cost within one flood (`--watching-pairs` of them, default 40): the
     /// push flood's tightest figure, in about 3 minutes.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["memory_only", "latency_only"])]
     watching_only: bool,
 }
 
