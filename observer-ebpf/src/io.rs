@@ -2,7 +2,7 @@
 //! descriptor, and its exit decides how much of what moved the port class's policy lets us copy.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
     macros::tracepoint,
     programs::TracePointContext,
 };
@@ -18,7 +18,7 @@ use crate::{
         SocketKey, SocketState, add_claims, count, insert_or_count, may_be_watching,
         may_have_claim,
     },
-    ring::{header_for, stamp_current},
+    ring::{RecordTime, header_at, stamp_current},
     scope::current_task_in_scope,
     tracepoint::{
         MSGHDR_IOV, MSGHDR_IOVLEN, SYSCALL_ARG0, SYSCALL_ARG1, SYSCALL_ARG2, SYSCALL_RET,
@@ -199,7 +199,8 @@ fn try_sys_exit_io(ctx: &TracePointContext) -> Result<bool, i64> {
     } else {
         state.received += transferred;
     }
-    let capture = capture_allowance(state, call.direction, transferred);
+    let mut time = RecordTime::unread();
+    let capture = capture_allowance(state, call.direction, transferred, &mut time);
     if capture < transferred {
         count(Counter::BytesNotCaptured, transferred - capture);
     }
@@ -207,7 +208,7 @@ fn try_sys_exit_io(ctx: &TracePointContext) -> Result<bool, i64> {
         return Ok(false);
     }
 
-    let mut header = header_for(RecordKind::Data, state.sock, &conn);
+    let mut header = header_at(RecordKind::Data, state.sock, &conn, time.now());
     stamp_current(&mut header, pid_tgid);
     header.direction = call.direction as u8;
     header.call_len = transferred;
@@ -215,8 +216,14 @@ fn try_sys_exit_io(ctx: &TracePointContext) -> Result<bool, i64> {
     Ok(copy::begin(&call, header, capture, capture < transferred))
 }
 
-/// How many of the `transferred` bytes the port class's policy lets us copy.
-fn capture_allowance(state: &mut SocketState, direction: Direction, transferred: u64) -> u64 {
+/// How many of the `transferred` bytes the port class's policy lets us copy; a gRPC budget
+/// reads the record's `time`.
+fn capture_allowance(
+    state: &mut SocketState,
+    direction: Direction,
+    transferred: u64,
+    time: &mut RecordTime,
+) -> u64 {
     if state.port_class == PortClass::WebSocket as u8 {
         // The upgrade request and its answer name the user; everything after them is chat.
         let done = if direction == Direction::Send {
@@ -230,24 +237,24 @@ fn capture_allowance(state: &mut SocketState, direction: Direction, transferred:
         *done = 1;
         return transferred.min(CHUNK_SIZE as u64);
     }
-    let (burst, refill) = match CONFIG.get(0) {
-        Some(config) => (config.grpc_budget, config.grpc_budget_refill),
-        None => (DEFAULT_GRPC_BUDGET, DEFAULT_GRPC_BUDGET_REFILL),
-    };
     let budget = if direction == Direction::Send {
         &mut state.send_budget
     } else {
         &mut state.receive_budget
     };
-    let capture = draw(
-        budget,
-        u64::from(burst),
-        u64::from(refill),
-        unsafe { bpf_ktime_get_ns() },
-        transferred,
-    );
-    if capture < transferred {
-        count(Counter::BytesOverBudget, transferred - capture);
+    draw_grpc_budget(budget, transferred, time.now())
+}
+
+/// Draws up to `wanted` bytes at `now_ns` from a gRPC direction's budget, as configured, and
+/// counts what it cuts (`BytesOverBudget`).
+pub fn draw_grpc_budget(budget: &mut Budget, wanted: u64, now_ns: u64) -> u64 {
+    let (burst, refill) = match CONFIG.get(0) {
+        Some(config) => (config.grpc_budget, config.grpc_budget_refill),
+        None => (DEFAULT_GRPC_BUDGET, DEFAULT_GRPC_BUDGET_REFILL),
+    };
+    let capture = draw(budget, u64::from(burst), u64::from(refill), now_ns, wanted);
+    if capture < wanted {
+        count(Counter::BytesOverBudget, wanted - capture);
     }
     capture
 }
@@ -258,7 +265,7 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// per second (`refill` at most `MAX_GRPC_BUDGET_REFILL`, 2^30, so products stay below 2^64).
 /// The bucket only ever cuts the tail of a call: once it refills, capture resumes at the start
 /// of a later call, which is where the gap in offsets shows.
-pub fn draw(budget: &mut Budget, burst: u64, refill: u64, now_ns: u64, wanted: u64) -> u64 {
+fn draw(budget: &mut Budget, burst: u64, refill: u64, now_ns: u64, wanted: u64) -> u64 {
     let elapsed = now_ns.saturating_sub(budget.settled_ns);
     let regained = if elapsed < 1 << 33 {
         // Below 2^33 ns × 2^30 bytes/s.

@@ -31,26 +31,23 @@
 //! `sendmsg` so, as do other stacks), which is how the packets tell where the first write ends.
 
 use aya_ebpf::{
-    bindings::__sk_buff,
-    helpers::{bpf_ktime_get_ns, generated::bpf_skb_load_bytes},
-    macros::cgroup_skb,
+    bindings::__sk_buff, helpers::generated::bpf_skb_load_bytes, macros::cgroup_skb,
     programs::SkBuffContext,
 };
 use observer_records::{
-    AF_INET, AF_INET6, CHUNK_SIZE, ConnectionTuple, Counter, DEFAULT_GRPC_BUDGET,
-    DEFAULT_GRPC_BUDGET_REFILL, DataRecord, Direction, FLAG_TRUNCATED, FRAMES_NOT_FOLLOWED,
-    JOINED_STREAM_OFFSET, PortClass, RecordKind, TcpState,
+    AF_INET, AF_INET6, CHUNK_SIZE, ConnectionTuple, Counter, DataRecord, Direction, FLAG_TRUNCATED,
+    FRAMES_NOT_FOLLOWED, JOINED_STREAM_OFFSET, PortClass, RecordKind, TcpState,
     http2::{CLIENT_PREFACE, FRAME_HEADER_LEN, FRAME_SETTINGS, is_call_frame},
 };
 
 use crate::{
-    io::draw,
+    io::draw_grpc_budget,
     maps::{
-        ADOPTABLE, CONFIG, NO_HOLE, PACKET_COPY, PACKET_NESTING, PACKET_STREAMS, PacketCopy,
+        ADOPTABLE, NO_HOLE, PACKET_COPY, PACKET_NESTING, PACKET_STREAMS, PacketCopy,
         PacketDirection, PacketStream, SCRATCH, SCRATCH_SLOTS, STREAM_HEAD_TAKEN, STREAM_JOINED,
         STREAM_SEQ_KNOWN, count, watched_port,
     },
-    ring::{header_for, output_data, output_header},
+    ring::{RecordTime, header_at, header_for, output_data, output_header},
 };
 
 /// A connection's `PACKET_STREAMS` entry when it is adopted, from read-only data: the packet
@@ -180,7 +177,8 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     // Bytes of the segment's front seen before.
     let skip = start - segment_start;
     let conn = &stream.conn;
-    let capture = capture_allowance(half, conn.port_class, &segment, start, len);
+    let mut time = RecordTime::unread();
+    let capture = capture_allowance(half, conn.port_class, &segment, start, len, &mut time);
     if capture < len {
         count(Counter::BytesNotCaptured, len - capture);
     }
@@ -207,7 +205,7 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         // SAFETY: this CPU's slots of this nesting level: no other run touches them until
         // this one gives the level back.
         let (record, progress) = unsafe { (&mut (*buffer).record, &mut *progress) };
-        record.header = header_for(RecordKind::Data, sock, conn);
+        record.header = header_at(RecordKind::Data, sock, conn, time.now());
         record.header.direction = direction as u8;
         record.header.call_len = len;
         copy_payload(
@@ -438,13 +436,15 @@ fn stream_offset(half: &PacketDirection, seq: u32) -> u64 {
     half.seen_end.wrapping_add(distance as i64 as u64)
 }
 
-/// How many of the `len` bytes at stream offset `start` the port class's policy lets us copy.
+/// How many of the `len` bytes at stream offset `start` the port class's policy lets us copy;
+/// a gRPC budget reads the record's `time`.
 fn capture_allowance(
     half: &mut PacketDirection,
     port_class: u8,
     segment: &Segment,
     start: u64,
     len: u64,
+    time: &mut RecordTime,
 ) -> u64 {
     if port_class == PortClass::WebSocket as u8 {
         // The upgrade request and its answer name the user; everything after them is chat.
@@ -457,21 +457,7 @@ fn capture_allowance(
         }
         return capture;
     }
-    let (burst, refill) = match CONFIG.get(0) {
-        Some(config) => (config.grpc_budget, config.grpc_budget_refill),
-        None => (DEFAULT_GRPC_BUDGET, DEFAULT_GRPC_BUDGET_REFILL),
-    };
-    let capture = draw(
-        &mut half.budget,
-        u64::from(burst),
-        u64::from(refill),
-        unsafe { bpf_ktime_get_ns() },
-        len,
-    );
-    if capture < len {
-        count(Counter::BytesOverBudget, len - capture);
-    }
-    capture
+    draw_grpc_budget(&mut half.budget, len, time.now())
 }
 
 /// Records one packet fills at most: 512 KiB, the most a GSO packet holds (`GSO_MAX_SIZE`

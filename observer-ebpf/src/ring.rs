@@ -10,9 +10,29 @@ const BPF_RB_AVAIL_DATA: u64 = 0;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
+/// The time of a data record, read when first needed and then kept: a gRPC direction's budget
+/// (`io::draw_grpc_budget`) and the record's header get the same instant from one helper call
+/// (they made two), and a segment or call the policy copies nothing of (WebSocket chat) none.
+pub struct RecordTime(Option<u64>);
+
+impl RecordTime {
+    pub const fn unread() -> Self {
+        Self(None)
+    }
+
+    pub fn now(&mut self) -> u64 {
+        *self.0.get_or_insert_with(|| unsafe { bpf_ktime_get_ns() })
+    }
+}
+
 pub fn header_for(kind: RecordKind, sock: u64, conn: &Connection) -> RecordHeader {
+    header_at(kind, sock, conn, unsafe { bpf_ktime_get_ns() })
+}
+
+/// A record's header stamped `ts_ns`.
+pub fn header_at(kind: RecordKind, sock: u64, conn: &Connection, ts_ns: u64) -> RecordHeader {
     RecordHeader {
-        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ts_ns,
         sock,
         cgroup_id: conn.cgroup_id,
         offset: 0,
