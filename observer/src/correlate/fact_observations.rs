@@ -63,11 +63,11 @@ pub(super) struct ConnectionView<'a> {
     pub(super) texts: &'a mut SharedTexts,
 }
 
-fn named_gateway(gateway: &Gateway, name: Option<String>, texts: &mut SharedTexts) -> Gateway {
+fn named_gateway(gateway: &Gateway, name: Option<&str>, texts: &mut SharedTexts) -> Gateway {
     Gateway {
         ip: gateway.ip,
         port: gateway.port,
-        name: name.map(|name| texts.share(&name)),
+        name: name.map(|name| texts.share(name)),
     }
 }
 
@@ -89,7 +89,7 @@ pub(super) fn websocket_observation(
                 ts_ns: event.ts_ns,
                 user,
                 platform: request.platform_id,
-                gateway: named_gateway(view.gateway, request.host, view.texts),
+                gateway: named_gateway(view.gateway, request.host.as_deref(), view.texts),
                 proxy: view.process.clone(),
             })
         }
@@ -113,7 +113,7 @@ pub(super) fn upgrade_on_grpc_observation(
             connection: event.connection,
             ts_ns: event.ts_ns,
             user: request.send_id.filter(|user| !user.is_empty()),
-            gateway: named_gateway(view.gateway, request.host, view.texts),
+            gateway: named_gateway(view.gateway, request.host.as_deref(), view.texts),
             proxy: view.process.clone(),
         }),
         WebSocketFact::UpgradeResponse { status } => Some(Observation::UpgradeOnGrpcPortAnswered {
@@ -145,7 +145,7 @@ pub(super) fn grpc_observation(
                 method: view
                     .texts
                     .share(method.rsplit('/').next().unwrap_or(&method)),
-                gateway: named_gateway(view.gateway, authority, view.texts),
+                gateway: named_gateway(view.gateway, authority.as_deref(), view.texts),
                 pusher: view.process.clone(),
                 message: call.message,
                 recipients: call.recipients,

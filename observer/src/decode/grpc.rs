@@ -15,7 +15,7 @@ use super::open_streams::OpenStreams;
 
 use super::http2::{Http2Direction, MidStreamCounts, StreamEvent, Undecodable};
 use super::protobuf::{self, ProtobufError, PushCall, PushMethod};
-use super::{DecodeCounters, Limits};
+use super::{DecodeCounters, HeaderText, Limits};
 use crate::hpack::HeaderField;
 
 /// The method of a call on a connection joined mid-stream whose `:path` referred to an HPACK
@@ -31,8 +31,8 @@ pub enum GrpcFact {
     /// complete or the capture lost it.
     Request {
         stream_id: u32,
-        method: String,
-        authority: Option<String>,
+        method: HeaderText,
+        authority: Option<HeaderText>,
         body: RequestBody,
     },
     /// The first response message of a push call.
@@ -213,8 +213,11 @@ impl GrpcConnectionDecoder {
             .map(|(_, stream)| {
                 stream.request.pending.capacity()
                     + stream.response.pending.capacity()
-                    + stream.method.capacity()
-                    + stream.authority.as_ref().map_or(0, String::capacity)
+                    + stream.method.len()
+                    + stream
+                        .authority
+                        .as_ref()
+                        .map_or(0, |authority| authority.len())
             })
             .sum();
         self.send.buffered_bytes() + self.recv.buffered_bytes() + streams
@@ -320,9 +323,9 @@ impl GrpcConnectionDecoder {
         facts: &mut Vec<GrpcFact>,
     ) {
         if !self.streams.contains(stream_id) {
-            let authority = header_value(fields, ":authority").map(Cow::into_owned);
-            let stream = match header_value(fields, ":path") {
-                Some(method) => StreamState::new(method.into_owned(), authority),
+            let authority = header_text(fields, ":authority");
+            let stream = match header_text(fields, ":path") {
+                Some(method) => StreamState::new(method, authority),
                 None if self.joined_mid_stream => StreamState::unnamed(authority),
                 None => {
                     self.counters.grpc_failures += 1;
@@ -370,7 +373,7 @@ impl GrpcConnectionDecoder {
                     (0, None) if stream.method.is_empty() => match push_by_shape(&body) {
                         Some(call) => {
                             self.counters.calls_recognised_by_shape += 1;
-                            stream.method = BATCH_PUSH_BY_SHAPE.to_owned();
+                            stream.method = HeaderText::from_static(BATCH_PUSH_BY_SHAPE);
                             stream.push_method = Some(PushMethod::Batch);
                             RequestBody::Push(call)
                         }
@@ -432,7 +435,7 @@ impl GrpcConnectionDecoder {
         let Some(method) = stream.push_method else {
             return;
         };
-        let by_shape = stream.method == BATCH_PUSH_BY_SHAPE;
+        let by_shape = *stream.method == *BATCH_PUSH_BY_SHAPE;
         match stream.response.push(data, cap) {
             Some(ReadMessage::Complete { flag: 0, body }) => {
                 let decoded = protobuf::decode_response(method, &body).or_else(|error| {
@@ -517,6 +520,13 @@ fn push_by_shape(body: &[u8]) -> Option<PushCall> {
     protobuf::decode_request(PushMethod::Batch, body)
         .ok()
         .filter(|call| !call.recipients.is_empty() && call.message != Default::default())
+}
+
+/// The value of header `name` as text that shares its decoded bytes: for what a stream keeps
+/// (its `:path` and `:authority`).
+fn header_text(fields: &[HeaderField], name: &str) -> Option<HeaderText> {
+    let field = fields.iter().find(|field| field.name == name.as_bytes())?;
+    Some(HeaderText::new(&field.value))
 }
 
 /// A header's value as text, borrowed unless it had to be repaired (not UTF-8): the status

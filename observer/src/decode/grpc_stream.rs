@@ -3,9 +3,9 @@
 
 use bytes::Bytes;
 
-use super::DecodeCounters;
 use super::grpc::{BodyError, GrpcFact, RequestBody, ResponseBody};
 use super::protobuf::{self, PushMethod};
+use super::{DecodeCounters, HeaderText};
 
 /// 1 byte compressed flag and 4 bytes big-endian length.
 const MESSAGE_HEADER_LEN: usize = 5;
@@ -40,8 +40,8 @@ pub(super) fn response_body_for_flag(flag: u8, counters: &mut DecodeCounters) ->
 
 #[derive(Clone)]
 pub(super) struct StreamState {
-    pub(super) method: String,
-    pub(super) authority: Option<String>,
+    pub(super) method: HeaderText,
+    pub(super) authority: Option<HeaderText>,
     pub(super) push_method: Option<PushMethod>,
     pub(super) request: MessageReader,
     pub(super) request_reported: bool,
@@ -51,7 +51,7 @@ pub(super) struct StreamState {
 }
 
 impl StreamState {
-    pub(super) fn new(method: String, authority: Option<String>) -> Self {
+    pub(super) fn new(method: HeaderText, authority: Option<HeaderText>) -> Self {
         let push_method = PushMethod::from_path(&method);
         Self {
             push_method,
@@ -70,9 +70,9 @@ impl StreamState {
 
     /// A call on a connection joined mid-stream whose `:path` is unknown: its first request
     /// message decides (`push_by_shape`).
-    pub(super) fn unnamed(authority: Option<String>) -> Self {
+    pub(super) fn unnamed(authority: Option<HeaderText>) -> Self {
         Self {
-            method: String::new(),
+            method: HeaderText::default(),
             authority,
             push_method: None,
             request: MessageReader::default(),

@@ -15,6 +15,7 @@ pub mod grpc;
 mod grpc_stream;
 #[cfg(test)]
 mod grpc_tests;
+mod header_text;
 pub mod http1;
 pub mod http2;
 mod open_streams;
@@ -24,6 +25,7 @@ mod protobuf_wire;
 pub(crate) mod test_streams;
 
 pub use grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
+pub use header_text::HeaderText;
 pub use http1::{Http1Error, UpgradeRequest, WebSocketDecoder, WebSocketFact};
 pub use http2::Undecodable;
 pub use protobuf::PushCall;
