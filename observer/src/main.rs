@@ -44,18 +44,7 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if err.use_stderr() => {
-            // Usage errors in one line, like every other error a user can cause: clap's
-            // message up to its blank line (the usage and tips follow), its lines joined.
-            let detail = err.to_string();
-            let message: Vec<&str> = detail
-                .lines()
-                .map(str::trim)
-                .take_while(|line| !line.is_empty())
-                .collect();
-            eprintln!(
-                "observer: {}",
-                message.join(" ").trim_start_matches("error: ")
-            );
+            eprintln!("observer: {}", daemon::usage_error_line(&err));
             return ExitCode::from(2);
         }
         Err(err) => {

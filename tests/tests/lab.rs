@@ -239,3 +239,30 @@ async fn push_flood_measures_calls() {
         "{report:?}"
     );
 }
+
+/// A usage error of the lab's command is one line, as the observer's are, with exit code 2;
+/// its help still prints in full.
+#[test]
+fn a_usage_error_is_one_line_with_exit_code_2() {
+    let lab = env!("CARGO_BIN_EXE_openim-lab");
+    let output = std::process::Command::new(lab)
+        .args(["bench", "--rounds", "many"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(
+        stderr,
+        "openim-lab: invalid value 'many' for '--rounds <ROUNDS>': invalid digit found in string\n"
+    );
+    let help = std::process::Command::new(lab)
+        .args(["bench", "--help"])
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    assert!(
+        String::from_utf8(help.stdout)
+            .unwrap()
+            .contains("Usage: openim-lab bench")
+    );
+}

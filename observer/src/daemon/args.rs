@@ -16,6 +16,19 @@ use crate::{
     tools::in_range,
 };
 
+/// A command-line usage error in one line, like every other error a user can cause: clap's
+/// message up to its blank line (the usage and tips follow), its lines joined, without its
+/// `error: `. For `observer` and the lab's `openim-lab` alike.
+pub fn usage_error_line(error: &clap::Error) -> String {
+    let detail = error.to_string();
+    let message: Vec<&str> = detail
+        .lines()
+        .map(str::trim)
+        .take_while(|line| !line.is_empty())
+        .collect();
+    message.join(" ").trim_start_matches("error: ").to_owned()
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// Remote port of the gateways' gRPC server (push → gateway). Repeat for several.

@@ -5,7 +5,7 @@
 mod args;
 mod sink;
 
-pub use args::{EngineArgs, ReplayArgs, RunArgs};
+pub use args::{EngineArgs, ReplayArgs, RunArgs, usage_error_line};
 use sink::EventSink;
 
 use std::{

@@ -178,7 +178,18 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if err.use_stderr() => {
+            eprintln!("openim-lab: {}", observer::daemon::usage_error_line(&err));
+            return ExitCode::from(2);
+        }
+        Err(err) => {
+            // --help and --version.
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+    };
     let outcome = match cli.command {
         Command::Gateway(args) => run_role("msggateway", tests::lab::gateway::run(args)),
         Command::Proxy(args) => run_role("msggw-proxy", tests::lab::proxy::run(args)),
