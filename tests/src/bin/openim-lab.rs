@@ -185,7 +185,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         Err(err) => {
-            // --help and --version.
+            // --help.
             let _ = err.print();
             return ExitCode::SUCCESS;
         }
