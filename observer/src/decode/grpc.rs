@@ -4,11 +4,9 @@
 //!
 //! The calls are unary, so only the first message per direction and stream is read.
 
-use std::borrow::Cow;
-
 use bytes::Bytes;
 
-use crate::model::{Direction, UserResult, wire};
+use crate::model::{Direction, UserResult};
 
 use super::grpc_stream::{ReadMessage, StreamState, request_body_for_flag, response_body_for_flag};
 use super::open_streams::OpenStreams;
@@ -404,15 +402,16 @@ impl GrpcConnectionDecoder {
         let Some(stream) = self.streams.get_mut(stream_id) else {
             return;
         };
-        if let Some(status) = header_value(fields, ":status") {
+        if let Some(status) = header_text(fields, ":status") {
             stream.http_status = status.parse().ok();
         }
-        let grpc_status = header_value(fields, "grpc-status");
+        let grpc_status = header_text(fields, "grpc-status");
         if grpc_status.is_some() || end_stream {
             facts.push(GrpcFact::Trailers {
                 stream_id,
                 grpc_status: grpc_status.and_then(|status| status.parse().ok()),
-                grpc_message: header_value(fields, "grpc-message").map(Cow::into_owned),
+                grpc_message: header_text(fields, "grpc-message")
+                    .map(|message| message.to_string()),
             });
         }
         if end_stream {
@@ -522,20 +521,10 @@ fn push_by_shape(body: &[u8]) -> Option<PushCall> {
         .filter(|call| !call.recipients.is_empty() && call.message != Default::default())
 }
 
-/// The value of header `name` as text that shares its decoded bytes: for what a stream keeps
-/// (its `:path` and `:authority`).
+/// The value of header `name` as text that shares its decoded bytes (repaired into a copy
+/// when not UTF-8): what a stream keeps (its `:path` and `:authority`) costs no copy, and the
+/// status headers are only parsed.
 fn header_text(fields: &[HeaderField], name: &str) -> Option<HeaderText> {
     let field = fields.iter().find(|field| field.name == name.as_bytes())?;
     Some(HeaderText::new(&field.value))
-}
-
-/// A header's value as text, borrowed unless it had to be repaired (not UTF-8): the status
-/// headers are only parsed, never kept. Checked first: the lossy walk is several times slower,
-/// and only a broken value needs it.
-fn header_value<'a>(fields: &'a [HeaderField], name: &str) -> Option<Cow<'a, str>> {
-    let field = fields.iter().find(|field| field.name == name.as_bytes())?;
-    Some(match wire::utf8(&field.value) {
-        Ok(text) => Cow::Borrowed(text),
-        Err(_) => String::from_utf8_lossy(&field.value),
-    })
 }
