@@ -15,9 +15,17 @@
 //! its programs' time as the kernel accounts it (BPF run-time statistics, switched on for
 //! these phases only, since they cost every program run two clock reads), which the lab's own
 //! processes pay inside their syscalls and softirqs, and its daemon's time from /proc.
+//!
+//! Then the yardstick: as many pairs again, the observer watching nothing in both phases and a
+//! thread of the bench burning, in one phase of each pair, the CPU that watching added (its
+//! share of one CPU at the watched phases' pace, in bursts every 3 ms as the daemon reads).
+//! What that costs the flood is what any process using the observer's CPU would cost it; if
+//! watching costs about the same, its cost is its CPU, and only less CPU lowers it.
 
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use aya::maps::{Array, Map, MapData, loaded_maps};
@@ -38,6 +46,9 @@ const TIMED_PHASES: usize = 4;
 /// last connections' ends), then the pattern of a daemon with nothing to watch (about 80 µs
 /// every 250 ms: its quiet drains and the counters' tick).
 const TIMED_PHASE_SETTLE: Duration = Duration::from_millis(300);
+/// The yardstick's burner works in bursts this far apart: how often the daemon reads the ring
+/// under sustained traffic (`observer::capture::read_pacing::BUSY_READ_FOLLOW_UP`).
+const BURN_PERIOD: Duration = Duration::from_millis(3);
 /// The observer's map of watched ports (`observer-ebpf/src/maps.rs`), as the kernel names it.
 const WATCHED_PORTS: &str = "WATCHED_PORTS";
 
@@ -136,6 +147,8 @@ struct ProgramTime {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct PhaseCpu {
     pushes: u64,
+    /// The phases' flood time.
+    seconds: f64,
     program_ns: u64,
     program_runs: u64,
     daemon_seconds: f64,
@@ -169,11 +182,32 @@ struct ObserverCpu {
     not_watching: PhaseCpu,
 }
 
-/// One pair of phases: the flood watched and not, in either order.
+impl ObserverCpu {
+    /// The share of one CPU watching added: its CPU a push beyond not watching's, at the watched
+    /// phases' pace.
+    fn added_share(&self) -> f64 {
+        let (programs, _, daemon) = self.watching.per_push();
+        let (programs_idle, _, daemon_idle) = self.not_watching.per_push();
+        let added_us = (programs + daemon - programs_idle - daemon_idle).max(0.0);
+        let pushes_per_second = self.watching.pushes as f64 / self.watching.seconds.max(1e-9);
+        added_us * pushes_per_second / 1e6
+    }
+}
+
+/// One pair of phases, in either order: the flood with what is measured on (the observer
+/// watching, or the yardstick's burner burning) and off.
 #[derive(Debug)]
 struct Pair {
-    watching: FloodReport,
-    not_watching: FloodReport,
+    on: FloodReport,
+    off: FloodReport,
+}
+
+/// The yardstick: the flood with a burner of the observer's CPU and without, side by side.
+#[derive(Debug)]
+struct SameCpu {
+    /// The share of one CPU burned.
+    share: f64,
+    pairs: Vec<Pair>,
 }
 
 #[derive(Debug)]
@@ -181,6 +215,8 @@ pub struct WatchingCost {
     pairs: Vec<Pair>,
     /// Or why it could not be timed (an old kernel, no statistics): the pairs still stand.
     cpu: Result<ObserverCpu, String>,
+    /// Measured when the observer's CPU was.
+    same_cpu: Option<SameCpu>,
 }
 
 /// Runs `pairs` pairs of phases of `lab`'s push flood, one watched by the observer behind
@@ -206,25 +242,117 @@ pub async fn measure(
         let first = lab.push_flood(PHASE).await?;
         switch.set(!watching_first)?;
         let second = lab.push_flood(PHASE).await?;
-        let (watching, not_watching) = if watching_first {
+        let (on, off) = if watching_first {
             (first, second)
         } else {
             (second, first)
         };
-        measured.push(Pair {
-            watching,
-            not_watching,
-        });
+        measured.push(Pair { on, off });
     }
     eprintln!("bench: the observer's CPU a push, {TIMED_PHASES} phases timed by the kernel");
     let cpu = measure_cpu(lab, switch, daemon_cpu)
         .await
         .map_err(|err| format!("{err:#}"));
+    let same_cpu = match &cpu {
+        Ok(cpu) => {
+            switch.set(false)?;
+            Some(measure_same_cpu(lab, cpu.added_share(), pairs).await?)
+        }
+        Err(_) => None,
+    };
     switch.set(true)?;
     Ok(WatchingCost {
         pairs: measured,
         cpu,
+        same_cpu,
     })
+}
+
+/// `pairs` pairs of phases of the flood, a thread burning `share` of one CPU in one phase of
+/// each and idle in the other, the order alternating.
+async fn measure_same_cpu(lab: &mut Lab, share: f64, pairs: usize) -> anyhow::Result<SameCpu> {
+    eprintln!(
+        "bench: the same CPU burned by a thread ({:.1}% of one CPU) on and off, {pairs} pairs",
+        100.0 * share
+    );
+    let burn_per_period = BURN_PERIOD.mul_f64(share.clamp(0.0, 1.0));
+    let burner = Burner::start();
+    let mut measured = Vec::with_capacity(pairs);
+    for pair in 0..pairs {
+        let burning_first = pair % 2 == 0;
+        burner.burn(if burning_first {
+            burn_per_period
+        } else {
+            Duration::ZERO
+        });
+        let first = lab.push_flood(PHASE).await?;
+        burner.burn(if burning_first {
+            Duration::ZERO
+        } else {
+            burn_per_period
+        });
+        let second = lab.push_flood(PHASE).await?;
+        let (on, off) = if burning_first {
+            (first, second)
+        } else {
+            (second, first)
+        };
+        measured.push(Pair { on, off });
+    }
+    Ok(SameCpu {
+        share,
+        pairs: measured,
+    })
+}
+
+/// A thread that spins for a set time in every `BURN_PERIOD` and sleeps the rest, or, while
+/// that time is zero, sleeps until it changes (so that the phases without it have no thread
+/// waking every period); it ends with its handle.
+struct Burner {
+    /// Nanoseconds to spin a period; `u64::MAX` tells the thread to end.
+    burn_ns: Arc<AtomicU64>,
+    thread: std::thread::Thread,
+}
+
+impl Burner {
+    fn start() -> Self {
+        let burn_ns = Arc::new(AtomicU64::new(0));
+        let shared = Arc::clone(&burn_ns);
+        let thread = std::thread::spawn(move || {
+            loop {
+                let burn = shared.load(Ordering::Relaxed);
+                match burn {
+                    u64::MAX => return,
+                    0 => std::thread::park(),
+                    _ => {
+                        let start = Instant::now();
+                        let until = start + Duration::from_nanos(burn);
+                        while Instant::now() < until {
+                            std::hint::spin_loop();
+                        }
+                        std::thread::sleep(BURN_PERIOD.saturating_sub(start.elapsed()));
+                    }
+                }
+            }
+        })
+        .thread()
+        .clone();
+        Self { burn_ns, thread }
+    }
+
+    /// Spins `per_period` (at most `BURN_PERIOD`) of every period from now on.
+    fn burn(&self, per_period: Duration) {
+        let ns = per_period.min(BURN_PERIOD).as_nanos() as u64;
+        self.burn_ns.store(ns, Ordering::Relaxed);
+        self.thread.unpark();
+    }
+}
+
+impl Drop for Burner {
+    fn drop(&mut self) {
+        self.burn_ns.store(u64::MAX, Ordering::Relaxed);
+        self.thread.unpark();
+    }
 }
 
 /// `TIMED_PHASES` phases of the flood, watching and not in turn, with the kernel's BPF
@@ -253,6 +381,7 @@ async fn measure_cpu(
             &mut cpu.not_watching
         };
         totals.pushes += report.calls;
+        totals.seconds += report.seconds;
         totals.program_ns += programs_after.ns.saturating_sub(programs_before.ns);
         totals.program_runs += programs_after.runs.saturating_sub(programs_before.runs);
         totals.daemon_seconds += daemon_after - daemon_before;
@@ -310,21 +439,12 @@ impl WatchingCost {
     /// 4's target (at most `target_loss_percent`).
     pub fn render(&self, target_loss_percent: f64) -> String {
         let mut out = String::new();
-        let throughput: Vec<f64> = self
-            .pairs
-            .iter()
-            .map(|pair| pair.watching.pushes_per_second / pair.not_watching.pushes_per_second)
-            .collect();
-        let p99: Vec<f64> = self
-            .pairs
-            .iter()
-            .map(|pair| pair.watching.p99_us as f64 / pair.not_watching.p99_us.max(1) as f64)
-            .collect();
+        let (throughput, p99) = ratios(&self.pairs);
         let below = throughput.iter().filter(|ratio| **ratio < 1.0).count();
         let not_watching: Vec<f64> = self
             .pairs
             .iter()
-            .map(|pair| pair.not_watching.pushes_per_second)
+            .map(|pair| pair.off.pushes_per_second)
             .collect();
         let _ = writeln!(
             out,
@@ -375,7 +495,53 @@ impl WatchingCost {
                 let _ = writeln!(out, "the observer's CPU a push: not measured: {err}");
             }
         }
+        if let Some(same_cpu) = &self.same_cpu {
+            same_cpu.render(&mut out, (low, high));
+        }
         out
+    }
+}
+
+/// Each pair's ratios, on to off: throughput, and p99 latency.
+fn ratios(pairs: &[Pair]) -> (Vec<f64>, Vec<f64>) {
+    pairs
+        .iter()
+        .map(|pair| {
+            (
+                pair.on.pushes_per_second / pair.off.pushes_per_second,
+                pair.on.p99_us as f64 / pair.off.p99_us.max(1) as f64,
+            )
+        })
+        .unzip()
+}
+
+impl SameCpu {
+    /// Its lines of the report, compared with watching's throughput interval.
+    fn render(&self, out: &mut String, (watching_low, watching_high): (f64, f64)) {
+        let (throughput, p99) = ratios(&self.pairs);
+        let _ = write!(
+            out,
+            "the same CPU burned by a thread of the bench instead ({:.1}% of one CPU, bursts every {} ms), the observer watching nothing, {} pairs: ",
+            100.0 * self.share,
+            BURN_PERIOD.as_millis(),
+            self.pairs.len()
+        );
+        let Some((ratio, low, high)) = geometric_interval(&throughput) else {
+            let _ = writeln!(out, "too few pairs for an interval");
+            return;
+        };
+        let comparison = if watching_high < low {
+            "watching costs the flood more than its CPU does (the intervals do not overlap)"
+        } else if watching_low > high {
+            "watching costs the flood less than its CPU does (the intervals do not overlap)"
+        } else {
+            "watching costs the flood what its CPU costs it (the intervals overlap)"
+        };
+        let _ = writeln!(
+            out,
+            "throughput ×{ratio:.3} (95% interval ×{low:.3}–×{high:.3}), p99 ×{:.3}: {comparison}",
+            median(&p99)
+        );
     }
 }
 
@@ -395,7 +561,7 @@ mod tests {
         assert_eq!(geometric_interval(&[0.9, 0.0]), None);
     }
 
-    fn pair(watching: f64, not_watching: f64) -> Pair {
+    fn pair(on: f64, off: f64) -> Pair {
         let report = |pushes_per_second: f64| FloodReport {
             calls: 0,
             errors: 0,
@@ -406,8 +572,8 @@ mod tests {
             max_us: 1_000,
         };
         Pair {
-            watching: report(watching),
-            not_watching: report(not_watching),
+            on: report(on),
+            off: report(off),
         }
     }
 
@@ -420,6 +586,7 @@ mod tests {
                 pair(1900.0, 2000.0),
             ],
             cpu: Err("not measured here".to_owned()),
+            same_cpu: None,
         };
         let text = steady.render(3.0);
         assert!(
@@ -437,6 +604,7 @@ mod tests {
                 pair(1980.0, 2000.0),
             ],
             cpu: Err("not measured here".to_owned()),
+            same_cpu: None,
         };
         let text = noisy.render(3.0);
         assert!(text.contains("within noise: within noise"), "{text}");
@@ -445,6 +613,7 @@ mod tests {
         let one = WatchingCost {
             pairs: vec![pair(1900.0, 2000.0)],
             cpu: Err("not measured here".to_owned()),
+            same_cpu: None,
         };
         assert!(one.render(3.0).contains("too few pairs"));
     }
@@ -454,6 +623,7 @@ mod tests {
     fn the_observer_cpu_is_told_per_push_or_why_not() {
         let watching = PhaseCpu {
             pushes: 2_000,
+            seconds: 1.0,
             program_ns: 24_000_000,
             program_runs: 100_000,
             daemon_seconds: 0.025,
@@ -468,6 +638,7 @@ mod tests {
                 watching,
                 not_watching: PhaseCpu::default(),
             }),
+            same_cpu: None,
         };
         let text = measured.render(3.0);
         assert!(text.contains("\n  watching: programs 12.0 µs"), "{text}");
@@ -478,6 +649,7 @@ mod tests {
         let unmeasured = WatchingCost {
             pairs: measured.pairs,
             cpu: Err("switch on the kernel's BPF run-time statistics: EINVAL".to_owned()),
+            same_cpu: None,
         };
         let text = unmeasured.render(3.0);
         assert!(
@@ -486,6 +658,58 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// Watching added 21 µs a push (25 against 4) at 2,000 pushes/s: 4.2% of one CPU.
+    #[test]
+    fn the_yardstick_burns_what_watching_added() {
+        let cpu = ObserverCpu {
+            watching: PhaseCpu {
+                pushes: 6_000,
+                seconds: 3.0,
+                program_ns: 6_000 * 13_000,
+                program_runs: 0,
+                daemon_seconds: 6_000.0 * 12e-6,
+            },
+            not_watching: PhaseCpu {
+                pushes: 6_000,
+                seconds: 3.0,
+                program_ns: 6_000 * 4_000,
+                program_runs: 0,
+                daemon_seconds: 0.0,
+            },
+        };
+        assert!(
+            (cpu.added_share() - 0.042).abs() < 1e-9,
+            "{}",
+            cpu.added_share()
+        );
+    }
+
+    /// The yardstick's line compares its interval with watching's: overlapping, or wholly
+    /// below or above it.
+    #[test]
+    fn the_yardstick_says_whether_watching_costs_more_than_its_cpu() {
+        let burner = SameCpu {
+            share: 0.042,
+            pairs: vec![pair(1940.0, 2000.0), pair(1940.0, 2000.0)],
+        };
+        let line = |watching: (f64, f64)| {
+            let mut out = String::new();
+            burner.render(&mut out, watching);
+            out
+        };
+        let text = line((0.95, 0.98));
+        assert!(
+            text.contains("(4.2% of one CPU, bursts every 3 ms), the observer watching nothing, 2 pairs: throughput ×0.970 (95% interval ×0.970–×0.970), p99 ×1.000"),
+            "{text}"
+        );
+        assert!(
+            text.contains("what its CPU costs it (the intervals overlap)"),
+            "{text}"
+        );
+        assert!(line((0.90, 0.96)).contains("more than its CPU does"));
+        assert!(line((0.98, 0.99)).contains("less than its CPU does"));
     }
 
     #[test]
