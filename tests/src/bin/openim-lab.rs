@@ -162,7 +162,8 @@ struct BenchArgs {
     writes: usize,
     /// Pairs of 1.5 s phases of one push flood, the observer (packet hook) watching in one and
     /// not in the other: watching's cost to about ±2.5% with 40 pairs, where separate rounds
-    /// spread by ±10%. 0 skips them.
+    /// spread by ±10%; then as many with a thread burning the CPU watching added in one phase,
+    /// the yardstick. 0 skips them.
     #[arg(long, default_value_t = 40)]
     watching_pairs: usize,
     /// Only the memory section (peak RSS under the garbage flood and with 100k users).
@@ -171,8 +172,9 @@ struct BenchArgs {
     /// Only the alert latency section (from traffic to alert line at low load).
     #[arg(long)]
     latency_only: bool,
-    /// Only watching's cost within one flood (`--watching-pairs` of them, default 40): the
-    /// push flood's tightest figure, in about 3 minutes.
+    /// Only watching's cost within one flood (`--watching-pairs` of them, default 40, and as
+    /// many with a thread burning the same CPU instead): the push flood's tightest figure, in
+    /// about 4 minutes.
     #[arg(long, conflicts_with_all = ["memory_only", "latency_only"])]
     watching_only: bool,
 }
