@@ -228,27 +228,10 @@ pub async fn measure(
     pairs: usize,
     daemon_cpu: &dyn Fn() -> f64,
 ) -> anyhow::Result<WatchingCost> {
-    let mut measured = Vec::with_capacity(pairs);
-    for pair in 0..pairs {
-        if pair % 10 == 0 {
-            eprintln!(
-                "bench: watching on and off within one flood, pairs {}–{} of {pairs}",
-                pair + 1,
-                (pair + 10).min(pairs)
-            );
-        }
-        let watching_first = pair % 2 == 0;
-        switch.set(watching_first)?;
-        let first = lab.push_flood(PHASE).await?;
-        switch.set(!watching_first)?;
-        let second = lab.push_flood(PHASE).await?;
-        let (on, off) = if watching_first {
-            (first, second)
-        } else {
-            (second, first)
-        };
-        measured.push(Pair { on, off });
-    }
+    let measured = alternate_pairs(lab, pairs, "watching on and off within one flood", |on| {
+        switch.set(on)
+    })
+    .await?;
     eprintln!("bench: the observer's CPU a push, {TIMED_PHASES} phases timed by the kernel");
     let cpu = measure_cpu(lab, switch, daemon_cpu)
         .await
@@ -277,32 +260,48 @@ async fn measure_same_cpu(lab: &mut Lab, share: f64, pairs: usize) -> anyhow::Re
     );
     let burn_per_period = BURN_PERIOD.mul_f64(share.clamp(0.0, 1.0));
     let burner = Burner::start();
+    let measured = alternate_pairs(lab, pairs, "the same CPU burned on and off", |on| {
+        burner.burn(if on { burn_per_period } else { Duration::ZERO });
+        Ok(())
+    })
+    .await?;
+    Ok(SameCpu {
+        share,
+        pairs: measured,
+    })
+}
+
+/// `pairs` pairs of phases of `lab`'s flood, what is measured switched on (`turn(true)`) for
+/// one phase of each and off for the other, the order alternating; progress on stderr, named
+/// `what`, every ten pairs.
+async fn alternate_pairs(
+    lab: &mut Lab,
+    pairs: usize,
+    what: &str,
+    mut turn: impl FnMut(bool) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Pair>> {
     let mut measured = Vec::with_capacity(pairs);
     for pair in 0..pairs {
-        let burning_first = pair % 2 == 0;
-        burner.burn(if burning_first {
-            burn_per_period
-        } else {
-            Duration::ZERO
-        });
+        if pair % 10 == 0 {
+            eprintln!(
+                "bench: {what}, pairs {}–{} of {pairs}",
+                pair + 1,
+                (pair + 10).min(pairs)
+            );
+        }
+        let on_first = pair % 2 == 0;
+        turn(on_first)?;
         let first = lab.push_flood(PHASE).await?;
-        burner.burn(if burning_first {
-            Duration::ZERO
-        } else {
-            burn_per_period
-        });
+        turn(!on_first)?;
         let second = lab.push_flood(PHASE).await?;
-        let (on, off) = if burning_first {
+        let (on, off) = if on_first {
             (first, second)
         } else {
             (second, first)
         };
         measured.push(Pair { on, off });
     }
-    Ok(SameCpu {
-        share,
-        pairs: measured,
-    })
+    Ok(measured)
 }
 
 /// A thread that spins for a set time in every `BURN_PERIOD` and sleeps the rest, or, while
