@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 
 mod apt;
 mod client_stacks;
+mod docs;
 mod fuzz;
 mod image;
 mod toolchain;
@@ -41,11 +42,20 @@ enum Task {
         #[arg(long)]
         release: bool,
     },
-    /// Everything CI checks: formatting, clippy -D warnings (host and eBPF crates), unit tests
-    /// and the privileged integration tests (run as root: they load the real programs), a short
-    /// run of every fuzz target (installs cargo-fuzz once), then the kernel tests under Linux
-    /// 5.10, 6.1 and 6.12 (`vm`).
+    /// Everything CI checks: formatting, the docs (`docs`), clippy -D warnings (host and eBPF
+    /// crates), unit tests and the privileged integration tests (run as root: they load the real
+    /// programs), a short run of every fuzz target (installs cargo-fuzz once), then the kernel
+    /// tests under Linux 5.10, 6.1 and 6.12 (`vm`).
     Test,
+    /// Check that the docs match the code: every relative link and anchor in README.md, docs/,
+    /// deploy/ and tests/README.md resolves, every repository path they name exists, and every
+    /// `observer` subcommand and long flag is mentioned in README.md or docs/.
+    Docs {
+        /// Take the subcommands and flags from this binary's `--help` (default: from the clap
+        /// definitions under observer/src).
+        #[arg(long, value_name = "PATH")]
+        observer: Option<PathBuf>,
+    },
     /// The observer catching OpenIM 3.5.1's scale-out bug in a simulated cluster (network
     /// namespaces on this machine; needs root). Arguments go to `openim-lab demo`, e.g.
     /// `cargo xtask demo --mode report-fix --replicas 3 --users 100`.
@@ -90,6 +100,7 @@ fn main() -> ExitCode {
         Task::Setup => setup().and_then(|_| client_stacks::ensure()),
         Task::Build { release } => setup().and_then(|toolchain| build(&toolchain, release)),
         Task::Test => setup().and_then(|toolchain| test(&toolchain)),
+        Task::Docs { observer } => docs::check(&workspace_root(), observer.as_deref()),
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
         Task::Bench { args } => setup().and_then(|toolchain| bench(&toolchain, &args)),
         Task::Vm { kernels } => setup().and_then(|toolchain| vm(&toolchain, &kernels)),
@@ -279,6 +290,12 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     step(
         "cargo fmt --check",
         host_cargo("fmt").args(["--all", "--", "--check"]),
+    )?;
+    eprintln!("xtask: docs");
+    // The release observer image::build just built: its --help is what users see.
+    docs::check(
+        &workspace_root(),
+        Some(&workspace_root().join("target/release/observer")),
     )?;
     step(
         "clippy (eBPF crate)",
