@@ -403,7 +403,7 @@ impl PodDirectory {
                 self.name_gateway(&mut pushed_to.gateway);
                 self.name_process(&mut pushed_to.pusher);
             }
-            AlertBody::RingDivergence { .. } => {}
+            AlertBody::RingDivergence { .. } | AlertBody::PushRouting { .. } => {}
             AlertBody::CaptureDegraded { affected, .. } => {
                 for process in affected
                     .iter_mut()

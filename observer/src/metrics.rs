@@ -29,6 +29,8 @@ use crate::{
 };
 
 type Labels = [(&'static str, &'static str); 1];
+/// The service push calls and its routing, learned from the wire.
+type RoutingLabels = [(&'static str, String); 2];
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -76,6 +78,7 @@ pub struct Metrics {
     capture_degraded_episodes: Family<Labels, Gauge>,
     capture_losses: Family<Labels, Gauge>,
     packet_reorder: Family<Labels, Counter>,
+    push_routing: Family<RoutingLabels, Gauge>,
     exported: Exported,
 }
 
@@ -192,9 +195,16 @@ impl Default for Metrics {
             "--capture-hook packets: records held behind a gap in a stream, gaps filled while they waited, gaps given up on (too long or too much held)",
             packet_reorder.clone(),
         );
+        let push_routing = Family::<RoutingLabels, Gauge>::default();
+        registry.register(
+            "push_routing",
+            "1 for the gateway service push calls and how it routes a message (ring: one gateway per recipient; broadcast: every recipient to every gateway), once learned from its calls",
+            push_routing.clone(),
+        );
         Self {
             registry,
             packet_reorder,
+            push_routing,
             capture_degraded,
             capture_degraded_episodes,
             capture_losses,
@@ -314,6 +324,16 @@ impl Metrics {
                 routes.fold_keys_evicted,
                 routes_before.fold_keys_evicted,
             ),
+            (
+                "message_routes",
+                routes.routing.messages_evicted,
+                routes_before.routing.messages_evicted,
+            ),
+            (
+                "held_misses",
+                routes.routing.misses_judged_early,
+                routes_before.routing.misses_judged_early,
+            ),
         ] {
             self.evictions
                 .get_or_create(&[("table", table)])
@@ -324,6 +344,16 @@ impl Metrics {
         self.users_tracked
             .set(i64::try_from(engine.users_tracked).unwrap_or(i64::MAX));
         self.update_memory(&engine.memory, &previous.engine.memory);
+        if let Some(routing) = routes.push_routing
+            && (routes.push_routing != routes_before.push_routing
+                || routes.push_service != routes_before.push_service)
+        {
+            self.push_routing.clear();
+            let service = routes.push_service.clone().unwrap_or_default();
+            self.push_routing
+                .get_or_create(&[("service", service), ("routing", routing.to_owned())])
+                .set(1);
+        }
         self.exported.kernel = kernel.clone();
         self.exported.engine = engine.clone();
     }

@@ -17,7 +17,7 @@ use k8s_openapi::{
 use observer::{
     alert::{Alert, AlertBody, PlacementInfo, PushInfo, RouteMismatch},
     identity::{self, CgroupIndex, PodDirectory, PodIndex, SharedPods},
-    model::{Gateway, GatewayAnswer, MessageIds, Process},
+    model::{Gateway, GatewayAnswer, MessageIds, MismatchCause, Process},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -235,13 +235,14 @@ fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
                 method: "SuperGroupOnlineBatchPushOneMsg".into(),
                 message: MessageIds::default(),
                 pusher: process(30592, "openim-push", pusher_cgroup),
-                answer: GatewayAnswer::NotOnlineHere,
+                answer: GatewayAnswer::EmptyEntry,
                 answer_platforms: Vec::new(),
                 node: None,
             },
             count: 1,
             window_secs: 60,
             spelling_difference: None,
+            cause: MismatchCause::Undetermined,
         }),
     )
 }

@@ -113,7 +113,7 @@ async fn what_one_node_writes_another_reads() {
         gateway_ip: "10.244.0.13".parse().unwrap(),
         gateway_port: 88,
         gateway_name: Some("gw-2.gw-headless:88".to_owned()),
-        answer: GatewayAnswer::NotOnlineHere,
+        answer: GatewayAnswer::EmptyEntry,
         message: MessageIds {
             client_msg_id: Some("c-1".into()),
             seq: Some(7),

@@ -101,7 +101,7 @@ fn as_shipped_every_user_that_missed_real_time_is_alerted_and_no_other() {
         .find(|alert| alert["kind"] == "route_mismatch")
         .unwrap();
     assert_eq!(
-        mismatch["pushed_to"]["answer"], "not_online_here",
+        mismatch["pushed_to"]["answer"], "empty_entry",
         "{mismatch}"
     );
     assert_eq!(mismatch["placed_on"][0]["proxy"]["comm"], "msggw-proxy");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::super::*;
-use crate::model::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process};
+use crate::model::{Gateway, GatewayAnswer, MessageIds, MismatchCause, PlatformResult, Process};
 
 fn ours(value: &(impl Serialize + ?Sized)) -> String {
     let mut line = Vec::new();
@@ -205,6 +205,7 @@ fn every_kind_of_alert_line_is_serde_jsons() {
         count: 3,
         window_secs: 60,
         spelling_difference: Some("ü\u{1}".into()),
+        cause: MismatchCause::RingSpelling,
     };
     let degraded = |affected| AlertBody::CaptureDegraded {
         reason: DegradedReason::RingFull,
@@ -216,6 +217,7 @@ fn every_kind_of_alert_line_is_serde_jsons() {
     };
     let mut sparse_mismatch = RouteMismatch {
         spelling_difference: None,
+        cause: MismatchCause::StalePlacement,
         ..route_mismatch.clone()
     };
     sparse_mismatch.placed_on.push(PlacementInfo {
@@ -238,12 +240,31 @@ fn every_kind_of_alert_line_is_serde_jsons() {
         AlertBody::RouteMismatch(sparse_mismatch),
         AlertBody::RouteMismatch(route_mismatch),
         AlertBody::RingDivergence {
+            state: crate::openim::members::RingDivergenceState::Diverged,
             proxy_members: vec!["a".into(), "b".into()],
             push_members: vec!["a:88".into()],
             difference: "':88'".into(),
+            complete: false,
             placements_seen: 50,
             placements_split: 44,
             sample_split_share: 0.897,
+            lasted_secs: None,
+            placements_checked: None,
+            pushes_checked: None,
+            diagnosis: "d".into(),
+        },
+        AlertBody::RingDivergence {
+            state: crate::openim::members::RingDivergenceState::Resolved,
+            proxy_members: vec!["a:88".into()],
+            push_members: vec!["a:88".into()],
+            difference: "same".into(),
+            complete: true,
+            placements_seen: 50,
+            placements_split: 0,
+            sample_split_share: 0.0,
+            lasted_secs: Some(61),
+            placements_checked: Some(7),
+            pushes_checked: Some(0),
             diagnosis: "d".into(),
         },
         AlertBody::WsUpgradeOnGrpcPort {
@@ -304,9 +325,16 @@ fn every_kind_of_alert_line_is_serde_jsons() {
 fn kept_fragments_are_replaced_without_changing_a_line() {
     let answers = [
         GatewayAnswer::Delivered,
-        GatewayAnswer::NotOnlineHere,
+        GatewayAnswer::EmptyEntry,
         GatewayAnswer::DeliveryFailed,
         GatewayAnswer::Unknown,
+    ];
+    let causes = [
+        MismatchCause::RingSpelling,
+        MismatchCause::StalePlacement,
+        MismatchCause::PushRingLags,
+        MismatchCause::ProxyRingLags,
+        MismatchCause::Undetermined,
     ];
     let mut lines = LineWriter::default();
     for round in 0..3u16 {
@@ -341,6 +369,7 @@ fn kept_fragments_are_replaced_without_changing_a_line() {
                     count: 1,
                     window_secs: 60,
                     spelling_difference: (index % 3 == 0).then(|| "':88'".into()),
+                    cause: causes[usize::from(index) % causes.len()],
                 }),
             );
             assert_eq!(lines.line(&alert), serde_json::to_string(&alert).unwrap());

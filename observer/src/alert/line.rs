@@ -74,7 +74,9 @@ impl LineWriter {
         self.integer(mismatch.count);
         self.raw(b",\"window_secs\":");
         self.integer(mismatch.window_secs);
-        self.raw(b",\"diagnosis\":\"");
+        self.raw(b",\"cause\":\"");
+        self.raw(mismatch.cause.name().as_bytes());
+        self.raw(b"\",\"diagnosis\":\"");
         let line = &mut self.line;
         let gateways_in_words = &mut self.gateways_in_words;
         let written: Result<(), std::convert::Infallible> =

@@ -16,7 +16,9 @@ mod line;
 pub use fold::FoldWindows;
 pub use line::LineWriter;
 
-use crate::model::{Gateway, GatewayAnswer, MessageIds, PlatformResult, Process, Rfc3339, UserId};
+use crate::model::{
+    Gateway, GatewayAnswer, MessageIds, MismatchCause, PlatformResult, Process, Rfc3339, UserId,
+};
 use crate::openim::diagnosis;
 
 /// Version of the alert objects; bumped when a field changes meaning.
@@ -124,6 +126,8 @@ pub struct RouteMismatch {
     /// What separates the two rings' spellings of a gateway, in plain words, when learnt: the
     /// diagnosis quotes it.
     pub spelling_difference: Option<Arc<str>>,
+    /// Why the user's WebSocket is not where push sent the message, as the evidence shows.
+    pub cause: MismatchCause,
 }
 
 impl RouteMismatch {
@@ -141,6 +145,7 @@ impl RouteMismatch {
             pushed_to: &self.pushed_to.gateway.gateway,
             answer: self.pushed_to.answer,
             spelling_difference: self.spelling_difference.as_deref(),
+            cause: self.cause,
         }
     }
 }
@@ -157,12 +162,13 @@ impl Serialize for RouteMismatch {
                 serializer.collect_str(&self.0.diagnosis())
             }
         }
-        let mut fields = serializer.serialize_struct("RouteMismatch", 6)?;
+        let mut fields = serializer.serialize_struct("RouteMismatch", 7)?;
         fields.serialize_field("user", self.user.as_str())?;
         fields.serialize_field("placed_on", &self.placed_on)?;
         fields.serialize_field("pushed_to", &self.pushed_to)?;
         fields.serialize_field("count", &self.count)?;
         fields.serialize_field("window_secs", &self.window_secs)?;
+        fields.serialize_field("cause", &self.cause)?;
         fields.serialize_field("diagnosis", &Diagnosis(self))?;
         fields.end()
     }
@@ -243,6 +249,28 @@ pub struct AffectedProcess {
     pub bytes: u64,
 }
 
+/// How push routes one message to the gateways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PushRoutingMode {
+    /// Each recipient goes to the one gateway push's consistent-hash ring picks (OpenIM 3.5
+    /// to 3.8.3 with Kubernetes discovery).
+    Ring,
+    /// Every recipient goes to every gateway (zookeeper or etcd discovery, 3.8.4 and later):
+    /// no push ring exists to diverge from.
+    Broadcast,
+}
+
+impl PushRoutingMode {
+    /// Returns the mode's name as the alert line spells it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Ring => "ring",
+            Self::Broadcast => "broadcast",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DegradedState {
@@ -257,17 +285,33 @@ pub enum AlertBody {
     RouteMismatch(RouteMismatch),
     /// The proxy places users with a ring over differently spelled members than push's, so
     /// the two rings split users.
+    /// Printed once more with `state: resolved` when the rings agree again.
     RingDivergence {
-        /// The proxy's ring as inferred from its placements, in its `Host` spelling.
+        /// `diverged` on the first line of an incident, `resolved` on its last.
+        state: crate::openim::members::RingDivergenceState,
+        /// The proxy's ring as inferred from its placements (in its `Host` spelling while they
+        /// diverge), members in the order upstream adds them.
         proxy_members: Vec<String>,
-        /// Push's ring, from the `:authority` of its calls.
+        /// Push's ring, rebuilt by ordinal from the `:authority` of its calls.
         push_members: Vec<String>,
         difference: String,
+        /// Every gateway `0..n-1` of the rebuilt rings was seen on both sides (otherwise the
+        /// missing ones are spelled as the seen ones).
+        #[serde(rename = "ring_complete")]
+        complete: bool,
         /// Placements seen, and how many of them push's ring sends elsewhere.
         placements_seen: usize,
         placements_split: usize,
         /// Share of a uniform sample of user ids the two rings send to different gateways.
         sample_split_share: f64,
+        /// Resolved: seconds from the divergence's first line to this one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        lasted_secs: Option<u64>,
+        /// Resolved: placements and push calls checked while it lasted.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        placements_checked: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pushes_checked: Option<u64>,
         diagnosis: String,
     },
     /// A WebSocket upgrade was sent to a gRPC port (the incident report's fix as written).
@@ -292,6 +336,16 @@ pub enum AlertBody {
         calls_per_connection: f64,
         diagnosis: String,
     },
+    /// What the wire taught about push: the gRPC service it calls and how it routes a message,
+    /// printed once when learned and again when either changes.
+    PushRouting {
+        /// The gateway service push calls, e.g. `openim.msggateway.msgGateway`.
+        service: String,
+        routing: PushRoutingMode,
+        /// Gateways the message that taught the routing went to.
+        gateways: usize,
+        diagnosis: String,
+    },
     /// The observer itself sees less than it should (and again when it no longer does).
     CaptureDegraded {
         reason: DegradedReason,
@@ -314,6 +368,7 @@ impl AlertBody {
             AlertBody::RouteMismatch(RouteMismatch { count, .. })
             | AlertBody::WsUpgradeOnGrpcPort { count, .. } => Some(count),
             AlertBody::RingDivergence { .. }
+            | AlertBody::PushRouting { .. }
             | AlertBody::PushConnectionChurn { .. }
             | AlertBody::CaptureDegraded { .. } => None,
         }
@@ -362,6 +417,7 @@ impl Alert {
             AlertBody::RingDivergence { .. } => "ring_divergence",
             AlertBody::WsUpgradeOnGrpcPort { .. } => "ws_upgrade_on_grpc_port",
             AlertBody::PushConnectionChurn { .. } => "push_connection_churn",
+            AlertBody::PushRouting { .. } => "push_routing",
             AlertBody::CaptureDegraded { .. } => "capture_degraded",
         }
     }

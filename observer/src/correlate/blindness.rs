@@ -146,7 +146,11 @@ impl Totals {
                 + memory.shed_decoders
                 + kernel.map_or(0, |kernel| kernel[Counter::MapInsertFailures]),
             users_dropped: routes.users_evicted + memory.shed_users,
-            calls_dropped: routes.pending_calls_evicted,
+            // A message forgotten early, or a miss judged before its message's other calls
+            // could cover it, weakens the judgment of those calls.
+            calls_dropped: routes.pending_calls_evicted
+                + routes.routing.messages_evicted
+                + routes.routing.misses_judged_early,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! Each detector keeps its own state and file: `placements` (user → live WebSockets),
 //! `push_calls` (pending calls, judged against the placements into `route_mismatch`),
 //! `ring_verdicts` (the learned rings, compared once settled into `ring_divergence`), `churn`
-//! (`push_connection_churn`) and `upgrade_on_grpc` (`ws_upgrade_on_grpc_port`). Repeats of the
+//! (`push_connection_churn`), `upgrade_on_grpc` (`ws_upgrade_on_grpc_port`) and
+//! `message_routes` (push's routing, `push_routing`, and the misses it may still cover). Repeats of the
 //! alerts that fold share one `FoldWindows`, so summaries come out in one order.
 //!
 //! Every table has a cap; what a cap turns away is counted, never silently lost.
@@ -11,7 +12,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::{
-    alert::{Alert, FoldWindows},
+    alert::{Alert, FoldWindows, PushRoutingMode},
     budget,
     model::{ConnectionId, ConnectionKey},
 };
@@ -19,6 +20,7 @@ use crate::{
 use super::{
     FoldKey,
     churn::Churn,
+    message_routes::{MessageRoutes, RouteLearningCounters},
     mid_stream::MidStream,
     observation::Observation,
     placements::{Placement, Placements},
@@ -46,6 +48,9 @@ pub struct RouteLimits {
     /// Churn: at least this many new connections by one pusher within `churn_window_secs`…
     pub churn_min_new_connections: u64,
     pub churn_window_secs: u64,
+    /// Until push's ring is learned, a miss waits this long for its message's calls to other
+    /// gateways (push may broadcast); 0 judges every miss at once.
+    pub message_window_ms: u64,
 }
 
 impl Default for RouteLimits {
@@ -61,6 +66,7 @@ impl Default for RouteLimits {
             answer_timeout_secs: 5,
             churn_min_new_connections: 20,
             churn_window_secs: 10,
+            message_window_ms: 1_000,
         }
     }
 }
@@ -76,6 +82,14 @@ pub struct RouteCounters {
     pub calls_without_answer: u64,
     pub connections_evicted: u64,
     pub fold_keys_evicted: u64,
+    /// Push's routing as learned, and the misses it held back.
+    pub routing: RouteLearningCounters,
+    /// The routing learned (`ring` or `broadcast`), if learned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push_routing: Option<&'static str>,
+    /// The gateway service push calls, if seen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push_service: Option<String>,
 }
 
 pub struct Detectors {
@@ -85,6 +99,7 @@ pub struct Detectors {
     churn: Churn,
     upgrades_on_grpc: UpgradesOnGrpc,
     mid_stream: MidStream,
+    routes: MessageRoutes,
     folds: FoldWindows<FoldKey>,
     /// Cluster mode only.
     pub(super) cluster: Option<ClusterSide>,
@@ -102,6 +117,7 @@ impl Detectors {
             churn: Churn::new(&limits),
             upgrades_on_grpc: UpgradesOnGrpc::default(),
             mid_stream: MidStream::default(),
+            routes: MessageRoutes::new(&limits),
             folds: FoldWindows::new(limits.fold_window_secs, limits.max_fold_keys),
         }
     }
@@ -119,6 +135,9 @@ impl Detectors {
             calls_without_answer: calls.calls_without_answer,
             connections_evicted: placements.connections_evicted + self.churn.connections_evicted(),
             fold_keys_evicted: self.folds.keys_evicted(),
+            routing: self.routes.counters(),
+            push_routing: self.routes.mode().map(PushRoutingMode::name),
+            push_service: self.routes.service().map(str::to_owned),
         }
     }
 
@@ -129,7 +148,8 @@ impl Detectors {
     /// Estimated bytes of users, pending calls and fold windows.
     pub fn memory(&self, memory: &mut budget::MemoryCounters) {
         memory.user_bytes = self.placements.users() * budget::USER_BYTES;
-        memory.pending_call_bytes = self.push_calls.pending() * budget::PENDING_CALL_BYTES;
+        memory.pending_call_bytes =
+            (self.push_calls.pending() + self.routes.held()) * budget::PENDING_CALL_BYTES;
         memory.fold_window_bytes = self.folds.open_windows() * budget::FOLD_WINDOW_BYTES;
     }
 
@@ -145,6 +165,7 @@ impl Detectors {
             Judge {
                 placements: &self.placements,
                 rings: &mut self.rings,
+                routes: &mut self.routes,
                 folds: &mut self.folds,
                 mid_stream: &mut self.mid_stream,
                 cluster: self.cluster.as_mut(),
@@ -232,6 +253,12 @@ impl Detectors {
             } => {
                 self.rings
                     .push_call(gateway.name.as_deref(), gateway.ip, ts_ns);
+                if let Some(mode) =
+                    self.routes
+                        .called(&message, &method, gateway.ip, &recipients, ts_ns, alerts)
+                {
+                    self.rings.push_routing_learned(mode);
+                }
                 if let (Some(cluster), Some(member)) = (&mut self.cluster, &gateway.name) {
                     cluster.member_seen(RingSide::Push, member, gateway.ip, ts_ns);
                 }
@@ -380,6 +407,18 @@ impl Detectors {
         push_calls::judge_joined(join, &found, &mut judge, alerts);
     }
 
+    /// Judges the misses held for their message's other calls once due (all with `all`); the
+    /// routing they teach reaches the rings.
+    fn release_held(&mut self, now_ns: u64, all: bool, alerts: &mut Vec<Alert>) {
+        let before = self.routes.mode();
+        self.routes.release(now_ns, all, &mut self.folds, alerts);
+        if let Some(mode) = self.routes.mode()
+            && before != Some(mode)
+        {
+            self.rings.push_routing_learned(mode);
+        }
+    }
+
     /// Merges the cluster's ring evidence into the learned rings.
     pub fn merge_ring_evidence(&mut self, evidence: &SharedRingEvidence, now_ns: u64) {
         self.rings.merge(evidence, now_ns);
@@ -390,6 +429,7 @@ impl Detectors {
     pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
         let (calls, mut judge) = self.judge();
         calls.expire(now_ns, &mut judge, alerts);
+        self.release_held(now_ns, false, alerts);
         if let Some(cluster) = &mut self.cluster {
             cluster.expire(now_ns);
         }
@@ -402,6 +442,7 @@ impl Detectors {
     pub fn finish(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
         let (calls, mut judge) = self.judge();
         calls.finish(now_ns, &mut judge, alerts);
+        self.release_held(now_ns, true, alerts);
         self.churn.assess(now_ns, alerts);
         self.rings.evaluate(now_ns, true, alerts);
         self.folds.close(now_ns, true, alerts);
@@ -536,8 +577,11 @@ pub(super) mod testing {
                 method: "SuperGroupOnlineBatchPushOneMsg".into(),
                 gateway: gateway(to, 88, Some(format!("{}:88", proxy_name(to)))),
                 pusher: process(20, "openim-push"),
+                // One message per call: calls of one message to two gateways with the same
+                // recipients would teach broadcast routing.
                 message: MessageIds {
                     client_msg_id: Some("c1".into()),
+                    seq: i64::try_from(connection).ok(),
                     ..MessageIds::default()
                 },
                 recipients: users.iter().map(|&user| user.into()).collect(),
@@ -568,6 +612,9 @@ pub(super) mod testing {
             },
             &mut alerts,
         );
+        // Misses held for the message's other calls are due once its window has passed.
+        let window = table.routes.window_ns();
+        table.release_held(ts + window, false, &mut alerts);
         alerts
     }
 
@@ -630,7 +677,7 @@ mod tests {
         assert_eq!(json["placed_on"][0]["gateway"]["ip"], "10.244.0.10");
         assert_eq!(json["placed_on"][0]["platforms"][0], 2);
         assert_eq!(json["pushed_to"]["gateway"]["ip"], "10.244.0.13");
-        assert_eq!(json["pushed_to"]["answer"], "not_online_here");
+        assert_eq!(json["pushed_to"]["answer"], "empty_entry");
         assert_eq!(json["pushed_to"]["message"]["client_msg_id"], "c1");
         let diagnosis = json["diagnosis"].as_str().unwrap();
         assert!(diagnosis.contains("missed real time"), "{diagnosis}");

@@ -14,6 +14,7 @@ mod fact_observations;
 mod fold_key;
 #[cfg(test)]
 mod memory_tests;
+mod message_routes;
 mod mid_stream;
 mod observation;
 mod placements;

@@ -16,6 +16,7 @@ use crate::{
 
 use super::{
     FoldKey, MismatchKey, RouteLimits,
+    message_routes::MessageRoutes,
     mid_stream::MidStream,
     placements::{self, Placement, Placements},
     ring_verdicts::RingVerdicts,
@@ -44,6 +45,8 @@ pub struct CallCounters {
 pub struct Judge<'a> {
     pub placements: &'a Placements,
     pub rings: &'a mut RingVerdicts,
+    /// Push's routing: whether a miss is judged now or held for its message's other calls.
+    pub routes: &'a mut MessageRoutes,
     pub folds: &'a mut FoldWindows<FoldKey>,
     /// Recipients whose placement the observer could not see (it joined mid-stream).
     pub mid_stream: &'a mut MidStream,
@@ -317,7 +320,7 @@ pub fn judge_joined(
 fn gateway_answer(answer: Option<&UserResult>) -> (GatewayAnswer, Vec<PlatformResult>) {
     match answer {
         None => (GatewayAnswer::Unknown, Vec::new()),
-        Some(answer) if answer.platforms.is_empty() => (GatewayAnswer::NotOnlineHere, Vec::new()),
+        Some(answer) if answer.platforms.is_empty() => (GatewayAnswer::EmptyEntry, Vec::new()),
         Some(answer) => {
             let delivered = answer.online_push
                 || answer
@@ -371,13 +374,48 @@ fn judge_user(
         placed,
         pushed: call.gateway.ip,
     };
-    if judge.folds.repeat(&key, ts_ns) {
+    let Some(now) = judge.routes.judges_now(&call.message) else {
+        return;
+    };
+    if now && judge.folds.repeat(&key, ts_ns) {
         return;
     }
+    let alert = mismatch_alert(user, placements, placed, answer, call, ts_ns, judge);
+    if now {
+        judge.folds.first(key.to_owned_key(), alert, alerts);
+    } else {
+        judge.routes.hold(
+            &call.message,
+            placed,
+            key.to_owned_key(),
+            alert,
+            ts_ns,
+            judge.folds,
+            alerts,
+        );
+    }
+}
+
+/// The `route_mismatch` for `user`, placed on `placed`, in `call`.
+fn mismatch_alert(
+    user: &str,
+    placements: &[Placement],
+    placed: &[IpAddr],
+    answer: Option<&UserResult>,
+    call: &PendingCall,
+    ts_ns: u64,
+    judge: &mut Judge<'_>,
+) -> Alert {
     let (gateway_answer, answer_platforms) = gateway_answer(answer);
+    let since_ns = placements
+        .iter()
+        .map(|placement| placement.since_ns)
+        .min()
+        .unwrap_or(ts_ns);
+    let cause = judge.rings.cause(user, placed, since_ns, call.gateway.ip);
     let local_node = judge.cluster.as_deref().map(|cluster| &*cluster.node);
     let placed_on = placements::summarize(placements, local_node);
-    let alert = Alert::new(
+    Alert::new(
         ts_ns,
         AlertBody::RouteMismatch(RouteMismatch {
             user: user.into(),
@@ -394,9 +432,9 @@ fn judge_user(
             count: 1,
             window_secs: judge.folds.window_secs(),
             spelling_difference: judge.rings.spelling_difference(),
+            cause,
         }),
-    );
-    judge.folds.first(key.to_owned_key(), alert, alerts);
+    )
 }
 
 #[cfg(test)]
@@ -491,7 +529,7 @@ mod tests {
             assert_eq!(
                 answers,
                 [
-                    ("u1", GatewayAnswer::NotOnlineHere),
+                    ("u1", GatewayAnswer::EmptyEntry),
                     ("u2", GatewayAnswer::Delivered)
                 ],
                 "answered as {answered:?}"

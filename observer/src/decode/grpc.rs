@@ -19,9 +19,8 @@ use crate::hpack::HeaderField;
 /// The method of a call on a connection joined mid-stream whose `:path` referred to an HPACK
 /// entry made before the join, and whose request has the shape of a batch push
 /// (`OnlineBatchPushOneMsgReq`: `msgData` and recipients; `OnlinePushMsg`'s one recipient has
-/// the same wire shape).
-pub const BATCH_PUSH_BY_SHAPE: &str =
-    "/OpenIMServer.msggateway.msgGateway/(method unseen: a batch push by its shape)";
+/// the same wire shape). It names no service: the package differs between releases.
+pub const BATCH_PUSH_BY_SHAPE: &str = "(method unseen: a batch push by its shape)";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GrpcFact {
@@ -334,8 +333,8 @@ impl GrpcConnectionDecoder {
                 self.counters.streams_over_limit += 1;
                 return;
             }
-            // A stream whose method is unseen waits for its first message to say.
-            if stream.push_method.is_none() && !stream.method.is_empty() {
+            // A stream whose method is unseen or unknown waits for its first message to say.
+            if stream.push_method.is_none() && !stream.awaits_shape {
                 facts.push(stream.request_fact(stream_id, RequestBody::OtherMethod));
             }
             self.streams.insert(stream_id, stream);
@@ -368,11 +367,14 @@ impl GrpcConnectionDecoder {
                             RequestBody::Malformed(error.into())
                         }
                     },
-                    (0, None) if stream.method.is_empty() => match push_by_shape(&body) {
+                    (0, None) if stream.awaits_shape => match push_by_shape(&body) {
                         Some(call) => {
                             self.counters.calls_recognised_by_shape += 1;
-                            stream.method = HeaderText::from_static(BATCH_PUSH_BY_SHAPE);
+                            if stream.method.is_empty() {
+                                stream.method = HeaderText::from_static(BATCH_PUSH_BY_SHAPE);
+                            }
                             stream.push_method = Some(PushMethod::Batch);
+                            stream.by_shape = true;
                             RequestBody::Push(call)
                         }
                         None => {
@@ -434,7 +436,7 @@ impl GrpcConnectionDecoder {
         let Some(method) = stream.push_method else {
             return;
         };
-        let by_shape = *stream.method == *BATCH_PUSH_BY_SHAPE;
+        let by_shape = stream.by_shape;
         match stream.response.push(data, cap) {
             Some(ReadMessage::Complete { flag: 0, body }) => {
                 let decoded = protobuf::decode_response(method, &body).or_else(|error| {

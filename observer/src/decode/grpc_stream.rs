@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use super::grpc::{BodyError, GrpcFact, RequestBody, ResponseBody};
-use super::protobuf::{self, PushMethod};
+use super::protobuf::{self, PathKind, PushMethod};
 use super::{DecodeCounters, HeaderText};
 
 /// 1 byte compressed flag and 4 bytes big-endian length.
@@ -43,6 +43,10 @@ pub(super) struct StreamState {
     pub(super) method: HeaderText,
     pub(super) authority: Option<HeaderText>,
     pub(super) push_method: Option<PushMethod>,
+    /// The method is not known: the first request message decides by its shape.
+    pub(super) awaits_shape: bool,
+    /// Recognised as a push by its request's shape: the answer may have either push shape.
+    pub(super) by_shape: bool,
     pub(super) request: MessageReader,
     pub(super) request_reported: bool,
     pub(super) http_status: Option<u16>,
@@ -52,12 +56,20 @@ pub(super) struct StreamState {
 
 impl StreamState {
     pub(super) fn new(method: HeaderText, authority: Option<HeaderText>) -> Self {
-        let push_method = PushMethod::from_path(&method);
+        let kind = PushMethod::classify(&method);
+        let (push_method, awaits_shape) = match kind {
+            PathKind::Push(push) => (Some(push), false),
+            PathKind::Other => (None, false),
+            PathKind::Unknown => (None, true),
+        };
+        let skipped = kind == PathKind::Other;
         Self {
             push_method,
-            request_reported: push_method.is_none(),
+            awaits_shape,
+            by_shape: false,
+            request_reported: skipped,
             response: MessageReader {
-                done: push_method.is_none(),
+                done: skipped,
                 ..MessageReader::default()
             },
             method,
@@ -75,6 +87,8 @@ impl StreamState {
             method: HeaderText::default(),
             authority,
             push_method: None,
+            awaits_shape: true,
+            by_shape: false,
             request: MessageReader::default(),
             request_reported: false,
             http_status: None,

@@ -34,6 +34,40 @@ fn decodes_a_push_call_and_its_answer() {
     assert_eq!(*decoder.counters(), DecodeCounters::default());
 }
 
+/// OpenIM 3.7 renamed the protocol's package: the same push under `openim.*` decodes alike,
+/// and a method renamed in some later release is read by its request's shape.
+#[test]
+fn push_calls_decode_under_any_package_and_by_shape_under_an_unknown_method() {
+    for (path, by_shape) in [
+        (
+            "/openim.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg",
+            0,
+        ),
+        ("/im.gateway.v4.Gateway/BatchPush", 1),
+    ] {
+        let message = grpc_message(0, &sample_request(CANARY, &["alice", "bob"]));
+        let send = request_stream(1, &first_request_headers(path), &message, 16384);
+        let mut decoder = GrpcConnectionDecoder::new(Limits::default());
+        let mut facts = decoder.feed_all(Direction::Send, 0, &Bytes::copy_from_slice(&send));
+        decoder.feed(
+            Direction::Recv,
+            0,
+            &Bytes::copy_from_slice(&response_stream(1)),
+            &mut facts,
+        );
+        decoder.finish(&mut facts);
+        let mut expected = vec![GrpcFact::Request {
+            stream_id: 1,
+            method: path.into(),
+            authority: Some(AUTHORITY.into()),
+            body: RequestBody::Push(complete_call(&["alice", "bob"])),
+        }];
+        expected.extend(expected_response_facts(1));
+        assert_eq!(facts, expected, "{path}");
+        assert_eq!(decoder.counters().calls_recognised_by_shape, by_shape);
+    }
+}
+
 /// `stream` as the packet hook delivers it when each of its frames came in a segment of its
 /// own: without the frames the decoder does not read (`is_call_frame`, which the packet
 /// programs follow), the client preface kept.

@@ -43,16 +43,61 @@ pub enum PushMethod {
     Single,
 }
 
-impl PushMethod {
-    pub const SERVICE_PREFIX: &str = "/OpenIMServer.msggateway.msgGateway/";
+/// What a call's `:path` says about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathKind {
+    /// A push method, whatever the package its service is in.
+    Push(PushMethod),
+    /// A method known to carry no push.
+    Other,
+    /// A method this observer does not know: its first request message decides, by its shape.
+    Unknown,
+}
 
-    pub fn from_path(path: &str) -> Option<Self> {
-        match path.strip_prefix(Self::SERVICE_PREFIX)? {
-            "SuperGroupOnlineBatchPushOneMsg" | "OnlineBatchPushOneMsg" => Some(Self::Batch),
-            "OnlinePushMsg" => Some(Self::Single),
-            _ => None,
+impl PushMethod {
+    /// The service OpenIM 3.5 and 3.6 call (protocol package `OpenIMServer.msggateway`).
+    pub const SERVICE_V35: &str = "OpenIMServer.msggateway.msgGateway";
+    /// The service OpenIM 3.7 and later call (the package was renamed in protocol v0.0.58).
+    pub const SERVICE_V37: &str = "openim.msggateway.msgGateway";
+    /// The methods of the gateway's service that carry no push.
+    const OTHER_GATEWAY_METHODS: [&str; 3] = [
+        "GetUsersOnlineStatus",
+        "KickUserOffline",
+        "MultiTerminalLoginCheck",
+    ];
+
+    /// Classifies a `:path` by its method's name, so that both package names (and a future
+    /// rename of the package) are read; gRPC's own services (`grpc.*`) carry no push.
+    pub fn classify(path: &str) -> PathKind {
+        let Some((service, method)) = path.strip_prefix('/').and_then(|path| path.split_once('/'))
+        else {
+            return PathKind::Unknown;
+        };
+        match method {
+            "SuperGroupOnlineBatchPushOneMsg" | "OnlineBatchPushOneMsg" => {
+                PathKind::Push(Self::Batch)
+            }
+            "OnlinePushMsg" => PathKind::Push(Self::Single),
+            _ if Self::OTHER_GATEWAY_METHODS.contains(&method) || service.starts_with("grpc.") => {
+                PathKind::Other
+            }
+            _ => PathKind::Unknown,
         }
     }
+
+    /// Returns the push method a `:path` names, if it names one.
+    pub fn from_path(path: &str) -> Option<Self> {
+        match Self::classify(path) {
+            PathKind::Push(method) => Some(method),
+            PathKind::Other | PathKind::Unknown => None,
+        }
+    }
+}
+
+/// Returns the service part of a gRPC `:path` (`/service/method`), if it has one.
+pub fn service_of(path: &str) -> Option<&str> {
+    let (service, _) = path.strip_prefix('/')?.split_once('/')?;
+    (!service.is_empty()).then_some(service)
 }
 
 /// `MsgData`'s identifying fields, absent when empty or zero (never its content).
@@ -243,6 +288,37 @@ pub(crate) mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn paths_are_classified_by_their_method_whatever_the_package() {
+        for path in [
+            "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg",
+            "/openim.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg",
+            "/openim.msggateway.msgGateway/OnlineBatchPushOneMsg",
+        ] {
+            assert_eq!(
+                PushMethod::classify(path),
+                PathKind::Push(PushMethod::Batch)
+            );
+        }
+        assert_eq!(
+            PushMethod::classify("/openim.msggateway.msgGateway/OnlinePushMsg"),
+            PathKind::Push(PushMethod::Single)
+        );
+        for path in [
+            "/openim.msggateway.msgGateway/GetUsersOnlineStatus",
+            "/grpc.health.v1.Health/Check",
+        ] {
+            assert_eq!(PushMethod::classify(path), PathKind::Other, "{path}");
+        }
+        assert_eq!(PushMethod::classify("/x.Y/Z"), PathKind::Unknown);
+        assert_eq!(PushMethod::classify("no-slash"), PathKind::Unknown);
+        assert_eq!(
+            service_of("/openim.msggateway.msgGateway/OnlinePushMsg"),
+            Some(PushMethod::SERVICE_V37)
+        );
+        assert_eq!(service_of("(method unseen)"), None);
+    }
 
     pub(crate) fn sample_request(content: &[u8], recipients: &[&str]) -> Vec<u8> {
         BatchPushRequestWithContent {

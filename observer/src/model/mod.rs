@@ -18,7 +18,8 @@ pub mod wire;
 pub use event::{ConnectionId, ConnectionKey, Direction, Event, EventKind, PortClass, TcpState};
 pub use prefetch::{likely_bucket, prefetch, prefetch_bucket};
 pub use routing::{
-    Gateway, GatewayAnswer, IpText, MessageIds, PlatformResult, Process, UserId, UserResult,
+    Gateway, GatewayAnswer, IpText, MessageIds, MismatchCause, PlatformResult, Process, UserId,
+    UserResult,
 };
 pub use time_text::{Rfc3339, rfc3339};
 

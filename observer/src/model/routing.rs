@@ -113,7 +113,8 @@ pub struct MessageIds {
 pub type UserId = CompactString;
 
 /// A gateway's answer for one requested user. No platforms means the gateway holds no
-/// connection for the user.
+/// connection for the user, or delivered only to platforms it does not list (see
+/// [`GatewayAnswer::EmptyEntry`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UserResult {
     pub user_id: UserId,
@@ -135,12 +136,46 @@ pub struct PlatformResult {
 pub enum GatewayAnswer {
     /// At least one of the user's connections on that gateway took the message.
     Delivered,
-    /// The gateway holds no connection for the user: the message missed real time.
-    NotOnlineHere,
+    /// The gateway's entry for the user lists no platform: it holds no connection for the
+    /// user, or only connections on platforms whose deliveries it does not report (3.5.1's
+    /// gateway lists a successful write for iOS and Android only). Alone it proves nothing:
+    /// the placement does.
+    #[serde(alias = "not_online_here")]
+    EmptyEntry,
     /// Connections exist but every write failed (result codes say why).
     DeliveryFailed,
     /// No answer was seen (connection closed first, or the answer was not captured).
     Unknown,
+}
+
+/// Why a recipient's WebSocket is not where push sent its message, as far as the wire shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MismatchCause {
+    /// The proxy's and push's rings spell gateways differently, so they hash users apart.
+    RingSpelling,
+    /// The two rings agree now, but the user was placed under an older membership (a
+    /// scale-out or scale-in): OpenIM never moves a live WebSocket when the ring changes.
+    StalePlacement,
+    /// Push's ring has not caught up with the proxy's membership.
+    PushRingLags,
+    /// The proxy's ring has not caught up with push's membership.
+    ProxyRingLags,
+    /// The evidence does not single out a cause yet.
+    Undetermined,
+}
+
+impl MismatchCause {
+    /// Returns the cause's name as the alert line spells it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::RingSpelling => "ring_spelling",
+            Self::StalePlacement => "stale_placement",
+            Self::PushRingLags => "push_ring_lags",
+            Self::ProxyRingLags => "proxy_ring_lags",
+            Self::Undetermined => "undetermined",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use std::{
 
 use serde::Serialize;
 
-use crate::model::{Gateway, GatewayAnswer, IpText};
+use crate::alert::PushRoutingMode;
+use crate::model::{Gateway, GatewayAnswer, IpText, MismatchCause};
 
 /// What the two rings learned from the wire disagree on, as a ring divergence quotes it.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +38,7 @@ pub struct RouteMismatchDiagnosis<'a, Placed> {
     pub pushed_to: &'a Gateway,
     pub answer: GatewayAnswer,
     pub spelling_difference: Option<&'a str>,
+    pub cause: MismatchCause,
 }
 
 /// A piece of a route mismatch's paragraph. The alert writer copies the paragraph's own words
@@ -63,8 +65,8 @@ where
     ) -> Result<(), E> {
         use DiagnosisPart::{Gateway, Quoted, Words};
         let consequence = match self.answer {
-            GatewayAnswer::NotOnlineHere => {
-                "that gateway answered that the user is not online there, so the message missed real time (offline push instead)"
+            GatewayAnswer::EmptyEntry => {
+                "that gateway listed no delivery for the user, so the message missed real time on that WebSocket (offline push instead)"
             }
             GatewayAnswer::Delivered => {
                 "that gateway still reported a delivery (the user also has a connection there the observer did not see)"
@@ -87,14 +89,40 @@ where
         write(Gateway(self.pushed_to))?;
         write(Words(": "))?;
         write(Words(consequence))?;
-        if let Some(difference) = self.spelling_difference {
-            write(Words(
-                "; the proxy's and push's rings spell gateways differently (",
-            ))?;
-            write(Quoted(difference))?;
-            write(Words("), so they hash user "))?;
-            write(Quoted(self.user))?;
-            write(Words(" to different gateways"))?;
+        match (self.cause, self.spelling_difference) {
+            (MismatchCause::RingSpelling, Some(difference)) => {
+                write(Words(
+                    "; the proxy's and push's rings spell gateways differently (",
+                ))?;
+                write(Quoted(difference))?;
+                write(Words("), so they hash user "))?;
+                write(Quoted(self.user))?;
+                write(Words(
+                    " to different gateways. Make both hash the same member strings while the proxy keeps dialling the WebSocket port",
+                ))?;
+            }
+            (MismatchCause::RingSpelling, None) => write(Words(
+                "; the proxy's and push's rings hash the user to different gateways. Make both hash the same member strings while the proxy keeps dialling the WebSocket port",
+            ))?,
+            (MismatchCause::StalePlacement, _) => write(Words(
+                "; both rings agree on the current gateways, but this WebSocket was placed under an older membership (a scale-out or scale-in), and OpenIM never moves a live WebSocket when the ring changes. Reconnect the moved users, or have the gateways drop connections that no longer hash to them",
+            ))?,
+            (MismatchCause::PushRingLags, _) => write(Words(
+                "; push's ring does not hold every gateway the proxy's does (push has not caught up with the membership). Restart push, or fix its replica count, so it builds its ring over every gateway",
+            ))?,
+            (MismatchCause::ProxyRingLags, _) => write(Words(
+                "; the proxy's ring does not hold every gateway push's does (the proxy has not caught up with the membership). Restart msggateway-proxy, or fix its replica count",
+            ))?,
+            (MismatchCause::Undetermined, Some(difference)) => {
+                write(Words(
+                    "; the proxy's and push's rings spell gateways differently (",
+                ))?;
+                write(Quoted(difference))?;
+                write(Words(
+                    "), but too little is seen yet to say whether that or an older membership put the user there",
+                ))?;
+            }
+            (MismatchCause::Undetermined, None) => {}
         }
         Ok(())
     }
@@ -151,6 +179,18 @@ pub fn ring_divergence(divergence: &Divergence) -> String {
         divergence.placements_split,
         divergence.placements_seen,
     )
+}
+
+/// Says what push's calls showed of its service and routing.
+pub fn push_routing(service: &str, mode: PushRoutingMode) -> String {
+    match mode {
+        PushRoutingMode::Ring => format!(
+            "push calls {service} and sends each recipient of a message to one gateway, the one its consistent-hash ring picks (OpenIM 3.5 to 3.8.3 with Kubernetes discovery): a recipient whose WebSocket the proxy placed on another gateway misses real time, so route mismatches are judged per call"
+        ),
+        PushRoutingMode::Broadcast => format!(
+            "push calls {service} and sends every recipient of a message to every gateway (zookeeper or etcd discovery, OpenIM 3.8.4 and later): no push ring exists to diverge from, and a recipient misses real time only when no gateway that received the message holds its WebSocket"
+        ),
+    }
 }
 
 /// What a pusher that opens a connection per call looks like, and what it costs.
