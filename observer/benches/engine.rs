@@ -5,7 +5,7 @@
 //! Run with `cargo bench -p observer --bench engine`; `ENGINE_BENCH_SCALE=0.1` runs a tenth,
 //! `ENGINE_BENCH_MISROUTED=0` a healthy cluster (no alerts), `ENGINE_BENCH_ROUNDS=5` more
 //! rounds (default 3), `ENGINE_BENCH_THROUGHPUT_ONLY=1` stops after the throughput rounds (for
-//! a profiler or an instruction count: the README has the `valgrind` line),
+//! a profiler or an instruction count: docs/benchmarks.md has the `valgrind` line),
 //! `ENGINE_BENCH_TIME_SCALE=0.004` the same traffic 250 times denser in time. Alerts fold per
 //! window of traffic time, so the capture's own pace (printed first, in events/s of traffic)
 //! decides how many alerts each event raises: at the lab's pace (scale 1) the capture spans

@@ -9,7 +9,7 @@
 //! entries instead of refusing new ones. Everything shed is counted (`MemoryCounters`).
 
 /// Default budget: the shipped DaemonSet's 256 MiB limit minus the binary and libraries
-/// (~30 MiB), the default 8 MiB ring and allocator slack. deploy/README.md gives the rule.
+/// (~30 MiB), the default 8 MiB ring and allocator slack. docs/install.md#sizing gives the rule.
 pub const DEFAULT_MEMORY_BUDGET: usize = 160 << 20;
 
 /// One decoded connection: its table entry, the boxed decoder with both directions' state and

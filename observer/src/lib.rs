@@ -4,8 +4,9 @@
 //! Data path: `capture` (kernel records → typed events) → `decode` (HTTP/1 upgrades, HTTP/2 +
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).
 //!
-//! Layers, bottom-up; each imports only from those before it in this list (README:
-//! Architecture): `model`, `budget`, `table_memory`, `openim`, `hpack`, `privacy`, `decode`, `capture`, `alert`, `correlate`, then
+//! Layers, bottom-up; each imports only from those before it in this list
+//! (docs/architecture.md): `model`, `budget`, `table_memory`, `openim`, `hpack`, `privacy`,
+//! `decode`, `capture`, `alert`, `correlate`, then
 //! the edges `allocator`, `lines`, `cluster`, `identity`, `metrics`, `tools`, `daemon`.
 
 // The shared vocabulary and OpenIM knowledge.

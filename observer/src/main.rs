@@ -36,7 +36,7 @@ enum Command {
 }
 
 /// mimalloc rather than glibc's malloc: 14% fewer instructions for the engine on its bench
-/// (callgrind), at about the same peak RSS (the README's performance section has the figures).
+/// (callgrind), at about the same peak RSS (docs/benchmarks.md has the figures).
 #[global_allocator]
 static ALLOCATOR: observer::allocator::Mimalloc = observer::allocator::Mimalloc;
 

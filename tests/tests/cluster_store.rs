@@ -439,7 +439,7 @@ async fn health_shows_on_metrics() {
     );
 }
 
-/// The figures deploy/README.md quotes: Redis memory per placed user (`INFO memory` before and
+/// The figures docs/benchmarks.md quotes: Redis memory per placed user (`INFO memory` before and
 /// after), and round trips per batch. Run with
 /// `cargo test -p tests --test cluster_store -- --ignored --nocapture`.
 #[tokio::test]

@@ -792,7 +792,7 @@ impl Pod {
 }
 
 /// The node's tracefs, which the DaemonSet mounts read-only, must be mounted on the host
-/// (deploy/README.md's requirement; systemd does it at boot).
+/// (docs/install.md's requirement; systemd does it at boot).
 fn mount_host_tracefs() {
     if !Path::new("/sys/kernel/tracing/events").is_dir() {
         run(Command::new("mount").args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"]));
@@ -1256,7 +1256,7 @@ fn under_a_seccomp_profile_that_ties_bpf_to_sys_admin_the_pod_exits_2() {
     if !ready() {
         return;
     }
-    // What deploy/README.md sends to the privileged overlay: CRI-O's (and old containerd's)
+    // What docs/install.md sends to the privileged overlay: CRI-O's (and old containerd's)
     // default profile refuses bpf() to a container without CAP_SYS_ADMIN.
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
     let pod = Pod::new("crio-seccomp");

@@ -6,7 +6,7 @@
 //! - every kustomization renders (`kubectl kustomize`, which itself rejects unknown kustomization
 //!   fields, missing files, wrong `apiVersion`s and generators that clash with the base) into
 //!   objects that pass the same round trip, all in the observer's namespace, with pinned images;
-//! - the DaemonSet each variant renders runs with exactly the privileges deploy/README.md
+//! - the DaemonSet each variant renders runs with exactly the privileges docs/install.md
 //!   documents.
 //!
 //! Rendering needs kubectl: `$KUBECTL`, else `kubectl` on PATH. `cargo xtask test` installs a

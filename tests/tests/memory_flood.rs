@@ -18,7 +18,7 @@ const GRPC_PORT: u16 = 47_188;
 const MEMORY_BUDGET: u64 = 48 << 20;
 const RING_BYTES: u64 = 8 << 20;
 /// What the budget does not cover: the binary and its libraries (about 26 MB idle, issue 10),
-/// the runtime, records in flight and allocator slack. deploy/README.md's sizing rule uses it.
+/// the runtime, records in flight and allocator slack. docs/install.md's sizing rule uses it.
 const FIXED_ALLOWANCE: u64 = 64 << 20;
 
 #[test]

@@ -1,5 +1,5 @@
 //! Alerts: one JSON object per line on stdout, each with `kind`, `schema_version` and `ts`, and
-//! enough context to act on without reading code. The README documents every field.
+//! enough context to act on without reading code. docs/alerts/ documents every field.
 //!
 //! The alert is an envelope around model types (`GatewayInfo`, `ProcessInfo` add the pods
 //! `--kube` names); `fold` turns repeats of one alert into one count per window; `line` writes

@@ -52,7 +52,7 @@ pub struct RunArgs {
     /// --cgroup-root on the packets of watched connections only, so no syscall pays; needs the
     /// node's cgroup v2 hierarchy and CAP_NET_ADMIN. `syscalls`: tracepoints on every read and
     /// write, which every process on the node pays for (about ×1.15 for any syscall, ×2 for a
-    /// write; README, Benchmarks). `auto`: `packets` where this process can, else `syscalls`;
+    /// write; docs/benchmarks.md). `auto`: `packets` where this process can, else `syscalls`;
     /// `observer_started` says which and why (`capture_hook`, `capture_hook_reason`).
     #[arg(long, value_enum, value_name = "HOOK", default_value_t = HookChoice::Auto)]
     pub capture_hook: HookChoice,
@@ -73,7 +73,7 @@ pub struct RunArgs {
     /// Watched connections (and their descriptors, and the connects, reads and writes in
     /// progress on them) the kernel's tables hold at once: at least the WebSockets of the
     /// busiest proxy node (one per online user there) plus push's connections. Each costs about
-    /// 540 bytes of kernel memory (470 with the packet hook), charged to the pod. A full table
+    /// 540 bytes of kernel memory (about 580 with the packet hook), charged to the pod. A full table
     /// leaves new connections (or calls) unwatched and says so (`capture_degraded`,
     /// `table_full`).
     #[arg(long, value_name = "COUNT", default_value_t = observer_records::DEFAULT_MAX_WATCHED_CONNECTIONS, value_parser = clap::value_parser!(u32).range(64..=(1 << 22)))]
@@ -148,7 +148,7 @@ pub struct ReplayArgs {
 pub struct EngineArgs {
     /// Bytes every table and buffer together may hold (estimated: decoder buffers, connections,
     /// users, pending calls, fold windows). Past it the least useful state is shed and counted.
-    /// The default fits the shipped 256 MiB pod limit; deploy/README.md gives the sizing rule.
+    /// The default fits the shipped 256 MiB pod limit; docs/install.md gives the sizing rule.
     #[arg(long, value_name = "BYTES", default_value_t = crate::budget::DEFAULT_MEMORY_BUDGET, value_parser = in_range(1 << 20, 1 << 40))]
     pub memory_budget: usize,
     /// Users with a live WebSocket placement tracked at once (also bounded by
