@@ -394,13 +394,11 @@ pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
     })?;
     let mut sink = EventSink::new(args.events, &args.engine, None);
     let replayed = replay_lines(&args.file, BufReader::new(file), &mut sink);
-    if replayed.is_err() {
-        // What the valid lines before the bad one decided is still printed.
-        sink.flush()?;
-        return replayed;
-    }
+    // The lines before a bad one (a recording cut by a crash or a full disk) are judged to the
+    // end, as a whole recording is: fold windows closed, pending calls and rings judged.
     sink.finish();
     sink.flush()?;
+    replayed?;
     report_stop(&sink.engine, 0, None, None, None);
     Ok(())
 }
