@@ -41,6 +41,18 @@ struct MessageRoute {
     reported: SmallVec<[u64; 2]>,
 }
 
+impl MessageRoute {
+    /// Tells whether the message went to two gateways, no recipient list to both.
+    fn split(&self) -> bool {
+        let first = self.calls.first().map(|(gateway, _)| *gateway);
+        !self.broadcast
+            && self
+                .calls
+                .iter()
+                .any(|(gateway, _)| Some(*gateway) != first)
+    }
+}
+
 /// A miss waiting for the rest of its message's calls.
 #[derive(Debug)]
 struct Parked {
@@ -228,6 +240,14 @@ impl MessageRoutes {
             && (all || front.due_ns <= now_ns)
         {
             if let Some(parked) = self.parked.pop_front() {
+                // The window has passed: a message split over gateways teaches the ring now,
+                // not only when it is forgotten.
+                if let Some(route) = self.messages.get(&parked.message)
+                    && route.split()
+                    && self.learn(PushRoutingMode::Ring).is_some()
+                {
+                    self.announce(now_ns, alerts);
+                }
                 self.judge(parked, folds, alerts);
             }
         }
@@ -303,12 +323,7 @@ impl MessageRoutes {
 
     /// A message's window has passed: calls to two gateways with no list in common are a ring.
     fn closed(&mut self, route: &MessageRoute, now_ns: u64, alerts: &mut Vec<Alert>) {
-        let first = route.calls.first().map(|(gateway, _)| *gateway);
-        let several = route
-            .calls
-            .iter()
-            .any(|(gateway, _)| Some(*gateway) != first);
-        if several && !route.broadcast && self.learn(PushRoutingMode::Ring).is_some() {
+        if route.split() && self.learn(PushRoutingMode::Ring).is_some() {
             self.announce(now_ns, alerts);
         }
     }
@@ -508,8 +523,11 @@ mod tests {
         assert!(mismatched_users(&alerts).is_empty(), "held for the window");
         table.tick(4 * SEC, &mut alerts);
         assert_eq!(mismatched_users(&alerts), ["u2"]);
-        table.tick(20 * SEC, &mut alerts);
-        assert_eq!(routing_lines(&alerts).len(), 1);
+        assert_eq!(
+            routing_lines(&alerts).len(),
+            1,
+            "learned once the window passed"
+        );
         assert_eq!(routing_lines(&alerts)[0].1, PushRoutingMode::Ring);
         let later = call(&mut table, "m2", &["u1"], 2, 21 * SEC);
         assert_eq!(mismatched_users(&later), ["u1"], "judged at once");
