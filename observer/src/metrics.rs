@@ -4,14 +4,23 @@
 //! Counters mirror the kernel's and the engine's own totals: `update` adds what grew since the
 //! last snapshot, so the exported series are monotonic like Prometheus expects.
 
+mod exposition;
+mod misrouted;
+mod process;
+pub mod reference;
+
 use std::{
+    collections::HashMap,
     fs::File,
-    sync::{Arc, Mutex, atomic::AtomicU64},
-    time::Duration,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
 use prometheus_client::{
-    encoding::text::encode,
+    encoding::text::{encode_eof, encode_registry},
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
@@ -22,13 +31,22 @@ use tokio::{
     sync::Semaphore,
 };
 
+pub use exposition::Format;
+use misrouted::MisroutedUsers;
+pub use process::ProcessMetrics;
+
 use crate::{
+    alert::{Alert, AlertBody},
     budget::MemoryCounters,
     capture::{kernel_counters::KernelCounters, reorder::ReorderCounters},
     correlate::{EngineCounters, blindness::ReasonHealth},
 };
 
 type Labels = [(&'static str, &'static str); 1];
+/// A gateway by its address, as alerts name it.
+type GatewayLabels = [(&'static str, String); 1];
+/// `build_info`'s labels: version, commit, capture hook.
+type BuildLabels = [(&'static str, &'static str); 3];
 /// The service push calls and its routing, learned from the wire.
 type RoutingLabels = [(&'static str, String); 2];
 
@@ -47,6 +65,43 @@ struct Exported {
     kernel: KernelCounters,
     engine: EngineCounters,
     reorder: ReorderCounters,
+    /// `capture_health`'s totals by reason: episodes and losses.
+    capture: HashMap<&'static str, (u64, u64)>,
+}
+
+/// Distinct gateway labels `misrouted_recipients_total` keeps; later gateways count as
+/// `other`, so a flood of addresses cannot grow the registry without bound.
+const MAX_GATEWAY_LABELS: usize = 256;
+
+/// The commit the binary was built from, when the build said (`OPENIM_OBSERVER_COMMIT`).
+pub const COMMIT: &str = match option_env!("OPENIM_OBSERVER_COMMIT") {
+    Some(commit) => commit,
+    None => "unknown",
+};
+
+/// Whether the observer can see traffic yet: `/readyz` answers 200 only once it can.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    attached: AtomicBool,
+    /// With `--kube`: set until the pod list has loaded, then cleared.
+    waiting_for_pods: AtomicBool,
+}
+
+impl Readiness {
+    /// Says that every program is attached.
+    pub fn set_attached(&self) {
+        self.attached.store(true, Ordering::Release);
+    }
+
+    /// Says whether the pod list is still to load (`--kube`).
+    pub fn set_waiting_for_pods(&self, waiting: bool) {
+        self.waiting_for_pods.store(waiting, Ordering::Release);
+    }
+
+    /// Tells whether every program is attached and, with `--kube`, the pod list has loaded.
+    pub fn is_ready(&self) -> bool {
+        self.attached.load(Ordering::Acquire) && !self.waiting_for_pods.load(Ordering::Acquire)
+    }
 }
 
 /// Upper bounds of the `kernel_to_alert_seconds` buckets: ×1.5–2 steps from 100 µs to 100 ms,
@@ -59,13 +114,30 @@ const KERNEL_TO_ALERT_BUCKETS: [f64; 20] = [
 
 pub struct Metrics {
     registry: Registry,
+    /// Series without the `openim_observer_` prefix (`process_*`).
+    unprefixed: Registry,
+    readiness: Arc<Readiness>,
+    build_info: Family<BuildLabels, Gauge>,
     events: Counter,
-    kernel: Family<Labels, Counter>,
+    /// `kernel_total{kind="ring_full_drops"}`: the name the lab tests read (a name of its own,
+    /// `kernel_records_dropped_total`, would be clearer; see the report).
+    records_dropped: Family<Labels, Counter>,
+    bytes_not_captured: Counter,
+    bytes_over_budget: Counter,
+    kernel_failures: Family<Labels, Counter>,
+    calls_cut: Family<Labels, Counter>,
+    segments: Family<Labels, Counter>,
+    runs_skipped: Counter,
     program_runs: Counter,
     program_seconds: Counter<f64, AtomicU64>,
     decode_failures: Family<Labels, Counter>,
     evictions: Family<Labels, Counter>,
     alerts: Family<Labels, Counter>,
+    misrouted_recipients: Family<GatewayLabels, Counter>,
+    misrouted_users: Gauge,
+    misrouted: MisroutedUsers,
+    push_calls: Counter,
+    push_answers: Counter,
     connections_tracked: Gauge,
     users_tracked: Gauge,
     kernel_to_alert_seconds: Histogram,
@@ -75,156 +147,190 @@ pub struct Metrics {
     memory_shed: Family<Labels, Counter>,
     resident_memory: Family<Labels, Gauge>,
     capture_degraded: Family<Labels, Gauge>,
-    capture_degraded_episodes: Family<Labels, Gauge>,
-    capture_losses: Family<Labels, Gauge>,
+    capture_degraded_episodes: Family<Labels, Counter>,
+    capture_losses: Family<Labels, Counter>,
     packet_reorder: Family<Labels, Counter>,
     push_routing: Family<RoutingLabels, Gauge>,
     exported: Exported,
 }
 
+/// Registers a new metric of type `M` under `name` and hands it back.
+fn register<M>(registry: &mut Registry, name: &str, help: &str) -> M
+where
+    M: Default + Clone + prometheus_client::registry::Metric,
+{
+    let metric = M::default();
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("openim_observer");
-        let events = Counter::default();
-        registry.register(
-            "events",
-            "Capture events read from the kernel",
-            events.clone(),
-        );
-        let kernel = Family::<Labels, Counter>::default();
-        registry.register(
-            "kernel",
-            "Kernel-side losses by kind: records dropped on a full ring, bytes not captured (budget and policy), map insert and user-memory read failures",
-            kernel.clone(),
-        );
-        let program_runs = Counter::default();
-        registry.register(
-            "kernel_program_runs",
-            "Runs of the observer's programs the kernel timed: only while kernel.bpf_stats_enabled is 1, which the observer leaves as it is",
-            program_runs.clone(),
-        );
-        let program_seconds = Counter::<f64, AtomicU64>::default();
-        registry.register(
-            "kernel_program_seconds",
-            "CPU time of those runs: the observer's CPU outside its own process, paid inside other processes' syscalls and softirqs",
-            program_seconds.clone(),
-        );
-        let decode_failures = Family::<Labels, Counter>::default();
-        registry.register(
-            "decode_failures",
-            "Decoding failures and undecodable streams by layer or reason",
-            decode_failures.clone(),
-        );
-        let evictions = Family::<Labels, Counter>::default();
-        registry.register(
-            "evictions",
-            "Entries a bounded table turned away, by table",
-            evictions.clone(),
-        );
-        let alerts = Family::<Labels, Counter>::default();
-        registry.register("alerts", "Alerts printed, by kind", alerts.clone());
-        let connections_tracked = Gauge::default();
-        registry.register(
-            "connections_tracked",
-            "Connections being decoded",
-            connections_tracked.clone(),
-        );
-        let users_tracked = Gauge::default();
-        registry.register(
-            "users_tracked",
-            "Users with a live WebSocket placement",
-            users_tracked.clone(),
-        );
+        let mut unprefixed = Registry::default();
+        unprefixed.register_collector(Box::new(ProcessMetrics));
         let kernel_to_alert_seconds = Histogram::new(KERNEL_TO_ALERT_BUCKETS.iter().copied());
-        registry.register(
+        let mut metrics = Self {
+            build_info: register(
+                &mut registry,
+                "build_info",
+                "1, labelled with the observer's version, the commit it was built from and the capture hook in use",
+            ),
+            events: register(
+                &mut registry,
+                "events",
+                "Capture events read from the kernel",
+            ),
+            records_dropped: register(
+                &mut registry,
+                "kernel",
+                "Records the kernel programs dropped, by kind: ring_full_drops (the ring buffer was full)",
+            ),
+            bytes_not_captured: register(
+                &mut registry,
+                "kernel_bytes_not_captured",
+                "Payload bytes a syscall or segment moved that were not copied, whatever the cause (budget, chunk limit, unreadable memory, WebSocket policy)",
+            ),
+            bytes_over_budget: register(
+                &mut registry,
+                "kernel_bytes_over_budget",
+                "gRPC bytes not copied because the connection's budget was spent (part of kernel_bytes_not_captured)",
+            ),
+            kernel_failures: register(
+                &mut registry,
+                "kernel_failures",
+                "Kernel-side failures by kind: inserts into a bounded map, copies from user memory",
+            ),
+            calls_cut: register(
+                &mut registry,
+                "kernel_calls_cut",
+                "Calls whose tail was not copied, by reason: chunk limit, step limit, unreadable user memory",
+            ),
+            segments: register(
+                &mut registry,
+                "kernel_segments",
+                "Packet hook: segments that arrived out of order (copied at their place), and segments left out because they held only HTTP/2 frames the decoder does not read (not a loss)",
+            ),
+            runs_skipped: register(
+                &mut registry,
+                "kernel_program_runs_skipped",
+                "Runs of the observer's programs the kernel skipped (recursion), where the kernel counts them",
+            ),
+            program_runs: register(
+                &mut registry,
+                "kernel_program_runs",
+                "Runs of the observer's programs the kernel timed: only while kernel.bpf_stats_enabled is 1, which the observer leaves as it is",
+            ),
+            program_seconds: register(
+                &mut registry,
+                "kernel_program_seconds",
+                "CPU time of those runs: the observer's CPU outside its own process, paid inside other processes' syscalls and softirqs",
+            ),
+            decode_failures: register(
+                &mut registry,
+                "decode_failures",
+                "Decoding failures and undecodable streams by layer or reason",
+            ),
+            evictions: register(
+                &mut registry,
+                "evictions",
+                "Entries a bounded table turned away, by table",
+            ),
+            alerts: register(&mut registry, "alerts", "Alerts printed, by kind"),
+            misrouted_recipients: register(
+                &mut registry,
+                "misrouted_recipients",
+                "Recipients whose message missed real time: route_mismatch alerts printed, by the gateway push sent the message to",
+            ),
+            misrouted_users: register(
+                &mut registry,
+                "misrouted_users",
+                "Users with a route_mismatch alert printed within its fold window: misrouted right now",
+            ),
+            misrouted: MisroutedUsers::default(),
+            push_calls: register(
+                &mut registry,
+                "push_calls",
+                "Push calls to a gateway seen (one call carries one or more recipients)",
+            ),
+            push_answers: register(
+                &mut registry,
+                "push_answers",
+                "Answers to those push calls seen",
+            ),
+            connections_tracked: register(
+                &mut registry,
+                "connections_tracked",
+                "Connections being decoded",
+            ),
+            users_tracked: register(
+                &mut registry,
+                "users_tracked",
+                "Users with a live WebSocket placement",
+            ),
+            kernel_to_alert_seconds: kernel_to_alert_seconds.clone(),
+            accept_errors: register(
+                &mut registry,
+                "metrics_accept_errors",
+                "Connections to this endpoint that could not be accepted (e.g. out of file descriptors)",
+            ),
+            memory_budget: register(
+                &mut registry,
+                "memory_budget_bytes",
+                "--memory-budget: what every table and buffer together may hold",
+            ),
+            memory_accounted: register(
+                &mut registry,
+                "memory_accounted_bytes",
+                "Estimated bytes held against the memory budget, by table",
+            ),
+            memory_shed: register(
+                &mut registry,
+                "memory_shed",
+                "State dropped to keep to the memory budget, by what (least useful first)",
+            ),
+            resident_memory: register(
+                &mut registry,
+                "resident_memory_bytes",
+                "The process's resident memory from /proc/self/status, now and at its peak",
+            ),
+            capture_degraded: register(
+                &mut registry,
+                "capture_degraded",
+                "1 while capture is degraded for this reason (a capture_degraded episode is open)",
+            ),
+            capture_degraded_episodes: register(
+                &mut registry,
+                "capture_degraded_episodes",
+                "capture_degraded episodes raised since start, by reason",
+            ),
+            capture_losses: register(
+                &mut registry,
+                "capture_losses",
+                "Losses counted toward capture_degraded since start, by reason (records, connections or entries)",
+            ),
+            packet_reorder: register(
+                &mut registry,
+                "packet_reorder",
+                "--capture-hook packets: records held behind a gap in a stream, gaps filled while they waited, gaps given up on (too long or too much held)",
+            ),
+            push_routing: register(
+                &mut registry,
+                "push_routing",
+                "1 for the gateway service push calls and how it routes a message (ring: one gateway per recipient; broadcast: every recipient to every gateway), once learned from its calls",
+            ),
+            registry,
+            unprefixed,
+            readiness: Arc::default(),
+            exported: Exported::default(),
+        };
+        metrics.registry.register(
             "kernel_to_alert_seconds",
             "From the traffic that raised an alert to the alert's line on stdout",
-            kernel_to_alert_seconds.clone(),
-        );
-        let accept_errors = Counter::default();
-        registry.register(
-            "metrics_accept_errors",
-            "Connections to this endpoint that could not be accepted (e.g. out of file descriptors)",
-            accept_errors.clone(),
-        );
-        let memory_budget = Gauge::default();
-        registry.register(
-            "memory_budget_bytes",
-            "--memory-budget: what every table and buffer together may hold",
-            memory_budget.clone(),
-        );
-        let memory_accounted = Family::<Labels, Gauge>::default();
-        registry.register(
-            "memory_accounted_bytes",
-            "Estimated bytes held against the memory budget, by table",
-            memory_accounted.clone(),
-        );
-        let memory_shed = Family::<Labels, Counter>::default();
-        registry.register(
-            "memory_shed",
-            "State dropped to keep to the memory budget, by what (least useful first)",
-            memory_shed.clone(),
-        );
-        let resident_memory = Family::<Labels, Gauge>::default();
-        registry.register(
-            "resident_memory_bytes",
-            "The process's resident memory from /proc/self/status, now and at its peak",
-            resident_memory.clone(),
-        );
-        let capture_degraded = Family::<Labels, Gauge>::default();
-        registry.register(
-            "capture_degraded",
-            "1 while capture is degraded for this reason (a capture_degraded episode is open)",
-            capture_degraded.clone(),
-        );
-        let capture_degraded_episodes = Family::<Labels, Gauge>::default();
-        registry.register(
-            "capture_degraded_episodes",
-            "capture_degraded episodes raised since start, by reason",
-            capture_degraded_episodes.clone(),
-        );
-        let capture_losses = Family::<Labels, Gauge>::default();
-        registry.register(
-            "capture_losses",
-            "Losses counted toward capture_degraded since start, by reason (records, connections or entries)",
-            capture_losses.clone(),
-        );
-        let packet_reorder = Family::<Labels, Counter>::default();
-        registry.register(
-            "packet_reorder",
-            "--capture-hook packets: records held behind a gap in a stream, gaps filled while they waited, gaps given up on (too long or too much held)",
-            packet_reorder.clone(),
-        );
-        let push_routing = Family::<RoutingLabels, Gauge>::default();
-        registry.register(
-            "push_routing",
-            "1 for the gateway service push calls and how it routes a message (ring: one gateway per recipient; broadcast: every recipient to every gateway), once learned from its calls",
-            push_routing.clone(),
-        );
-        Self {
-            registry,
-            packet_reorder,
-            push_routing,
-            capture_degraded,
-            capture_degraded_episodes,
-            capture_losses,
-            memory_budget,
-            memory_accounted,
-            memory_shed,
-            resident_memory,
-            events,
-            kernel,
-            program_runs,
-            program_seconds,
-            decode_failures,
-            evictions,
-            alerts,
-            connections_tracked,
-            users_tracked,
             kernel_to_alert_seconds,
-            accept_errors,
-            exported: Exported::default(),
-        }
+        );
+        metrics.set_capture_hook("unknown");
+        metrics
     }
 }
 
@@ -234,16 +340,7 @@ impl Metrics {
         let previous = &self.exported;
         self.events
             .inc_by(engine.events.saturating_sub(previous.engine.events));
-        for (kind, now) in kernel.iter() {
-            let before = previous
-                .kernel
-                .iter()
-                .find(|&(known, _)| known == kind)
-                .map_or(0, |(_, before)| before);
-            self.kernel
-                .get_or_create(&[("kind", kind)])
-                .inc_by(now.saturating_sub(before));
-        }
+        self.update_kernel(kernel);
         self.program_runs
             .inc_by(kernel.runs_timed.saturating_sub(previous.kernel.runs_timed));
         self.program_seconds.inc_by(
@@ -339,6 +436,15 @@ impl Metrics {
                 .get_or_create(&[("table", table)])
                 .inc_by(now.saturating_sub(before));
         }
+        self.push_calls
+            .inc_by(routes.push_calls.saturating_sub(routes_before.push_calls));
+        self.push_answers.inc_by(
+            routes
+                .push_answers
+                .saturating_sub(routes_before.push_answers),
+        );
+        self.misrouted_users
+            .set(i64::try_from(self.misrouted.count(Instant::now())).unwrap_or(i64::MAX));
         self.connections_tracked
             .set(i64::try_from(engine.connections.tracked).unwrap_or(i64::MAX));
         self.users_tracked
@@ -356,6 +462,63 @@ impl Metrics {
         }
         self.exported.kernel = kernel.clone();
         self.exported.engine = engine.clone();
+    }
+
+    /// Brings the kernel's series up to its totals, each counter under its own name.
+    fn update_kernel(&self, kernel: &KernelCounters) {
+        use observer_records::Counter as Kernel;
+        let before = &self.exported.kernel;
+        let grown = |counter: Kernel| kernel[counter].saturating_sub(before[counter]);
+        self.records_dropped
+            .get_or_create(&[("kind", "ring_full_drops")])
+            .inc_by(grown(Kernel::RingFullDrops));
+        self.bytes_not_captured
+            .inc_by(grown(Kernel::BytesNotCaptured));
+        self.bytes_over_budget
+            .inc_by(grown(Kernel::BytesOverBudget));
+        for (family, label, counter) in [
+            (
+                &self.kernel_failures,
+                ("kind", "map_insert"),
+                Kernel::MapInsertFailures,
+            ),
+            (
+                &self.kernel_failures,
+                ("kind", "user_read"),
+                Kernel::UserReadFailures,
+            ),
+            (
+                &self.calls_cut,
+                ("reason", "chunk_limit"),
+                Kernel::CallsCutAtChunkLimit,
+            ),
+            (
+                &self.calls_cut,
+                ("reason", "step_limit"),
+                Kernel::CallsCutAtStepLimit,
+            ),
+            (
+                &self.calls_cut,
+                ("reason", "unreadable"),
+                Kernel::CallsCutUnreadable,
+            ),
+            (
+                &self.segments,
+                ("what", "out_of_order"),
+                Kernel::SegmentsOutOfOrder,
+            ),
+            (
+                &self.segments,
+                ("what", "left_out"),
+                Kernel::SegmentsLeftOut,
+            ),
+        ] {
+            family.get_or_create(&[label]).inc_by(grown(counter));
+        }
+        if let Some(skipped) = kernel.runs_skipped {
+            self.runs_skipped
+                .inc_by(skipped.saturating_sub(before.runs_skipped.unwrap_or(0)));
+        }
     }
 
     /// Brings the packet hook's reordering series up to its totals.
@@ -412,27 +575,73 @@ impl Metrics {
         }
     }
 
-    /// Where each capture reason of `capture_degraded` stands.
-    pub fn capture_health(&self, health: &[ReasonHealth]) {
-        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    /// Where each capture reason of `capture_degraded` stands, and its totals since start.
+    pub fn capture_health(&mut self, health: &[ReasonHealth]) {
         for reason in health {
-            let labels = [("reason", reason.reason.name())];
+            let name = reason.reason.name();
+            let labels = [("reason", name)];
             self.capture_degraded
                 .get_or_create(&labels)
                 .set(i64::from(reason.degraded));
+            let (episodes, losses) = self.exported.capture.entry(name).or_default();
             self.capture_degraded_episodes
                 .get_or_create(&labels)
-                .set(gauge(reason.episodes));
+                .inc_by(reason.episodes.saturating_sub(*episodes));
             self.capture_losses
                 .get_or_create(&labels)
-                .set(gauge(reason.events));
+                .inc_by(reason.events.saturating_sub(*losses));
+            (*episodes, *losses) = (reason.episodes, reason.events);
         }
     }
 
+    /// Counts an alert of `kind` printed `kernel_to_alert_seconds` after its traffic.
     pub fn alert(&self, kind: &'static str, kernel_to_alert_seconds: f64) {
         self.alerts.get_or_create(&[("kind", kind)]).inc();
         self.kernel_to_alert_seconds
             .observe(kernel_to_alert_seconds.max(0.0));
+    }
+
+    /// Counts a printed alert as `alert` does, and a route_mismatch's recipient by gateway
+    /// and among the users misrouted now.
+    pub fn alert_printed(&mut self, alert: &Alert, kernel_to_alert_seconds: f64) {
+        self.alert(alert.kind(), kernel_to_alert_seconds);
+        let AlertBody::RouteMismatch(mismatch) = &*alert.body else {
+            return;
+        };
+        let gateway = mismatch.pushed_to.gateway.gateway.ip.to_string();
+        let labels = [("gateway", gateway)];
+        let family = &self.misrouted_recipients;
+        let known = family.get(&labels).is_some();
+        if known || self.misrouted.gateway_labels < MAX_GATEWAY_LABELS {
+            self.misrouted.gateway_labels += usize::from(!known);
+            family.get_or_create(&labels).inc();
+        } else {
+            family
+                .get_or_create(&[("gateway", "other".to_owned())])
+                .inc();
+        }
+        let now = Instant::now();
+        let window = Duration::from_secs(mismatch.window_secs.max(1));
+        self.misrouted.seen(&mismatch.user, now + window);
+        self.misrouted_users
+            .set(i64::try_from(self.misrouted.count(now)).unwrap_or(i64::MAX));
+    }
+
+    /// Names the capture hook in use in `build_info`.
+    pub fn set_capture_hook(&self, hook: &'static str) {
+        self.build_info.clear();
+        self.build_info
+            .get_or_create(&[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", COMMIT),
+                ("capture_hook", hook),
+            ])
+            .set(1);
+    }
+
+    /// What `/readyz` answers from, shared with the daemon that sets it.
+    pub fn readiness(&self) -> Arc<Readiness> {
+        Arc::clone(&self.readiness)
     }
 
     /// Adds series read at each scrape (cluster mode's Redis health).
@@ -443,12 +652,22 @@ impl Metrics {
         self.registry.register_collector(collector);
     }
 
-    /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    /// The exposition in `format`.
+    pub fn render_as(&self, format: Format) -> String {
         let mut text = String::new();
         // Writing to a String cannot fail.
-        let _ = encode(&mut text, &self.registry);
-        text
+        let _ = encode_registry(&mut text, &self.registry);
+        let _ = encode_registry(&mut text, &self.unprefixed);
+        let _ = encode_eof(&mut text);
+        match format {
+            Format::OpenMetrics => text,
+            Format::Text => exposition::to_text_format(&text),
+        }
+    }
+
+    /// The OpenMetrics exposition.
+    pub fn render(&self) -> String {
+        self.render_as(Format::OpenMetrics)
     }
 }
 
@@ -473,7 +692,8 @@ const RESERVE_DEADLINE: Duration = Duration::from_millis(500);
 /// Pauses after a failed accept, doubling from the first to the last while failures repeat.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
-/// Serves `GET /metrics` (and `/healthz` for probes) until the task is dropped.
+/// Serves `GET /metrics`, `/healthz` (liveness) and `/readyz` (readiness) until the task is
+/// dropped.
 ///
 /// A failed `accept` (no descriptor left, in this process or the system) is counted and
 /// followed by a pause, so that it cannot spin a core. One descriptor is held in reserve: on
@@ -525,7 +745,7 @@ async fn answer(mut stream: TcpStream, metrics: &Mutex<Metrics>) -> std::io::Res
     let mut request = Vec::with_capacity(1024);
     let mut buffer = [0u8; 1024];
     // A request head is small; stop reading at 8 KiB whatever the peer sends.
-    let path = loop {
+    let (path, format) = loop {
         let read = stream.read(&mut buffer).await?;
         if read == 0 {
             return Ok(());
@@ -535,28 +755,55 @@ async fn answer(mut stream: TcpStream, metrics: &Mutex<Metrics>) -> std::io::Res
         let mut parsed = httparse::Request::new(&mut headers);
         match parsed.parse(&request) {
             Ok(httparse::Status::Complete(_)) => {
-                break parsed.path.unwrap_or("/").to_owned();
+                let accept = parsed
+                    .headers
+                    .iter()
+                    .find(|header| header.name.eq_ignore_ascii_case("accept"))
+                    .and_then(|header| std::str::from_utf8(header.value).ok());
+                break (
+                    parsed.path.unwrap_or("/").to_owned(),
+                    Format::negotiate(accept),
+                );
             }
             Ok(httparse::Status::Partial) if request.len() < 8192 => {}
-            _ => return respond(&mut stream, "400 Bad Request", "bad request\n").await,
+            _ => return respond(&mut stream, "400 Bad Request", PLAIN, "bad request\n").await,
         }
     };
     match path.as_str() {
         "/metrics" => {
             let body = metrics
                 .lock()
-                .map(|metrics| metrics.render())
+                .map(|metrics| metrics.render_as(format))
                 .unwrap_or_default();
-            respond(&mut stream, "200 OK", &body).await
+            respond(&mut stream, "200 OK", format.content_type(), &body).await
         }
-        "/healthz" => respond(&mut stream, "200 OK", "ok\n").await,
-        _ => respond(&mut stream, "404 Not Found", "try /metrics\n").await,
+        "/healthz" => respond(&mut stream, "200 OK", PLAIN, "ok\n").await,
+        "/readyz" => {
+            let ready = metrics
+                .lock()
+                .is_ok_and(|metrics| metrics.readiness.is_ready());
+            if ready {
+                respond(&mut stream, "200 OK", PLAIN, "ready\n").await
+            } else {
+                let body = "not ready: programs not attached, or the pod list not loaded\n";
+                respond(&mut stream, "503 Service Unavailable", PLAIN, body).await
+            }
+        }
+        _ => respond(&mut stream, "404 Not Found", PLAIN, "try /metrics\n").await,
     }
 }
 
-async fn respond(stream: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
+/// The content type of the probes' and errors' bodies.
+const PLAIN: &str = "text/plain; charset=utf-8";
+
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
@@ -596,7 +843,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("openim_observer_kernel_total{kind=\"program_runs_skipped\"} 6"),
+            text.contains("openim_observer_kernel_program_runs_skipped_total 6"),
             "{text}"
         );
         assert!(
@@ -654,8 +901,8 @@ mod tests {
             "openim_observer_memory_shed_total{what=\"undecoded_decoders\"} 7",
             "openim_observer_resident_memory_bytes{which=\"peak\"}",
             "openim_observer_capture_degraded{reason=\"ring_full\"} 1",
-            "openim_observer_capture_degraded_episodes{reason=\"ring_full\"} 1",
-            "openim_observer_capture_losses{reason=\"ring_full\"} 42",
+            "openim_observer_capture_degraded_episodes_total{reason=\"ring_full\"} 1",
+            "openim_observer_capture_losses_total{reason=\"ring_full\"} 42",
         ] {
             assert!(text.contains(expected), "{expected} missing: {text}");
         }
@@ -701,6 +948,133 @@ mod tests {
             response.contains("openim_observer_events_total"),
             "{response}"
         );
+        server.abort();
+    }
+
+    fn route_mismatch(user: &str, gateway: [u8; 4]) -> Alert {
+        use crate::{
+            alert::{GatewayInfo, PushInfo, RouteMismatch},
+            model::{Gateway, GatewayAnswer, MessageIds, MismatchCause, Process},
+        };
+        let process = Process {
+            pid: 1,
+            comm: "push".into(),
+            cgroup_id: 0,
+        };
+        let body = RouteMismatch {
+            user: user.into(),
+            placed_on: Vec::new(),
+            pushed_to: PushInfo {
+                gateway: GatewayInfo {
+                    gateway: Gateway {
+                        ip: std::net::IpAddr::from(gateway),
+                        port: 10140,
+                        name: None,
+                    },
+                    pod: None,
+                },
+                method: "OnlinePushMsg".into(),
+                message: MessageIds::default(),
+                pusher: process.into(),
+                answer: GatewayAnswer::EmptyEntry,
+                answer_platforms: Vec::new(),
+                node: None,
+            },
+            count: 1,
+            window_secs: 60,
+            spelling_difference: None,
+            cause: MismatchCause::RingSpelling,
+        };
+        Alert::new(1, AlertBody::RouteMismatch(body))
+    }
+
+    #[test]
+    fn route_mismatches_count_recipients_by_gateway_and_users_now() {
+        let mut metrics = Metrics::default();
+        metrics.alert_printed(&route_mismatch("alice", [10, 0, 0, 2]), 0.001);
+        metrics.alert_printed(&route_mismatch("alice", [10, 0, 0, 2]), 0.001);
+        metrics.alert_printed(&route_mismatch("bob", [10, 0, 0, 3]), 0.001);
+        let text = metrics.render();
+        for expected in [
+            "openim_observer_misrouted_recipients_total{gateway=\"10.0.0.2\"} 2",
+            "openim_observer_misrouted_recipients_total{gateway=\"10.0.0.3\"} 1",
+            "openim_observer_misrouted_users 2",
+            "openim_observer_alerts_total{kind=\"route_mismatch\"} 3",
+        ] {
+            assert!(text.contains(expected), "{expected} missing: {text}");
+        }
+    }
+
+    #[test]
+    fn build_info_and_process_series_are_exported() {
+        let metrics = Metrics::default();
+        metrics.set_capture_hook("packets");
+        let text = metrics.render();
+        let build_info = format!(
+            "openim_observer_build_info{{version=\"{}\",commit=\"{COMMIT}\",capture_hook=\"packets\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&build_info), "{text}");
+        for series in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_virtual_memory_bytes ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(
+                text.lines().any(|line| line.starts_with(series)),
+                "{series} missing: {text}"
+            );
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    async fn get(addr: std::net::SocketAddr, request: &str) -> String {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn the_format_follows_accept_and_readyz_waits_for_attachment() {
+        let listener = bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = Metrics::default();
+        let readiness = metrics.readiness();
+        let server = tokio::spawn(serve(listener, Arc::new(Mutex::new(metrics))));
+        let openmetrics = get(
+            addr,
+            "GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n",
+        )
+        .await;
+        assert!(
+            openmetrics.contains(
+                "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"
+            ),
+            "{openmetrics}"
+        );
+        assert!(openmetrics.contains("# TYPE openim_observer_events counter\n"));
+        assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
+        let text = get(addr, "GET /metrics HTTP/1.1\r\n\r\n").await;
+        assert!(
+            text.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE openim_observer_events_total counter\n"));
+        assert!(!text.contains("# EOF"), "{text}");
+        let readyz = "GET /readyz HTTP/1.1\r\n\r\n";
+        assert!(get(addr, readyz).await.starts_with("HTTP/1.1 503"));
+        readiness.set_waiting_for_pods(true);
+        readiness.set_attached();
+        assert!(get(addr, readyz).await.starts_with("HTTP/1.1 503"));
+        readiness.set_waiting_for_pods(false);
+        assert!(get(addr, readyz).await.starts_with("HTTP/1.1 200"));
+        let healthz = get(addr, "GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
         server.abort();
     }
 }

@@ -183,6 +183,14 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         started["adopted_connections"]["outside_scope"] = adopted.outside_scope.into();
     }
     sink.print_json(&started)?;
+    if let Some(metrics) = &sink.metrics
+        && let Ok(metrics) = metrics.lock()
+    {
+        // Every program is attached: `/readyz` turns ready (the pod list is not waited for
+        // yet: the pod watch does not say when it has loaded).
+        metrics.set_capture_hook(capture.capture_hook().name());
+        metrics.readiness().set_attached();
+    }
     for event in &adopted.events {
         sink.consume(event)?;
     }

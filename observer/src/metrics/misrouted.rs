@@ -1,0 +1,65 @@
+//! The users misrouted right now, as the printed route_mismatch alerts tell: a user counts
+//! from an alert until its fold window would have closed.
+
+use std::{collections::HashMap, time::Instant};
+
+use crate::model::UserId;
+
+/// Users tracked at most; beyond it a new user is counted only once an old one expires, so
+/// the gauge is a floor under a flood of mismatches, never unbounded memory.
+const MAX_USERS: usize = 100_000;
+
+/// Users with a route_mismatch alert printed within its fold window.
+#[derive(Debug, Default)]
+pub(super) struct MisroutedUsers {
+    /// User → when its latest window closes.
+    until: HashMap<UserId, Instant>,
+    /// Gateway labels `misrouted_recipients_total` holds.
+    pub(super) gateway_labels: usize,
+}
+
+impl MisroutedUsers {
+    /// Counts `user` misrouted until `until`.
+    pub(super) fn seen(&mut self, user: &UserId, until: Instant) {
+        if let Some(known) = self.until.get_mut(user) {
+            *known = (*known).max(until);
+            return;
+        }
+        if self.until.len() >= MAX_USERS {
+            self.expire(Instant::now());
+        }
+        if self.until.len() < MAX_USERS {
+            self.until.insert(user.clone(), until);
+        }
+    }
+
+    /// The users still misrouted at `now`, dropping the others.
+    pub(super) fn count(&mut self, now: Instant) -> usize {
+        self.expire(now);
+        self.until.len()
+    }
+
+    fn expire(&mut self, now: Instant) {
+        self.until.retain(|_, until| *until > now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn users_count_until_their_window_closes() {
+        let mut users = MisroutedUsers::default();
+        let start = Instant::now();
+        let minute = Duration::from_secs(60);
+        users.seen(&"alice".into(), start + minute);
+        users.seen(&"bob".into(), start + minute);
+        users.seen(&"alice".into(), start + 2 * minute);
+        assert_eq!(users.count(start), 2);
+        assert_eq!(users.count(start + minute), 1);
+        assert_eq!(users.count(start + 2 * minute), 0);
+    }
+}
