@@ -1,5 +1,6 @@
 //! `cargo xtask demo`: the scale-out incident, reproduced in the lab with the real observer
-//! watching, told in a few screens.
+//! watching, told in a few screens, on any OpenIM release and discovery the lab speaks, with
+//! the release's checks (see [`crate::releases`]) one line each.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -7,9 +8,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde_json::Value;
 
+use crate::lab::release::PushRouting;
 use crate::lab::truth::GroundTruth;
 use crate::observed::{NodeObservers, NodeOutput, ObserverOutput, ObserverProcess, Score};
-use crate::{Lab, LabConfig};
+use crate::{Lab, LabConfig, releases};
 
 pub struct DemoConfig {
     pub lab: LabConfig,
@@ -44,13 +46,40 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
         .with_context(|| format!("write {}", truth_path.display()))?;
 
     let score = Score::new(&truth, &output.alerts);
-    let lab = &config.lab;
     let mut text = String::new();
-    let observers = if nodes.len() > 1 {
-        "the node observers"
+    what_happened(&mut text, &config.lab, &truth, &score)?;
+    what_was_reported(&mut text, &nodes, &output, &score, &alerts_path)?;
+    accuracy(&mut text, &truth, &output, &score)?;
+    if nodes.len() > 1 {
+        writeln!(
+            text,
+            "\nFiles: {} (alerts), {} (ground truth).",
+            alerts_path.display(),
+            truth_path.display()
+        )?;
     } else {
-        "the observer"
-    };
+        writeln!(
+            text,
+            "\nFiles: {} (alerts), {} (the observer's capture: `observer replay` reads it without root), {} (ground truth).",
+            alerts_path.display(),
+            capture.display(),
+            truth_path.display()
+        )?;
+    }
+    writeln!(
+        text,
+        "Try `--mode report-fix` (the incident report's fix as written), `--mode correct`, `--openim 3.5|3.6|3.7|3.8|main` and `--discovery etcd`."
+    )?;
+    Ok(text)
+}
+
+/// The lab's ground truth, told: the release, the scale-out and who missed real time.
+fn what_happened(
+    text: &mut String,
+    lab: &LabConfig,
+    truth: &GroundTruth,
+    score: &Score,
+) -> anyhow::Result<()> {
     let scale = if lab.replicas_initial == lab.replicas_final {
         format!("{} msggateway replicas", lab.replicas_final)
     } else {
@@ -64,9 +93,16 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
     } else {
         String::new()
     };
+    let routing = match truth.routing {
+        PushRouting::Ring => "push hashes each recipient over its `…:88` ring",
+        PushRouting::Broadcast => "push sends every recipient to every gateway",
+    };
     writeln!(
         text,
-        "\nOpenIM 3.5.1 in the lab: proxy mode {}, {scale}{spread}, {} users\n",
+        "\nOpenIM {} in the lab ({} discovery: {routing}; service {}): proxy mode {}, {scale}{spread}, {} users on mixed platforms\n",
+        lab.openim.as_str(),
+        lab.discovery.as_str(),
+        lab.openim.service(),
         lab.mode.as_str(),
         lab.users + lab.late_users
     )?;
@@ -85,6 +121,14 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
         score.missed.len(),
         truth.summary.connected
     )?;
+    let true_causes = releases::CauseScore::new(truth, &[]).true_causes;
+    if !true_causes.is_empty() {
+        let causes: Vec<String> = true_causes
+            .iter()
+            .map(|(cause, users)| format!("{cause} {users}"))
+            .collect();
+        writeln!(text, "  Why, user by user: {}.", causes.join(", "))?;
+    }
     if truth.summary.connect_failures > 0 {
         writeln!(
             text,
@@ -92,6 +136,22 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
             truth.summary.connect_failures
         )?;
     }
+    Ok(())
+}
+
+/// What the observers printed: counts by kind, the first mismatch, the incident diagnoses.
+fn what_was_reported(
+    text: &mut String,
+    nodes: &[NodeOutput],
+    output: &ObserverOutput,
+    score: &Score,
+    alerts_path: &std::path::Path,
+) -> anyhow::Result<()> {
+    let observers = if nodes.len() > 1 {
+        "the node observers"
+    } else {
+        "the observer"
+    };
     if nodes.len() > 1 {
         writeln!(
             text,
@@ -100,7 +160,7 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
             output.alerts.len(),
             alerts_path.display()
         )?;
-        for node in &nodes {
+        for node in nodes {
             writeln!(
                 text,
                 "  {:<26} {} alerts",
@@ -136,6 +196,7 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
         writeln!(text, "  {first}")?;
     }
     for kind in [
+        "push_routing",
         "ring_divergence",
         "ws_upgrade_on_grpc_port",
         "push_connection_churn",
@@ -146,6 +207,16 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
             writeln!(text, "\n  {kind}: {diagnosis}")?;
         }
     }
+    Ok(())
+}
+
+/// Precision and recall of the per-user alerts, then the release's checks one line each.
+fn accuracy(
+    text: &mut String,
+    truth: &GroundTruth,
+    output: &ObserverOutput,
+    score: &Score,
+) -> anyhow::Result<()> {
     writeln!(
         text,
         "\nAccuracy against the ground truth: precision {:.1}% ({} of {} alerted users really missed a message), recall {:.1}% ({} of {} users who missed one were alerted).",
@@ -156,27 +227,21 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
         score.missed.len() - score.false_negatives.len(),
         score.missed.len(),
     )?;
-    if nodes.len() > 1 {
-        writeln!(
-            text,
-            "\nFiles: {} (alerts), {} (ground truth).",
-            alerts_path.display(),
-            truth_path.display()
-        )?;
-    } else {
-        writeln!(
-            text,
-            "\nFiles: {} (alerts), {} (the observer's capture: `observer replay` reads it without root), {} (ground truth).",
-            alerts_path.display(),
-            capture.display(),
-            truth_path.display()
-        )?;
-    }
+    let checks = releases::checks(truth, &output.alerts);
+    let failed = checks.iter().filter(|check| !check.passed).count();
     writeln!(
         text,
-        "Try `--mode report-fix` (the incident report's fix as written) and `--mode correct`."
+        "\nWhat OpenIM {} with {} routing requires ({} of {} met):",
+        truth.openim.as_str(),
+        truth.routing.as_str(),
+        checks.len() - failed,
+        checks.len()
     )?;
-    Ok(text)
+    for check in &checks {
+        let mark = if check.passed { "ok  " } else { "FAIL" };
+        writeln!(text, "  {mark} {}", check.line)?;
+    }
+    Ok(())
 }
 
 /// One observer for the whole machine, started before the lab, recording its capture.

@@ -11,6 +11,7 @@ pub mod netns;
 pub mod pod;
 pub mod proxy;
 pub mod push;
+pub mod release;
 pub mod stack;
 pub mod truth;
 
@@ -21,7 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use observer::openim::hashring::{MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE};
+use observer::openim::hashring::{
+    MemberTemplate, PROXY_MEMBER_TEMPLATE, PUSH_MEMBER_TEMPLATE, Ring,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::lab::cgroups::NodeCgroups;
@@ -32,9 +35,10 @@ use crate::lab::names::{NameTable, random_bytes};
 use crate::lab::netns::{Network, PodNet};
 use crate::lab::pod::{Observations, PodProcess, SharedObservations};
 use crate::lab::proxy::PROXY_PORT;
+use crate::lab::release::{Discovery, OpenImRelease, PushRouting};
 use crate::lab::stack::{AddressFamily, ClientStack};
 use crate::lab::truth::{
-    FloodReport, GatewayTruth, GroundTruth, Placement, PushTruth, Summary, UserTruth,
+    FloodReport, GatewayTruth, GroundTruth, MissCause, Placement, PushTruth, Summary, UserTruth,
 };
 
 /// Pod addresses are 10.244.X.(10 + index): keep the last octet in range.
@@ -115,8 +119,14 @@ pub struct LabConfig {
     /// the first, push on the second, gateways round-robin over all. 1 is one node.
     pub nodes: usize,
     /// Push keeps one long-lived gRPC connection per gateway and reuses it for every call
-    /// (later OpenIM versions), instead of 3.5.1's new connection per call.
+    /// (later OpenIM versions), instead of 3.5.1's new connection per call. Releases from 3.6
+    /// on do so whatever this says (see [`LabConfig::reuses_push_connections`]).
     pub push_reuses_connections: bool,
+    /// The OpenIM release the gateways and push speak: service name, connection reuse, answer
+    /// order and, with `discovery`, routing.
+    pub openim: OpenImRelease,
+    /// Where push learns the gateways from: `Etcd` broadcasts on every release.
+    pub discovery: Discovery,
     /// The libraries of push's gRPC client and the users' WebSocket clients (see
     /// [`stack`]); gateways and proxy are always the lab's own.
     pub client_stack: ClientStack,
@@ -141,9 +151,23 @@ impl Default for LabConfig {
             progress: false,
             nodes: 1,
             push_reuses_connections: false,
+            openim: OpenImRelease::default(),
+            discovery: Discovery::default(),
             client_stack: ClientStack::Rust,
             family: AddressFamily::Ipv4,
         }
+    }
+}
+
+impl LabConfig {
+    /// Tells whether push keeps one connection per gateway: asked for, or the release does.
+    pub fn reuses_push_connections(&self) -> bool {
+        self.push_reuses_connections || self.openim.reuses_push_connections()
+    }
+
+    /// Returns how push routes messages in this configuration.
+    pub fn routing(&self) -> PushRouting {
+        self.openim.routing(self.discovery)
     }
 }
 
@@ -255,6 +279,7 @@ impl Lab {
             gateways.push(start_gateway(
                 &mut network,
                 &binary,
+                config.openim,
                 index,
                 procs(PodRole::Gateway(index)).as_deref(),
                 &observations,
@@ -316,8 +341,11 @@ impl Lab {
             generation: 0,
         };
         lab.progress(format!(
-            "lab {}: {} gateway(s), proxy {} ({}), push {}, {} clients over {}",
+            "lab {}: OpenIM {} ({} discovery, push {}), {} gateway(s), proxy {} ({}), push {}, {} clients over {}",
             lab.prefix(),
+            lab.config.openim.as_str(),
+            lab.config.discovery.as_str(),
+            lab.config.routing().as_str(),
             lab.gateways.len(),
             lab.proxy_addr(),
             lab.config.mode.as_str(),
@@ -548,6 +576,7 @@ impl Lab {
             let gateway = start_gateway(
                 &mut self.network,
                 &self.binary,
+                self.config.openim,
                 index,
                 procs.as_deref(),
                 &self.observations,
@@ -597,6 +626,36 @@ impl Lab {
         self.push.wait_ready().await?;
         self.progress(format!("scaled out to {replicas} gateway(s)"));
         Ok(())
+    }
+
+    /// The recipients of `outcome` that no call reached on the gateway holding their WebSocket
+    /// (or that hold none): the misrouted ones. The gateway's answer cannot say it, since a
+    /// delivery to Windows, OSX or Web is answered as "not here" is.
+    pub fn misrouted(&self, outcome: &PushOutcome) -> std::collections::BTreeSet<String> {
+        let Ok(observed) = self.observations.lock() else {
+            return std::collections::BTreeSet::new();
+        };
+        let gateway_ip = |index: usize| self.gateways.get(index).map(|gateway| gateway.net.ip);
+        let reached = |user: &str| {
+            let placed = observed
+                .sessions
+                .get(user)
+                .and_then(|(index, _)| gateway_ip(*index));
+            outcome.calls.iter().any(|call| {
+                call.recipients.iter().any(|recipient| recipient == user)
+                    && call
+                        .gateway_addr
+                        .parse::<SocketAddr>()
+                        .is_ok_and(|addr| Some(addr.ip()) == placed.map(std::net::IpAddr::from))
+            })
+        };
+        outcome
+            .calls
+            .iter()
+            .flat_map(|call| &call.recipients)
+            .filter(|user| !reached(user))
+            .cloned()
+            .collect()
     }
 
     /// Asks push to deliver one group message to `recipients` and waits for its account.
@@ -727,10 +786,7 @@ impl Lab {
             bail!("arrivals lock poisoned");
         };
         let gateways = self.gateway_truth()?;
-        let gateway_by_push_member: HashMap<&str, &GatewayTruth> = gateways
-            .iter()
-            .map(|gateway| (gateway.push_member.as_str(), gateway))
-            .collect();
+        let rings = TruthRings::new(&self.config, gateways.len())?;
         let mut summary = Summary {
             users: recipients.len(),
             messages: sent.len(),
@@ -744,87 +800,49 @@ impl Lab {
             .filter(|((index, authority), _)| {
                 gateways
                     .get(*index)
-                    .is_none_or(|gateway| gateway.push_member != *authority)
+                    .is_none_or(|gateway| self.expected_authority(gateway) != *authority)
             })
             .map(|(_, calls)| calls)
             .sum();
+        summary.answers_out_of_order = sent
+            .iter()
+            .flat_map(|(_, _, outcome)| &outcome.calls)
+            .filter(|call| {
+                let answered = call.results.iter().map(|result| &result.user_id);
+                call.error.is_none() && !answered.eq(call.recipients.iter())
+            })
+            .count();
         let mut users = Vec::new();
         for (index, user_id) in recipients.iter().enumerate() {
-            let websocket = observed
-                .sessions
-                .get(user_id)
-                .map(|(gateway, host)| Placement {
-                    gateway_index: *gateway,
-                    gateway_ip: gateways
-                        .get(*gateway)
-                        .map(|truth| truth.ip.clone())
-                        .unwrap_or_default(),
-                    host_header: host.clone(),
-                });
-            let connect_error = self.connect_errors.get(user_id).map(|error| {
-                match observed.relay_failures.get(user_id) {
-                    Some(relay) => format!("{error}; proxy: {relay}"),
-                    None => error.clone(),
-                }
-            });
-            let mut pushes = Vec::new();
-            for (seq, sent_at, outcome) in sent {
-                let call = outcome
-                    .calls
-                    .iter()
-                    .find(|call| call.recipients.contains(user_id));
-                // Messages pushed before this user connected were not for it.
-                if call.is_none() && self.late_users.contains(user_id) {
-                    continue;
-                }
-                let gateway =
-                    call.and_then(|call| gateway_by_push_member.get(call.member.as_str()));
-                let result = call.and_then(|call| {
-                    call.results
-                        .iter()
-                        .find(|result| result.user_id == *user_id)
-                });
-                let latency = arrivals
-                    .get(&(user_id.clone(), outcome.client_msg_id.clone()))
-                    .map(|arrived| arrived.saturating_duration_since(*sent_at));
-                let arrived_in_time =
-                    latency.is_some_and(|latency| latency <= self.config.realtime_timeout);
-                pushes.push(PushTruth {
-                    client_msg_id: outcome.client_msg_id.clone(),
-                    seq: *seq,
-                    member: call.map(|call| call.member.clone()),
-                    gateway_index: gateway.map(|gateway| gateway.index),
-                    gateway_ip: gateway.map(|gateway| gateway.ip.clone()),
-                    online_push: result.is_some_and(|result| result.online_push),
-                    arrived_in_time,
-                    latency_ms: latency.map(|latency| latency.as_secs_f64() * 1000.0),
-                    error: call.and_then(|call| call.error.clone()),
-                });
-            }
-            summary.deliveries += pushes.len();
-            let misses = pushes.iter().filter(|push| !push.arrived_in_time).count();
+            let user = self.user_truth(index, user_id, &observed, &arrivals, &gateways, sent);
+            let misses = user
+                .pushes
+                .iter()
+                .filter(|push| !push.arrived_in_time)
+                .count();
+            summary.deliveries += user.pushes.len();
             summary.realtime_misses += misses;
             summary.users_missing += usize::from(misses > 0);
-            if let Some(placement) = &websocket {
+            if let Some(placement) = &user.websocket {
                 summary.connected += 1;
                 summary.users_misrouted += usize::from(
-                    pushes
+                    user.pushes
                         .iter()
                         .any(|push| push.gateway_index != Some(placement.gateway_index)),
                 );
             }
-            summary.connect_failures += usize::from(connect_error.is_some());
+            summary.connect_failures += usize::from(user.connect_error.is_some());
             users.push(UserTruth {
-                user_id: user_id.clone(),
-                platform_id: Self::platform_id(index),
-                connected_after_scale: self.late_users.contains(user_id),
-                websocket,
-                connect_error,
-                pushes,
+                miss_cause: (misses > 0 && user.websocket.is_some())
+                    .then(|| rings.cause(&self.config, &user)),
+                ..user
             });
         }
         Ok(GroundTruth {
             mode: self.config.mode.as_str().to_owned(),
+            openim: self.config.openim,
+            discovery: self.config.discovery,
+            routing: self.config.routing(),
             instance: self.config.instance.clone(),
             namespace: self.config.namespace.clone(),
             replicas_initial: self.config.replicas_initial,
@@ -835,6 +853,97 @@ impl Lab {
             summary,
             scaled_out_at_unix_ms: None,
         })
+    }
+
+    /// The `:authority` push's calls should carry to `gateway`: its ring member, or its pod
+    /// address where push broadcasts.
+    fn expected_authority(&self, gateway: &GatewayTruth) -> String {
+        match self.config.routing() {
+            PushRouting::Ring => gateway.push_member.clone(),
+            PushRouting::Broadcast => format!("{}:{}", gateway.ip, gateway::GRPC_PORT),
+        }
+    }
+
+    /// One user's truth (its cause left for [`TruthRings::cause`]): where its WebSocket lives
+    /// and, per message, the call that should have reached it (the one to its own gateway when
+    /// push broadcast) and whether the message arrived in time.
+    fn user_truth(
+        &self,
+        index: usize,
+        user_id: &str,
+        observed: &Observations,
+        arrivals: &HashMap<(String, String), Instant>,
+        gateways: &[GatewayTruth],
+        sent: &[(i64, Instant, PushOutcome)],
+    ) -> UserTruth {
+        let websocket = observed
+            .sessions
+            .get(user_id)
+            .map(|(gateway, host)| Placement {
+                gateway_index: *gateway,
+                gateway_ip: gateways
+                    .get(*gateway)
+                    .map(|truth| truth.ip.clone())
+                    .unwrap_or_default(),
+                host_header: host.clone(),
+            });
+        let connect_error = self.connect_errors.get(user_id).map(|error| {
+            match observed.relay_failures.get(user_id) {
+                Some(relay) => format!("{error}; proxy: {relay}"),
+                None => error.clone(),
+            }
+        });
+        let gateway_of = |addr: &str| {
+            let ip = addr.rsplit_once(':').map_or(addr, |(ip, _)| ip);
+            gateways.iter().find(|gateway| gateway.ip == ip)
+        };
+        let late = self.late_users.contains(user_id);
+        let mut pushes = Vec::new();
+        for (seq, sent_at, outcome) in sent {
+            let carrying = || {
+                outcome
+                    .calls
+                    .iter()
+                    .filter(|call| call.recipients.iter().any(|user| user == user_id))
+            };
+            let call = carrying()
+                .find(|call| {
+                    gateway_of(&call.gateway_addr).map(|gateway| gateway.index)
+                        == websocket.as_ref().map(|placement| placement.gateway_index)
+                })
+                .or_else(|| carrying().next());
+            // Messages pushed before this user connected were not for it.
+            if call.is_none() && late {
+                continue;
+            }
+            let gateway = call.and_then(|call| gateway_of(&call.gateway_addr));
+            let result =
+                call.and_then(|call| call.results.iter().find(|result| result.user_id == user_id));
+            let latency = arrivals
+                .get(&(user_id.to_owned(), outcome.client_msg_id.clone()))
+                .map(|arrived| arrived.saturating_duration_since(*sent_at));
+            pushes.push(PushTruth {
+                client_msg_id: outcome.client_msg_id.clone(),
+                seq: *seq,
+                member: call.map(|call| call.member.clone()),
+                gateway_index: gateway.map(|gateway| gateway.index),
+                gateway_ip: gateway.map(|gateway| gateway.ip.clone()),
+                online_push: result.is_some_and(|result| result.online_push),
+                arrived_in_time: latency
+                    .is_some_and(|latency| latency <= self.config.realtime_timeout),
+                latency_ms: latency.map(|latency| latency.as_secs_f64() * 1000.0),
+                error: call.and_then(|call| call.error.clone()),
+            });
+        }
+        UserTruth {
+            user_id: user_id.to_owned(),
+            platform_id: Self::platform_id(index),
+            connected_after_scale: late,
+            websocket,
+            connect_error,
+            pushes,
+            miss_cause: None,
+        }
     }
 
     fn gateway_truth(&self) -> anyhow::Result<Vec<GatewayTruth>> {
@@ -898,9 +1007,56 @@ impl Lab {
     }
 }
 
+/// The proxy's ring (as the proxy mode spells its members) and push's ring over the gateways
+/// at the end of a run, for naming why a user missed a message.
+struct TruthRings {
+    proxy: Ring,
+    push: Ring,
+}
+
+impl TruthRings {
+    fn new(config: &LabConfig, replicas: usize) -> anyhow::Result<Self> {
+        let proxy_template = match config.mode {
+            ProxyMode::V351 => PROXY_MEMBER_TEMPLATE,
+            ProxyMode::ReportFix | ProxyMode::Correct => PUSH_MEMBER_TEMPLATE,
+        };
+        let members = |template| {
+            anyhow::Ok(MemberTemplate::parse(template)?.members(
+                &config.instance,
+                &config.namespace,
+                replicas,
+            ))
+        };
+        Ok(Self {
+            proxy: Ring::new(members(proxy_template)?),
+            push: Ring::new(members(PUSH_MEMBER_TEMPLATE)?),
+        })
+    }
+
+    /// Why a connected `user` missed a message: the rings hash it apart now (spelling), or they
+    /// agree now and the user was placed before the scale-out (stale placement); a broadcast
+    /// has no ring to blame.
+    fn cause(&self, config: &LabConfig, user: &UserTruth) -> MissCause {
+        if config.routing() == PushRouting::Broadcast {
+            return MissCause::Undetermined;
+        }
+        let picks = (
+            self.proxy.get_index(&user.user_id),
+            self.push.get_index(&user.user_id),
+        );
+        let scaled = config.replicas_final > config.replicas_initial;
+        match picks {
+            (Ok(proxy), Ok(push)) if proxy != push => MissCause::RingSpelling,
+            (Ok(_), Ok(_)) if scaled && !user.connected_after_scale => MissCause::StalePlacement,
+            _ => MissCause::Undetermined,
+        }
+    }
+}
+
 fn start_gateway(
     network: &mut Network,
     binary: &std::path::Path,
+    release: OpenImRelease,
     index: usize,
     cgroup_procs: Option<&std::path::Path>,
     observations: &SharedObservations,
@@ -914,6 +1070,8 @@ fn start_gateway(
             "gateway".to_owned(),
             "--index".to_owned(),
             index.to_string(),
+            "--openim".to_owned(),
+            release.as_str().to_owned(),
         ],
         &format!("msggateway-{index}"),
         Some(index),
@@ -992,8 +1150,16 @@ fn spawn_push(
 ) -> anyhow::Result<PodProcess> {
     let mut args = vec!["push".to_owned()];
     args.extend(gateway_deployment_args(config, replicas, names));
-    args.extend(["--family".to_owned(), config.family.as_str().to_owned()]);
-    if config.push_reuses_connections {
+    args.extend([
+        "--family".to_owned(),
+        config.family.as_str().to_owned(),
+        "--openim".to_owned(),
+        config.openim.as_str().to_owned(),
+        "--discovery".to_owned(),
+        config.discovery.as_str().to_owned(),
+    ]);
+    let reuse = config.reuses_push_connections();
+    if reuse {
         args.push("--reuse-connections".to_owned());
     }
     if let Some(program) = config.client_stack.program("push", config.family)? {
@@ -1001,6 +1167,9 @@ fn spawn_push(
         args.push(program.program.to_string_lossy().into_owned());
         for arg in program.args {
             args.push(format!("--client-arg={arg}"));
+        }
+        if reuse {
+            args.push("--client-arg=--reuse".to_owned());
         }
     }
     Ok(PodProcess::spawn(

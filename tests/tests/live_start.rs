@@ -37,17 +37,6 @@ fn lab_config() -> LabConfig {
     }
 }
 
-/// The recipients of a push outcome the gateway did not have online: misrouted.
-fn missed(outcome: &tests::lab::control::PushOutcome) -> BTreeSet<String> {
-    outcome
-        .calls
-        .iter()
-        .flat_map(|call| &call.results)
-        .filter(|result| !result.online_push)
-        .map(|result| result.user_id.clone())
-        .collect()
-}
-
 #[test]
 fn started_on_a_live_node_it_adopts_existing_connections_and_says_what_it_cannot_see() {
     if !can_run(Needs::RootAndPrograms) {
@@ -104,6 +93,7 @@ fn started_on_a_live_node(hook_args: &[&str]) {
     // The answer timeout is not needed: the gateway answers every call.
     std::thread::sleep(Duration::from_millis(1500));
     let output = observer.stop().expect("observer stops cleanly");
+    let misrouted = lab.misrouted(&outcome);
     drop(lab);
 
     let started: Value = serde_json::from_str(&output.stdout[0]).unwrap();
@@ -122,7 +112,6 @@ fn started_on_a_live_node(hook_args: &[&str]) {
         output.stderr
     );
 
-    let misrouted = missed(&outcome);
     let late_misrouted: BTreeSet<String> = misrouted
         .iter()
         .filter(|user| late.contains(user))

@@ -3,7 +3,8 @@
 // (commands on stdin, events on stdout) and does all the OpenIM-specific work itself: it encodes
 // the push request and decodes the answer, so this program needs no generated code and no protoc.
 //
-//	openim-lab-go push  --family ipv4|dual-stack   one gRPC call per command, each on a new connection
+//	openim-lab-go push  --family ipv4|dual-stack [--reuse]   one gRPC call per command, each on a new
+//	                                                          connection (with --reuse: one per gateway)
 //	openim-lab-go users --family ipv4|dual-stack   one WebSocket per command, reports each text message
 //
 // Built in GOPATH mode against Debian's packages (golang-google-grpc-dev,
@@ -91,10 +92,12 @@ type pushAnswer struct {
 	Error    string `json:"error,omitempty"`
 }
 
-// push makes each call on a new connection and never closes it, as OpenIM 3.5.1 push does.
-func push(family string, out *output) error {
+// push makes each call on a new connection and never closes it, as OpenIM 3.5.1 push does; with
+// reuse, it keeps one connection per gateway and authority for every call, as 3.6 and later do.
+func push(family string, reuse bool, out *output) error {
 	encoding.RegisterCodec(rawCodec{})
 	var leaked []*grpc.ClientConn
+	kept := map[string]*grpc.ClientConn{}
 	lines := bufio.NewScanner(os.Stdin)
 	lines.Buffer(make([]byte, 1<<20), 16<<20)
 	for lines.Scan() {
@@ -105,13 +108,22 @@ func push(family string, out *output) error {
 		}
 		answer := pushAnswer{ID: call.ID}
 		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		conn, err := grpc.DialContext(ctx, call.Target,
-			grpc.WithInsecure(),
-			grpc.WithBlock(),
-			grpc.WithAuthority(call.Authority),
-			grpc.WithContextDialer(dialer(family)))
+		key := call.Target + " " + call.Authority
+		conn, err := kept[key], error(nil)
+		if conn == nil {
+			conn, err = grpc.DialContext(ctx, call.Target,
+				grpc.WithInsecure(),
+				grpc.WithBlock(),
+				grpc.WithAuthority(call.Authority),
+				grpc.WithContextDialer(dialer(family)))
+			if err == nil {
+				leaked = append(leaked, conn)
+				if reuse {
+					kept[key] = conn
+				}
+			}
+		}
 		if err == nil {
-			leaked = append(leaked, conn)
 			var response []byte
 			err = conn.Invoke(ctx, call.Method, &call.Request, &response)
 			answer.Response = response
@@ -185,11 +197,12 @@ func users(family string, out *output) error {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: openim-lab-go push|users --family ipv4|dual-stack")
+		fmt.Fprintln(os.Stderr, "usage: openim-lab-go push|users --family ipv4|dual-stack [--reuse]")
 		os.Exit(2)
 	}
 	flags := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	family := flags.String("family", "ipv4", "ipv4 or dual-stack")
+	reuse := flags.Bool("reuse", false, "push: one long-lived connection per gateway")
 	_ = flags.Parse(os.Args[2:])
 	if *family != "ipv4" && *family != "dual-stack" {
 		fmt.Fprintf(os.Stderr, "openim-lab-go: unknown family %q\n", *family)
@@ -199,7 +212,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "push":
-		err = push(*family, out)
+		err = push(*family, *reuse, out)
 	case "users":
 		err = users(*family, out)
 	default:

@@ -3,7 +3,8 @@ websockets for the users' connections. The lab drives it over JSON lines (comman
 events on stdout) and does all the OpenIM-specific work itself: it encodes the push request and
 decodes the answer, so calls go through grpcio's generic API with raw bytes, no generated stubs.
 
-    lab_clients.py push  --family ipv4|dual-stack   one gRPC call per command, each on a new connection
+    lab_clients.py push  --family ipv4|dual-stack [--reuse]   one gRPC call per command, each on a new
+                                                              connection (with --reuse: one per gateway)
     lab_clients.py users --family ipv4|dual-stack   one WebSocket per command, reports each text message
 
 Runs from the virtualenv `cargo xtask setup` makes (see tests/src/lab/stack.rs).
@@ -37,10 +38,12 @@ def grpc_target(address, family):
     return f"ipv6:[::ffff:{host}]:{port}"
 
 
-def push(family):
+def push(family, reuse):
     """Makes each call on a new channel with its own connection and never closes it, as OpenIM
-    3.5.1 push does."""
+    3.5.1 push does; with reuse, keeps one channel per gateway and authority, as 3.6 and later
+    do."""
     leaked = []
+    kept = {}
     for line in sys.stdin:
         try:
             call = json.loads(line)
@@ -48,15 +51,20 @@ def push(family):
             emit({"id": 0, "error": f"bad command: {error}"})
             continue
         answer = {"id": call["id"]}
-        channel = grpc.insecure_channel(
-            grpc_target(call["target"], family),
-            options=[
-                ("grpc.default_authority", call["authority"]),
-                # Channels share connections through a global pool unless told otherwise.
-                ("grpc.use_local_subchannel_pool", 1),
-            ],
-        )
-        leaked.append(channel)
+        key = (call["target"], call["authority"])
+        channel = kept.get(key)
+        if channel is None:
+            channel = grpc.insecure_channel(
+                grpc_target(call["target"], family),
+                options=[
+                    ("grpc.default_authority", call["authority"]),
+                    # Channels share connections through a global pool unless told otherwise.
+                    ("grpc.use_local_subchannel_pool", 1),
+                ],
+            )
+            leaked.append(channel)
+            if reuse:
+                kept[key] = channel
         method = channel.unary_unary(
             call["method"], request_serializer=None, response_deserializer=None
         )
@@ -136,9 +144,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["push", "users"])
     parser.add_argument("--family", choices=["ipv4", "dual-stack"], default="ipv4")
+    parser.add_argument("--reuse", action="store_true", help="push: one channel per gateway")
     args = parser.parse_args()
     if args.mode == "push":
-        push(args.family)
+        push(args.family, args.reuse)
     else:
         asyncio.run(users(args.family))
 

@@ -1,6 +1,8 @@
-//! `openim-lab`: run a stand-in OpenIM 3.5.1 msggateway cluster in network namespaces.
+//! `openim-lab`: run a stand-in OpenIM msggateway cluster (3.5.1 by default, `--openim` for
+//! later releases) in network namespaces.
 //!
 //! `openim-lab run --mode v3.5.1 --replicas 5 --users 50 [--scale-from 1] [--truth-file F]`
+//! `openim-lab demo --openim 3.7` (any of 3.5, 3.6, 3.7, 3.8, main; `--discovery etcd` too)
 //! `openim-lab push-loop --duration 10 [--replicas 5] [--users 20]`
 //! `openim-lab bench --observer target/release/observer [--rounds 3] [--seconds 8]`
 //! The `gateway`, `proxy` and `push` subcommands are the pod roles the lab starts itself.
@@ -14,13 +16,14 @@ use clap::{Parser, Subcommand};
 use tests::lab::gateway::GatewayArgs;
 use tests::lab::proxy::ProxyArgs;
 use tests::lab::push::PushArgs;
+use tests::lab::release::{Discovery, OpenImRelease};
 use tests::lab::stack::{AddressFamily, ClientStack};
 use tests::{Lab, LabConfig, ProxyMode};
 
 #[derive(Parser, Debug)]
 #[command(
     name = "openim-lab",
-    about = "A stand-in OpenIM 3.5.1 msggateway cluster in network namespaces"
+    about = "A stand-in OpenIM msggateway cluster (3.5 to main) in network namespaces"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -62,6 +65,15 @@ struct ClusterArgs {
     instance: String,
     #[arg(long, default_value = "chat")]
     namespace: String,
+    /// The OpenIM release the gateways and push speak: its gRPC service name, push's
+    /// connection reuse (3.6 on), the gateway's answer order (3.8 on) and routing (main
+    /// broadcasts).
+    #[arg(long, value_enum, default_value = "3.5")]
+    openim: OpenImRelease,
+    /// Where push learns the gateways from: kubernetes hashes recipients over the `…:88` ring
+    /// (before main), etcd sends every recipient to every gateway.
+    #[arg(long, value_enum, default_value = "kubernetes")]
+    discovery: Discovery,
 }
 
 #[derive(clap::Args, Debug)]
@@ -262,6 +274,8 @@ fn config(cluster: &ClusterArgs, users: usize) -> LabConfig {
         replicas_initial: cluster.replicas,
         replicas_final: cluster.replicas,
         users,
+        openim: cluster.openim,
+        discovery: cluster.discovery,
         progress: true,
         ..LabConfig::default()
     }

@@ -75,7 +75,8 @@ struct CallAnswer {
 }
 
 /// The push pod's gRPC client when it is not tonic: one call at a time, each on a new connection
-/// that stays open (3.5.1's leak, as with tonic).
+/// that stays open (3.5.1's leak, as with tonic), or with the program's `--reuse` on the one
+/// connection it keeps per gateway (3.6 and later).
 pub struct ExternalPush {
     _child: Child,
     stdin: ChildStdin,

@@ -1,6 +1,7 @@
 //! The msggateway pod: WebSocket server on :80 that registers `sendID`/`platformID` sessions, and
-//! the gRPC `OpenIMServer.msggateway.msgGateway` service on :88 with 3.5.1's push semantics: a
-//! user is delivered to only if it has a session on *this* gateway.
+//! the gRPC `msgGateway` service on :88 under the release's package name (`OpenIMServer.*` for
+//! 3.5 and 3.6, `openim.*` later) with upstream's push semantics: a user is delivered to only if
+//! it has a session on *this* gateway, and the answer lists what `hub_server.go` lists.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 use crate::lab::control::{PodEvent, emit};
+use crate::lab::release::{OpenImRelease, SERVICE_3_5};
 use crate::proto::msggateway::msg_gateway_server::{MsgGateway, MsgGatewayServer};
 use crate::proto::msggateway::{
     OnlineBatchPushOneMsgReq, OnlineBatchPushOneMsgResp, OnlinePushMsgReq, OnlinePushMsgResp,
@@ -30,12 +32,27 @@ pub const GRPC_PORT: u16 = 88;
 const RESULT_OK: i64 = 0;
 /// OpenIM's ResultCode for a failed write.
 const RESULT_WRITE_FAILED: i64 = -2;
+/// OpenIM's ResultCode for an iOS client in the background, which is not written to.
+const RESULT_IOS_BACKGROUND: i64 = -3;
+/// OpenIM's platform ids of the push terminals, the only ones a successful write is listed for
+/// (`pushTerminal` in `hub_server.go`).
+const IOS: i32 = 1;
+const ANDROID: i32 = 2;
 
 /// One client WebSocket: a user on one platform.
 struct Session {
     id: u64,
     platform_id: i32,
+    /// The upgrade's `isBackground`.
+    background: bool,
     frames: mpsc::UnboundedSender<Message>,
+}
+
+/// What the gateway tells push about one user: the platform entries and `onlinePush`.
+#[derive(Default)]
+struct Delivery {
+    resp: Vec<SingleMsgToUserPlatform>,
+    online_push: bool,
 }
 
 #[derive(Clone, Default)]
@@ -45,7 +62,12 @@ struct Sessions {
 }
 
 impl Sessions {
-    fn open(&self, user_id: &str, platform_id: i32) -> (u64, mpsc::UnboundedReceiver<Message>) {
+    fn open(
+        &self,
+        user_id: &str,
+        platform_id: i32,
+        background: bool,
+    ) -> (u64, mpsc::UnboundedReceiver<Message>) {
         let (frames, receiver) = mpsc::unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut by_user) = self.by_user.lock() {
@@ -55,6 +77,7 @@ impl Sessions {
                 .push(Session {
                     id,
                     platform_id,
+                    background,
                     frames,
                 });
         }
@@ -72,27 +95,28 @@ impl Sessions {
         }
     }
 
-    /// Writes the message to every connection of the user here; `None` if it has none.
-    fn deliver(&self, user_id: &str, frame: &str) -> Option<Vec<SingleMsgToUserPlatform>> {
+    /// Writes the message to every connection of the user here, answering as upstream's
+    /// `SuperGroupOnlineBatchPushOneMsg` does; `None` if the user has no connection here.
+    fn deliver(&self, user_id: &str, frame: &str) -> Option<Delivery> {
         let by_user = self.by_user.lock().ok()?;
         let sessions = by_user.get(user_id)?;
-        Some(
-            sessions
-                .iter()
-                .map(|session| {
-                    let written = session.frames.send(Message::text(frame)).is_ok();
-                    SingleMsgToUserPlatform {
-                        result_code: if written {
-                            RESULT_OK
-                        } else {
-                            RESULT_WRITE_FAILED
-                        },
-                        recv_id: user_id.to_owned(),
-                        recv_platform_id: session.platform_id,
-                    }
-                })
-                .collect(),
-        )
+        let mut delivery = Delivery::default();
+        for session in sessions {
+            let entry = |result_code| SingleMsgToUserPlatform {
+                result_code,
+                recv_id: user_id.to_owned(),
+                recv_platform_id: session.platform_id,
+            };
+            if session.background && session.platform_id == IOS {
+                delivery.resp.push(entry(RESULT_IOS_BACKGROUND));
+            } else if session.frames.send(Message::text(frame)).is_err() {
+                delivery.resp.push(entry(RESULT_WRITE_FAILED));
+            } else if [IOS, ANDROID].contains(&session.platform_id) {
+                delivery.online_push = true;
+                delivery.resp.push(entry(RESULT_OK));
+            }
+        }
+        Some(delivery)
     }
 }
 
@@ -101,6 +125,9 @@ pub struct GatewayArgs {
     /// The StatefulSet ordinal of this gateway (for logs only: the gateway does not know rings).
     #[arg(long)]
     pub index: usize,
+    /// The release whose service name and answer order the gateway follows.
+    #[arg(long, value_enum, default_value = "3.5")]
+    pub openim: OpenImRelease,
 }
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
@@ -113,10 +140,15 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
         .context("bind gRPC port 88")?;
     emit(&PodEvent::Ready);
 
+    let release = args.openim;
     let grpc_server = tonic::transport::Server::builder()
         .layer(tower::util::MapRequestLayer::new(remember_authority))
+        .layer(tower::util::MapRequestLayer::new(move |request| {
+            serve_release_service(release, request)
+        }))
         .add_service(MsgGatewayServer::new(GatewayService {
             sessions: sessions.clone(),
+            release,
         }))
         .serve_with_incoming(
             tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true)),
@@ -155,11 +187,49 @@ fn remember_authority(
     request
 }
 
+/// Serves the release's service name only: a call under it is routed to the generated service
+/// (which carries 3.5's name), a call under the generated name when the release renamed it is
+/// left to fail as unimplemented, as a real gateway of that release would.
+fn serve_release_service(
+    release: OpenImRelease,
+    mut request: http::Request<tonic::body::Body>,
+) -> http::Request<tonic::body::Body> {
+    let served = release.service();
+    if served == SERVICE_3_5 {
+        return request;
+    }
+    let path = request.uri().path();
+    let renamed = if let Some(method) = path.strip_prefix(&format!("/{served}/")) {
+        format!("/{SERVICE_3_5}/{method}")
+    } else if path.starts_with(&format!("/{SERVICE_3_5}/")) {
+        format!("/unserved{path}")
+    } else {
+        return request;
+    };
+    let mut parts = request.uri().clone().into_parts();
+    parts.path_and_query = renamed.parse().ok();
+    if let Ok(uri) = http::Uri::from_parts(parts) {
+        *request.uri_mut() = uri;
+    }
+    request
+}
+
 /// What the gateway learned from a client's upgrade request.
 struct Upgrade {
     user_id: String,
     platform_id: i32,
+    background: bool,
     host: String,
+}
+
+/// Go's `strconv.ParseBool`, as the gateway reads `isBackground`: anything else is an error,
+/// which the lab reads as false.
+fn parse_go_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 fn read_upgrade(request: &Request) -> Result<Upgrade, String> {
@@ -179,6 +249,9 @@ fn read_upgrade(request: &Request) -> Result<Upgrade, String> {
     param("token")
         .filter(|token| !token.is_empty())
         .ok_or("no token")?;
+    let background = param("isBackground")
+        .and_then(|value| parse_go_bool(&value))
+        .unwrap_or(false);
     let host = request
         .headers()
         .get(http::header::HOST)
@@ -188,6 +261,7 @@ fn read_upgrade(request: &Request) -> Result<Upgrade, String> {
     Ok(Upgrade {
         user_id,
         platform_id,
+        background,
         host,
     })
 }
@@ -215,12 +289,13 @@ async fn serve_websocket(stream: TcpStream, sessions: Sessions) {
     let Some(Upgrade {
         user_id,
         platform_id,
+        background,
         host,
     }) = upgrade
     else {
         return;
     };
-    let (session_id, mut frames) = sessions.open(&user_id, platform_id);
+    let (session_id, mut frames) = sessions.open(&user_id, platform_id, background);
     emit(&PodEvent::SessionOpened {
         user_id: user_id.clone(),
         platform_id,
@@ -248,23 +323,18 @@ async fn serve_websocket(stream: TcpStream, sessions: Sessions) {
 
 struct GatewayService {
     sessions: Sessions,
+    release: OpenImRelease,
 }
 
 impl GatewayService {
-    /// 3.5.1 semantics for one recipient: not connected here → an entry with only `userID`.
+    /// Upstream's answer for one recipient: not connected here → an entry with only `userID`;
+    /// otherwise what [`Sessions::deliver`] lists.
     fn push_to(&self, user_id: &str, frame: &str) -> SingleMsgToUserResults {
-        match self.sessions.deliver(user_id, frame) {
-            Some(resp) => SingleMsgToUserResults {
-                user_id: user_id.to_owned(),
-                online_push: resp
-                    .iter()
-                    .any(|platform| platform.result_code == RESULT_OK),
-                resp,
-            },
-            None => SingleMsgToUserResults {
-                user_id: user_id.to_owned(),
-                ..Default::default()
-            },
+        let delivery = self.sessions.deliver(user_id, frame).unwrap_or_default();
+        SingleMsgToUserResults {
+            user_id: user_id.to_owned(),
+            resp: delivery.resp,
+            online_push: delivery.online_push,
         }
     }
 
@@ -276,11 +346,14 @@ impl GatewayService {
         let authority = authority_of(&request);
         let request = request.into_inner();
         let frame = client_frame(request.msg_data.as_ref())?;
-        let results: Vec<SingleMsgToUserResults> = request
+        let mut results: Vec<SingleMsgToUserResults> = request
             .push_to_user_ids
             .iter()
             .map(|user_id| self.push_to(user_id, &frame))
             .collect();
+        if self.release.reorders_answers() {
+            results.reverse();
+        }
         emit(&PodEvent::PushServed {
             method: method.to_owned(),
             authority,
@@ -362,34 +435,45 @@ mod tests {
         })
     }
 
-    #[tokio::test]
-    async fn delivers_only_to_users_connected_here() {
-        let sessions = Sessions::default();
-        let (_, mut android) = sessions.open("alice", 2);
-        let (_, mut web) = sessions.open("alice", 5);
-        let service = GatewayService {
+    fn service(sessions: &Sessions, release: OpenImRelease) -> GatewayService {
+        GatewayService {
             sessions: sessions.clone(),
-        };
-        let results = service
-            .super_group_online_batch_push_one_msg(batch(&["alice", "bob"]))
+            release,
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_as_upstream_lists_platforms() {
+        let sessions = Sessions::default();
+        let (_, mut android) = sessions.open("alice", ANDROID, false);
+        let (_, mut web) = sessions.open("alice", 5, false);
+        let (_, mut windows) = sessions.open("carol", 3, false);
+        let (_, mut ios) = sessions.open("dave", IOS, true);
+        let results = service(&sessions, OpenImRelease::V3_5)
+            .super_group_online_batch_push_one_msg(batch(&["alice", "bob", "carol", "dave"]))
             .await
             .expect("push answered")
             .into_inner()
             .single_push_result;
-        assert_eq!(results.len(), 2);
+        let entries = |index: usize| -> Vec<(i32, i64)> {
+            results[index]
+                .resp
+                .iter()
+                .map(|entry| (entry.recv_platform_id, entry.result_code))
+                .collect()
+        };
+        // Android is a push terminal: listed; Web is written to but not listed.
         assert!(results[0].online_push);
-        let platforms: Vec<i32> = results[0].resp.iter().map(|r| r.recv_platform_id).collect();
-        assert_eq!(platforms, [2, 5]);
-        assert!(results[0].resp.iter().all(|r| r.result_code == RESULT_OK));
-        // Not connected here: only the user id, as 3.5.1 answers.
-        assert_eq!(
-            results[1],
-            SingleMsgToUserResults {
-                user_id: "bob".to_owned(),
-                ..Default::default()
-            }
-        );
-        for frames in [&mut android, &mut web] {
+        assert_eq!(entries(0), [(ANDROID, RESULT_OK)]);
+        // Not connected here, and delivered to Windows only, look the same on the wire.
+        for index in [1, 2] {
+            assert!(!results[index].online_push);
+            assert!(results[index].resp.is_empty());
+        }
+        // An iOS client in the background is not written to.
+        assert!(!results[3].online_push);
+        assert_eq!(entries(3), [(IOS, RESULT_IOS_BACKGROUND)]);
+        for frames in [&mut android, &mut web, &mut windows] {
             let frame = frames.try_recv().expect("frame written");
             assert!(
                 frame
@@ -398,5 +482,49 @@ mod tests {
                     .contains("\"clientMsgID\":\"m1\"")
             );
         }
+        assert!(ios.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn later_releases_answer_out_of_order() {
+        let sessions = Sessions::default();
+        let users: Vec<String> = service(&sessions, OpenImRelease::V3_8)
+            .super_group_online_batch_push_one_msg(batch(&["a", "b", "c"]))
+            .await
+            .expect("push answered")
+            .into_inner()
+            .single_push_result
+            .into_iter()
+            .map(|result| result.user_id)
+            .collect();
+        assert_eq!(users, ["c", "b", "a"]);
+    }
+
+    #[test]
+    fn serves_the_release_service_name_only() {
+        let path = |release, path: &str| {
+            let request = http::Request::builder()
+                .uri(format!("http://gw:88{path}"))
+                .body(tonic::body::Body::empty())
+                .expect("request");
+            serve_release_service(release, request)
+                .uri()
+                .path()
+                .to_owned()
+        };
+        let renamed = "/openim.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
+        let old = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
+        assert_eq!(path(OpenImRelease::V3_7, renamed), old);
+        assert_eq!(path(OpenImRelease::V3_7, old), format!("/unserved{old}"));
+        assert_eq!(path(OpenImRelease::V3_6, old), old);
+        assert_eq!(path(OpenImRelease::V3_6, renamed), renamed);
+    }
+
+    #[test]
+    fn reads_is_background_as_go_does() {
+        assert_eq!(parse_go_bool("true"), Some(true));
+        assert_eq!(parse_go_bool("1"), Some(true));
+        assert_eq!(parse_go_bool("False"), Some(false));
+        assert_eq!(parse_go_bool("yes"), None);
     }
 }

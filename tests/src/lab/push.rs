@@ -4,6 +4,9 @@
 //! The connections are never closed (3.5.1's leak): the channels stay in a Vec.
 //! With `--reuse-connections`, as later OpenIM versions and pooled clients do, it keeps one
 //! connection per member instead and makes every call on it.
+//! `--openim` picks the call's `:path` (the release's service name); where the release and
+//! `--discovery` broadcast (see [`OpenImRelease::routing`]), push sends every recipient to every
+//! gateway, dialled by its pod address (`:authority` `ip:88`), the calls made concurrently.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
+use http::uri::PathAndQuery;
 use hyper_util::rt::TokioIo;
 use observer::openim::hashring::{MemberTemplate, PUSH_MEMBER_TEMPLATE, Ring};
 use prost::Message;
@@ -23,9 +27,9 @@ use crate::lab::control::{PodEvent, PushCall, PushCommand, PushOutcome, UserPush
 use crate::lab::external::ExternalPush;
 use crate::lab::gateway::GRPC_PORT;
 use crate::lab::names::{GatewayDeployment, NameTable};
+use crate::lab::release::{Discovery, OpenImRelease, PushRouting};
 use crate::lab::stack::{AddressFamily, ClientProgram};
 use crate::lab::truth::FloodReport;
-use crate::proto::msggateway::msg_gateway_client::MsgGatewayClient;
 use crate::proto::msggateway::{OnlineBatchPushOneMsgReq, OnlineBatchPushOneMsgResp};
 use crate::proto::sdkws::MsgData;
 
@@ -34,9 +38,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const SUPER_GROUP_SESSION: i32 = 3;
 /// OpenIM's Text content type.
 const TEXT_CONTENT: i32 = 101;
-/// The gRPC path of the call push makes for a group message.
-const SUPER_GROUP_PUSH_METHOD: &str =
-    "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct PushArgs {
@@ -45,6 +46,12 @@ pub struct PushArgs {
     /// One long-lived connection per member, reused for every call.
     #[arg(long)]
     pub reuse_connections: bool,
+    /// The release whose service name push calls and whose routing it follows.
+    #[arg(long, value_enum, default_value = "3.5")]
+    pub openim: OpenImRelease,
+    /// Where push learns the gateways from (etcd broadcasts on every release).
+    #[arg(long, value_enum, default_value = "kubernetes")]
+    pub discovery: Discovery,
     /// The sockets tonic connects from (the lab's own stack).
     #[arg(long, value_enum, default_value = "ipv4")]
     pub family: AddressFamily,
@@ -56,8 +63,19 @@ pub struct PushArgs {
     pub client_args: Vec<String>,
 }
 
+/// One call's destination: the `:authority`, the address dialled, the recipients carried.
+struct Target {
+    member: String,
+    address: SocketAddr,
+    users: Vec<String>,
+}
+
 struct Pusher {
     ring: Ring,
+    /// Ring or broadcast, from the release and the discovery.
+    routing: PushRouting,
+    /// The call's `:path`.
+    path: PathAndQuery,
     names: NameTable,
     family: AddressFamily,
     /// Every channel ever opened, kept open like 3.5.1 push does.
@@ -85,6 +103,8 @@ pub async fn run(args: PushArgs) -> anyhow::Result<()> {
         .transpose()?;
     let mut pusher = Pusher {
         ring: Ring::new(members),
+        routing: args.openim.routing(args.discovery),
+        path: args.openim.push_path().parse()?,
         names: NameTable::parse_arg(&args.gateways.names)?,
         family: args.family,
         leaked: Vec::new(),
@@ -151,6 +171,26 @@ fn message(client_msg_id: String, seq: i64, send_id: String) -> MsgData {
     }
 }
 
+fn request(msg: &MsgData, users: &[String]) -> OnlineBatchPushOneMsgReq {
+    OnlineBatchPushOneMsgReq {
+        msg_data: Some(msg.clone()),
+        push_to_user_ids: users.to_vec(),
+    }
+}
+
+/// The gateway's answer per recipient, in the order it answered.
+fn user_results(response: OnlineBatchPushOneMsgResp) -> Vec<UserPushResult> {
+    response
+        .single_push_result
+        .into_iter()
+        .map(|result| UserPushResult {
+            user_id: result.user_id,
+            online_push: result.online_push,
+            platform_results: result.resp.len(),
+        })
+        .collect()
+}
+
 /// A new connection to `member`: `:authority` is the member string, while the TCP connection
 /// goes to the pod address from the lab's name table (the cluster DNS stand-in).
 async fn connect(
@@ -174,101 +214,155 @@ async fn connect(
         .with_context(|| format!("connect {member} at {address}"))
 }
 
+/// Makes push's group call on `channel` under the release's `path`, as the generated client
+/// would under its own.
+async fn unary_call(
+    channel: Channel,
+    path: PathAndQuery,
+    request: OnlineBatchPushOneMsgReq,
+) -> anyhow::Result<OnlineBatchPushOneMsgResp> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|error| anyhow::anyhow!("gateway channel not ready: {error}"))?;
+    let codec =
+        tonic_prost::ProstCodec::<OnlineBatchPushOneMsgReq, OnlineBatchPushOneMsgResp>::default();
+    let response = grpc
+        .unary(tonic::Request::new(request), path, codec)
+        .await?;
+    Ok(response.into_inner())
+}
+
 impl Pusher {
-    /// Recipients grouped by ring member, in member order.
-    fn group(&self, recipients: &[String]) -> anyhow::Result<BTreeMap<usize, Vec<String>>> {
-        let mut groups: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-        for user in recipients {
-            groups
-                .entry(self.ring.get_index(user)?)
-                .or_default()
-                .push(user.clone());
+    /// Each call's destination: per ring member with its recipients (in member order), or every
+    /// gateway by address with every recipient.
+    fn targets(&self, recipients: &[String]) -> anyhow::Result<Vec<Target>> {
+        let mut targets = Vec::new();
+        match self.routing {
+            PushRouting::Ring => {
+                let mut groups: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+                for user in recipients {
+                    groups
+                        .entry(self.ring.get_index(user)?)
+                        .or_default()
+                        .push(user.clone());
+                }
+                for (index, users) in groups {
+                    let member = self.ring.members()[index].clone();
+                    let address = self.names.resolve(&member, GRPC_PORT)?;
+                    targets.push(Target {
+                        member,
+                        address,
+                        users,
+                    });
+                }
+            }
+            PushRouting::Broadcast => {
+                for member in self.ring.members() {
+                    let address = self.names.resolve(member, GRPC_PORT)?;
+                    targets.push(Target {
+                        member: address.to_string(),
+                        address,
+                        users: recipients.to_vec(),
+                    });
+                }
+            }
         }
-        Ok(groups)
+        Ok(targets)
     }
 
     async fn push(&mut self, msg: MsgData, recipients: &[String]) -> anyhow::Result<PushOutcome> {
-        let mut calls = Vec::new();
-        for (index, users) in self.group(recipients)? {
-            let member = self.ring.members()[index].clone();
-            let address = self.names.resolve(&member, GRPC_PORT)?;
-            let recipients = users.clone();
-            let call = match self.call(&member, address, &msg, users).await {
-                Ok(results) => PushCall {
-                    member,
-                    gateway_addr: address.to_string(),
-                    recipients,
+        let targets = self.targets(recipients)?;
+        let answers = match (self.routing, self.external.is_some()) {
+            (PushRouting::Broadcast, false) => self.call_concurrently(&msg, &targets).await,
+            _ => {
+                let mut answers = Vec::new();
+                for target in &targets {
+                    answers.push(self.call(target, &msg).await);
+                }
+                answers
+            }
+        };
+        let calls = targets
+            .into_iter()
+            .zip(answers)
+            .map(|(target, answer)| {
+                let (results, error) = match answer {
+                    Ok(results) => (results, None),
+                    Err(error) => (Vec::new(), Some(format!("{error:#}"))),
+                };
+                PushCall {
+                    member: target.member,
+                    gateway_addr: target.address.to_string(),
+                    recipients: target.users,
                     results,
-                    error: None,
-                },
-                Err(error) => PushCall {
-                    member,
-                    gateway_addr: address.to_string(),
-                    recipients,
-                    results: Vec::new(),
-                    error: Some(format!("{error:#}")),
-                },
-            };
-            calls.push(call);
-        }
+                    error,
+                }
+            })
+            .collect();
         Ok(PushOutcome {
             client_msg_id: msg.client_msg_id,
             calls,
         })
     }
 
+    /// The channel a call to `member` goes on: the member's kept one, or a new one (kept open).
+    async fn channel(&mut self, member: &str, address: SocketAddr) -> anyhow::Result<Channel> {
+        if let Some(reused) = self.reused.as_mut() {
+            if let Some(channel) = reused.get(member) {
+                return Ok(channel.clone());
+            }
+            let channel = connect(member, address, self.family).await?;
+            reused.insert(member.to_owned(), channel.clone());
+            return Ok(channel);
+        }
+        let channel = connect(member, address, self.family).await?;
+        self.leaked.push(channel.clone());
+        Ok(channel)
+    }
+
+    /// Calls every target at once, as upstream's errgroup does for a broadcast.
+    async fn call_concurrently(
+        &mut self,
+        msg: &MsgData,
+        targets: &[Target],
+    ) -> Vec<anyhow::Result<Vec<UserPushResult>>> {
+        let mut calls = Vec::new();
+        for target in targets {
+            let channel = self.channel(&target.member, target.address).await;
+            let request = request(msg, &target.users);
+            let path = self.path.clone();
+            calls.push(async move { unary_call(channel?, path, request).await });
+        }
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .map(|response| response.map(user_results))
+            .collect()
+    }
+
     async fn call(
         &mut self,
-        member: &str,
-        address: SocketAddr,
+        target: &Target,
         msg: &MsgData,
-        users: Vec<String>,
     ) -> anyhow::Result<Vec<UserPushResult>> {
-        let request = OnlineBatchPushOneMsgReq {
-            msg_data: Some(msg.clone()),
-            push_to_user_ids: users,
-        };
+        let request = request(msg, &target.users);
         let response = if let Some(external) = &mut self.external {
             let response = external
                 .call(
-                    &address.to_string(),
-                    member,
-                    SUPER_GROUP_PUSH_METHOD,
+                    &target.address.to_string(),
+                    &target.member,
+                    self.path.as_str(),
                     &request.encode_to_vec(),
                     CALL_TIMEOUT,
                 )
                 .await?;
             OnlineBatchPushOneMsgResp::decode(response.as_slice())?
         } else {
-            let channel = match self.reused.as_mut() {
-                Some(reused) => match reused.get(member) {
-                    Some(channel) => channel.clone(),
-                    None => {
-                        let channel = connect(member, address, self.family).await?;
-                        reused.insert(member.to_owned(), channel.clone());
-                        channel
-                    }
-                },
-                None => {
-                    let channel = connect(member, address, self.family).await?;
-                    self.leaked.push(channel.clone());
-                    channel
-                }
-            };
-            MsgGatewayClient::new(channel)
-                .super_group_online_batch_push_one_msg(request)
-                .await?
-                .into_inner()
+            let channel = self.channel(&target.member, target.address).await?;
+            unary_call(channel, self.path.clone(), request).await?
         };
-        Ok(response
-            .single_push_result
-            .into_iter()
-            .map(|result| UserPushResult {
-                user_id: result.user_id,
-                online_push: result.online_push,
-                platform_results: result.resp.len(),
-            })
-            .collect())
+        Ok(user_results(response))
     }
 
     /// Pushes round-robin over the member groups at full speed. Each call opens a new
@@ -279,33 +373,20 @@ impl Pusher {
         duration: Duration,
         recipients: &[String],
     ) -> anyhow::Result<FloodReport> {
-        let groups: Vec<(String, SocketAddr, Vec<String>)> = self
-            .group(recipients)?
-            .into_iter()
-            .map(|(index, users)| {
-                let member = self.ring.members()[index].clone();
-                let address = self.names.resolve(&member, GRPC_PORT)?;
-                anyhow::Ok((member, address, users))
-            })
-            .collect::<Result<_, _>>()?;
+        let groups = self.targets(recipients)?;
         anyhow::ensure!(!groups.is_empty(), "flood needs recipients");
         let mut latencies = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
         let mut report = FloodReport::default();
         let started = Instant::now();
         let mut seq = 0i64;
         while started.elapsed() < duration {
-            let (member, address, users) = &groups[usize::try_from(seq)? % groups.len()];
+            let target = &groups[usize::try_from(seq)? % groups.len()];
             seq += 1;
             let msg = message(format!("flood-{seq}"), seq, "lab-sender".to_owned());
             let call_started = Instant::now();
             let called = async {
-                let channel = connect(member, *address, self.family).await?;
-                MsgGatewayClient::new(channel)
-                    .super_group_online_batch_push_one_msg(OnlineBatchPushOneMsgReq {
-                        msg_data: Some(msg),
-                        push_to_user_ids: users.clone(),
-                    })
-                    .await?;
+                let channel = connect(&target.member, target.address, self.family).await?;
+                unary_call(channel, self.path.clone(), request(&msg, &target.users)).await?;
                 anyhow::Ok(())
             };
             match called.await {

@@ -5,9 +5,15 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::lab::release::{Discovery, OpenImRelease, PushRouting};
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GroundTruth {
     pub mode: String,
+    /// The release the stand-in spoke, the discovery push used, and the routing they make.
+    pub openim: OpenImRelease,
+    pub discovery: Discovery,
+    pub routing: PushRouting,
     pub instance: String,
     pub namespace: String,
     pub replicas_initial: usize,
@@ -43,6 +49,34 @@ pub struct UserTruth {
     /// Why the WebSocket could not be opened through the proxy.
     pub connect_error: Option<String>,
     pub pushes: Vec<PushTruth>,
+    /// Why a connected user missed a message in real time; `None` when it missed none.
+    pub miss_cause: Option<MissCause>,
+}
+
+/// Why a connected user's message went to a gateway that does not hold its WebSocket, spelled
+/// as the observer's `route_mismatch` `cause`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MissCause {
+    /// The proxy's and push's rings (as the proxy mode spells members) pick different
+    /// gateways for the user now.
+    RingSpelling,
+    /// The rings agree now, but the user connected before the scale-out and stayed where the
+    /// older membership placed it.
+    StalePlacement,
+    /// Neither: the lab knows no routing reason (e.g. a broadcast, where nobody should miss).
+    Undetermined,
+}
+
+impl MissCause {
+    /// Returns the cause as the observer spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RingSpelling => "ring_spelling",
+            Self::StalePlacement => "stale_placement",
+            Self::Undetermined => "undetermined",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -84,8 +118,12 @@ pub struct Summary {
     pub users_misrouted: usize,
     /// Push calls the gateways answered.
     pub push_calls: usize,
-    /// Push calls whose `:authority` at the gateway differed from the push member string.
+    /// Push calls whose `:authority` at the gateway differed from what push dials: the ring
+    /// member string, or the gateway's address where push broadcasts.
     pub authority_mismatches: usize,
+    /// Push calls the gateway answered in another order than the request's users.
+    #[serde(default)]
+    pub answers_out_of_order: usize,
     pub realtime_timeout_ms: u64,
 }
 
@@ -114,6 +152,9 @@ impl GroundTruth {
             serde_json::json!({
                 "summary": self.summary,
                 "mode": self.mode,
+                "openim": self.openim,
+                "discovery": self.discovery,
+                "routing": self.routing,
                 "replicas_initial": self.replicas_initial,
                 "replicas_final": self.replicas_final,
                 "proxy_addr": self.proxy_addr,
