@@ -13,6 +13,7 @@
 //! | `P{ring}:members:proxy`, `…:push` | hash | member string → gateway IP, node, last seen | [`RING_TTL`], refreshed while seen |
 //! | `P{ring}:placements` | list | the last [`MAX_RING_PLACEMENTS`] `USER IP` placements | [`RING_TTL`] |
 //! | `P{ring}:claim:divergence:CHANGE` | string | the node that printed | [`DIVERGENCE_CLAIM_TTL`] |
+//! | `P{ring}:claim:divergence-resolved:CHANGE` | string | the node that printed | [`DIVERGENCE_CLAIM_TTL`] |
 //!
 //! Values hold only what the engine joins on (user ids, gateways, processes, message ids,
 //! answers): never a token, a header beyond those, or message content.
@@ -210,6 +211,25 @@ impl Keys {
 
     /// One claim per pair of member lists (the change a divergence describes).
     pub fn divergence_claim(&self, proxy_members: &[String], push_members: &[String]) -> String {
+        self.members_claim("divergence", proxy_members, push_members)
+    }
+
+    /// One claim per pair of member lists a divergence was resolved with: its own, so that
+    /// the claim of the divergence it closes does not swallow it.
+    pub fn divergence_resolved_claim(
+        &self,
+        proxy_members: &[String],
+        push_members: &[String],
+    ) -> String {
+        self.members_claim("divergence-resolved", proxy_members, push_members)
+    }
+
+    fn members_claim(
+        &self,
+        kind: &str,
+        proxy_members: &[String],
+        push_members: &[String],
+    ) -> String {
         let mut hasher = crc32fast::Hasher::new();
         for member in proxy_members {
             hasher.update(member.as_bytes());
@@ -221,7 +241,7 @@ impl Keys {
             hasher.update(b"\n");
         }
         format!(
-            "{}{{ring}}:claim:divergence:{}-{}-{:08x}",
+            "{}{{ring}}:claim:{kind}:{}-{}-{:08x}",
             self.prefix,
             proxy_members.len(),
             push_members.len(),
@@ -295,6 +315,14 @@ mod tests {
             keys.divergence_claim(&members(&["a", "b"]), &members(&["a:88"])),
             keys.divergence_claim(&members(&["a"]), &members(&["b", "a:88"]))
         );
+        let (proxy, push) = (members(&["a:88"]), members(&["a:88"]));
+        assert_eq!(
+            keys.divergence_claim(&proxy, &push),
+            "p:{ring}:claim:divergence:1-1-044b385c"
+        );
+        let resolved = keys.divergence_resolved_claim(&proxy, &push);
+        assert_ne!(resolved, keys.divergence_claim(&proxy, &push));
+        assert_eq!(hash_tag(&resolved), "ring");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::{
     alert::{Alert, AlertBody, DegradedReason, DegradedState, RouteMismatch},
     correlate::{Engine, PlacementLookup, RemotePlacement, SharedFact, SharedRingEvidence},
     model::{Gateway, Process, rfc3339},
-    openim::diagnosis,
+    openim::{diagnosis, members::RingDivergenceState},
 };
 
 /// Jobs waiting for the worker at most; a lookup that finds the queue full is answered with
@@ -251,11 +251,20 @@ impl ClusterLink {
                 Some((key, self.fold_window, *count <= 1))
             }
             AlertBody::RingDivergence {
+                state,
                 proxy_members,
                 push_members,
                 ..
             } => Some((
-                keys.divergence_claim(proxy_members, push_members),
+                match state {
+                    RingDivergenceState::Diverged => {
+                        keys.divergence_claim(proxy_members, push_members)
+                    }
+                    // Its own claim: the divergence's would swallow it.
+                    RingDivergenceState::Resolved => {
+                        keys.divergence_resolved_claim(proxy_members, push_members)
+                    }
+                },
                 keys::DIVERGENCE_CLAIM_TTL,
                 true,
             )),

@@ -1,18 +1,27 @@
 //! When to compare the learned rings (`rings`): once membership has settled, at most once a
-//! settle period, and a divergence reported once per membership.
+//! settle period, a divergence reported once per membership and closed once the rings agree
+//! again; and why one user's push missed its WebSocket (`cause`).
 
 use std::{net::IpAddr, sync::Arc};
 
 use crate::{
-    alert::{Alert, AlertBody},
-    model::NANOS_PER_SEC,
-    openim::{diagnosis, members::describe_member_difference},
+    alert::{Alert, AlertBody, PushRoutingMode},
+    model::{MismatchCause, NANOS_PER_SEC},
+    openim::{
+        diagnosis,
+        members::{RingDivergenceState, describe_member_difference},
+    },
 };
 
 use super::{
-    rings::{LearnedRings, Verdict},
+    rings::{Candidate, Learned, LearnedRings, Verdict, VerdictKind},
     shared::SharedRingEvidence,
 };
+
+/// Placements that must arrive before `cause` compares the rings again while they have not
+/// decided (at least this many, and at least a quarter of the evidence: amortised, a
+/// comparison costs a few lookups per placement).
+const MIN_PLACEMENTS_BEFORE_REJUDGING: usize = 32;
 
 pub struct RingVerdicts {
     /// Learned ring membership must be stable this long before a verdict.
@@ -29,6 +38,22 @@ pub struct RingVerdicts {
     /// (every mismatch quotes it, and a misrouting incident produces mismatches by the
     /// thousand): `None` until computed, `Some(None)` when no gateway is spelled two ways.
     spelling_difference: Option<Option<Arc<str>>>,
+    /// What the last comparison of the rings found, for `cause`; `None` after the members
+    /// changed.
+    judged: Option<VerdictKind>,
+    /// Placements recorded since `judged`.
+    placements_since_judged: usize,
+    push_routing: PushRoutingMode,
+    /// The divergence reported and not yet resolved.
+    incident: Option<Incident>,
+}
+
+/// A reported divergence, open until the rings agree again.
+#[derive(Clone, Copy, Debug)]
+struct Incident {
+    since_ns: u64,
+    placements_checked: u64,
+    pushes_checked: u64,
 }
 
 impl RingVerdicts {
@@ -41,45 +66,55 @@ impl RingVerdicts {
             last_verdict_ns: 0,
             reported_divergence: None,
             spelling_difference: None,
+            judged: None,
+            placements_since_judged: 0,
+            push_routing: PushRoutingMode::Ring,
+            incident: None,
         }
     }
 
     /// The proxy placed `user` on `ip`, addressing it as `host`.
     pub fn placement(&mut self, host: Option<&str>, ip: IpAddr, user: &str, ts_ns: u64) {
-        if let Some(host) = host
-            && self.rings.learn_proxy_host(host, ip)
-        {
-            self.members_changed(ts_ns);
+        if let Some(host) = host {
+            let learned = self.rings.learn_proxy_host(host, ip, ts_ns);
+            self.members_changed(learned, ts_ns);
         }
-        self.rings.record_placement(user, ip);
+        self.rings.record_placement(user, ip, ts_ns);
         self.evidence_since_verdict = true;
+        self.placements_since_judged += 1;
+        if let Some(incident) = &mut self.incident {
+            incident.placements_checked += 1;
+        }
     }
 
     /// Push called the gateway at `ip`, addressing it as `authority`.
     pub fn push_call(&mut self, authority: Option<&str>, ip: IpAddr, ts_ns: u64) {
-        if let Some(authority) = authority
-            && self.rings.learn_push_member(authority, ip)
-        {
-            self.members_changed(ts_ns);
+        if let Some(authority) = authority {
+            let learned = self.rings.learn_push_member(authority, ip, ts_ns);
+            self.members_changed(learned, ts_ns);
+        }
+        if let Some(incident) = &mut self.incident {
+            incident.pushes_checked += 1;
         }
     }
 
     /// Merges the cluster's shared evidence (cluster mode): members and placements other nodes
     /// saw count as if seen here; only news starts a new verdict.
     pub fn merge(&mut self, evidence: &SharedRingEvidence, ts_ns: u64) {
-        let mut changed = false;
+        let mut learned = Learned::Nothing;
         for (host, ip) in &evidence.proxy {
-            changed |= self.rings.learn_proxy_host(host, *ip);
+            learned = learned.max(self.rings.learn_proxy_host(host, *ip, ts_ns));
         }
         for (member, ip) in &evidence.push {
-            changed |= self.rings.learn_push_member(member, *ip);
+            learned = learned.max(self.rings.learn_push_member(member, *ip, ts_ns));
         }
-        if changed {
-            self.members_changed(ts_ns);
-        }
+        self.members_changed(learned, ts_ns);
         // Oldest first, so the newest placement of a user wins.
         for (user, ip) in evidence.placements.iter().rev() {
-            self.evidence_since_verdict |= self.rings.record_placement(user, *ip);
+            if self.rings.record_placement(user, *ip, ts_ns) {
+                self.evidence_since_verdict = true;
+                self.placements_since_judged += 1;
+            }
         }
     }
 
@@ -95,15 +130,114 @@ impl RingVerdicts {
             .clone()
     }
 
-    /// A learned member changed: texts quoting the members must be rebuilt.
-    fn members_changed(&mut self, ts_ns: u64) {
-        self.spelling_difference = None;
-        self.members_changed_ns = Some(ts_ns);
+    /// Returns why `user`, placed on `placed` (its gateways' IPs) since `placed_since_ns`, was
+    /// pushed to `pushed` instead, as far as the learned rings tell.
+    ///
+    /// - [`MismatchCause::RingSpelling`]: the sides spell gateways differently, the proxy hashes
+    ///   its own spelling (the verdict says so, or, before one, this user's placement under the
+    ///   current members shows it), and that ring puts the user where it is.
+    /// - [`MismatchCause::StalePlacement`]: the proxy's ring over the current members picks
+    ///   the gateway push called, and the placement predates those members.
+    /// - [`MismatchCause::PushRingLags`] / [`MismatchCause::ProxyRingLags`]: the proxy's names
+    ///   show more (fewer) gateways than push's.
+    ///
+    /// Never a cause while push broadcasts: it has no ring.
+    pub fn cause(
+        &mut self,
+        user: &str,
+        placed: &[IpAddr],
+        placed_since_ns: u64,
+        pushed: IpAddr,
+    ) -> MismatchCause {
+        if self.push_routing == PushRoutingMode::Broadcast {
+            return MismatchCause::Undetermined;
+        }
+        let judged = self.judged_for_cause();
+        let spelled_differently = self.spelling_difference().is_some();
+        let proxy_pick = self.pick_ip(Candidate::ProxySpelled, user);
+        let push_pick = self.pick_ip(Candidate::PushSpelled, user);
+        let predates = placed_since_ns < self.rings.membership_since_ns();
+        let is_placed = |pick: Option<IpAddr>| pick.is_some_and(|ip| placed.contains(&ip));
+        // This user sits where the proxy-spelled ring puts it, and not where push's does.
+        let own_spelling_shown = spelled_differently
+            && is_placed(proxy_pick)
+            && push_pick.is_some()
+            && !is_placed(push_pick);
+        let proxy_hashes_own_spelling = spelled_differently
+            && match judged {
+                VerdictKind::Diverge => true,
+                VerdictKind::Agree | VerdictKind::SameSpelling => false,
+                VerdictKind::Undetermined => own_spelling_shown && !predates,
+            };
+        if proxy_hashes_own_spelling && own_spelling_shown {
+            return MismatchCause::RingSpelling;
+        }
+        let proxy_ring_pick = if proxy_hashes_own_spelling {
+            proxy_pick
+        } else {
+            push_pick
+        };
+        if predates && proxy_ring_pick == Some(pushed) {
+            return MismatchCause::StalePlacement;
+        }
+        // Unknown while either side has named no gateway (no `Host`, say).
+        match self.rings.proxy_replicas().zip(self.rings.push_replicas()) {
+            Some((proxy, push)) if proxy > push => MismatchCause::PushRingLags,
+            Some((proxy, push)) if proxy < push => MismatchCause::ProxyRingLags,
+            _ => MismatchCause::Undetermined,
+        }
     }
 
-    /// Compares the rings if membership has settled (or `force`, at the end of input), and
-    /// reports a divergence not reported yet.
+    /// The gateway IP one candidate ring picks for `user`, if known.
+    fn pick_ip(&mut self, candidate: Candidate, user: &str) -> Option<IpAddr> {
+        self.rings.pick(candidate, user).and_then(|pick| pick.ip)
+    }
+
+    /// The last verdict, compared again while it is undetermined once enough placements came
+    /// (the first mismatches of a scale-out come before the settled verdict does).
+    fn judged_for_cause(&mut self) -> VerdictKind {
+        let enough = MIN_PLACEMENTS_BEFORE_REJUDGING.max(self.rings.evidence_len() / 4);
+        let rejudge = match self.judged {
+            None => true,
+            Some(VerdictKind::Undetermined) => self.placements_since_judged >= enough,
+            Some(_) => false,
+        };
+        if rejudge {
+            self.judged = Some(self.rings.verdict_kind());
+            self.placements_since_judged = 0;
+        }
+        self.judged.unwrap_or_default()
+    }
+
+    /// Learns how push routes messages: with [`PushRoutingMode::Broadcast`] push has no ring,
+    /// so no divergence is reported and no mismatch has a ring cause while it lasts; back to
+    /// [`PushRoutingMode::Ring`], the rings are compared again.
+    pub fn push_routing_learned(&mut self, mode: PushRoutingMode) {
+        if mode == PushRoutingMode::Ring && self.push_routing == PushRoutingMode::Broadcast {
+            self.evidence_since_verdict = true;
+        }
+        self.push_routing = mode;
+    }
+
+    /// A learned member changed: texts quoting the members must be rebuilt, and a verdict
+    /// waits for membership to settle.
+    fn members_changed(&mut self, learned: Learned, ts_ns: u64) {
+        if learned == Learned::Nothing {
+            return;
+        }
+        self.spelling_difference = None;
+        self.members_changed_ns = Some(ts_ns);
+        if learned == Learned::Membership {
+            self.judged = None;
+        }
+    }
+
+    /// Compares the rings if membership has settled (or `force`, at the end of input), reports
+    /// a divergence not reported yet, and resolves a reported one once the rings agree.
     pub fn evaluate(&mut self, now_ns: u64, force: bool, alerts: &mut Vec<Alert>) {
+        if self.push_routing == PushRoutingMode::Broadcast {
+            return;
+        }
         if self.members_changed_ns.is_none() && !self.evidence_since_verdict {
             return;
         }
@@ -119,37 +253,280 @@ impl RingVerdicts {
         self.members_changed_ns = None;
         self.evidence_since_verdict = false;
         self.last_verdict_ns = now_ns;
-        // Agree and Undetermined wait for new evidence; only a divergence is reported.
-        let Verdict::Diverge(divergence) = self.rings.verdict() else {
-            return;
-        };
-        let key = (
-            divergence.proxy_members.clone(),
-            divergence.push_members.clone(),
-        );
-        if self.reported_divergence.as_ref() == Some(&key) {
-            return;
+        let verdict = self.rings.verdict();
+        self.judged = Some(verdict.kind());
+        self.placements_since_judged = 0;
+        match verdict {
+            Verdict::Diverge {
+                divergence,
+                complete,
+            } => {
+                let key = (
+                    divergence.proxy_members.clone(),
+                    divergence.push_members.clone(),
+                );
+                if self.reported_divergence.as_ref() == Some(&key) {
+                    return;
+                }
+                let diagnosis = diagnosis::ring_divergence(&divergence);
+                alerts.push(Alert::new(
+                    now_ns,
+                    AlertBody::RingDivergence {
+                        state: RingDivergenceState::Diverged,
+                        proxy_members: divergence.proxy_members,
+                        push_members: divergence.push_members,
+                        difference: divergence.difference,
+                        complete,
+                        placements_seen: divergence.placements_seen,
+                        placements_split: divergence.placements_split,
+                        sample_split_share: divergence.sample_split_share,
+                        lasted_secs: None,
+                        placements_checked: None,
+                        pushes_checked: None,
+                        diagnosis,
+                    },
+                ));
+                self.reported_divergence = Some(key);
+                self.incident.get_or_insert(Incident {
+                    since_ns: now_ns,
+                    placements_checked: 0,
+                    pushes_checked: 0,
+                });
+            }
+            Verdict::Agree | Verdict::SameSpelling => {
+                if let Some(alert) = self.resolve(&verdict, now_ns) {
+                    alerts.push(alert);
+                }
+            }
+            Verdict::Undetermined => {}
         }
-        let diagnosis = diagnosis::ring_divergence(&divergence);
-        alerts.push(Alert::new(
+    }
+
+    /// Closes the open incident, if any: its `resolved` line.
+    fn resolve(&mut self, verdict: &Verdict, now_ns: u64) -> Option<Alert> {
+        let incident = self.incident.take()?;
+        self.reported_divergence = None;
+        let (_, push_members) = self.rings.members().unwrap_or_default();
+        let difference = match (verdict, self.rings.spelling_difference()) {
+            (Verdict::Agree, Some((proxy_example, push_example))) => format!(
+                "the proxy hashes push's member strings while addressing gateways as '{proxy_example}' (push: '{push_example}')"
+            ),
+            _ => {
+                let example = push_members.first().map_or("", String::as_str);
+                describe_member_difference(example, example)
+            }
+        };
+        let lasted_secs = now_ns.saturating_sub(incident.since_ns) / NANOS_PER_SEC;
+        let diagnosis = resolved_diagnosis(&incident, lasted_secs);
+        Some(Alert::new(
             now_ns,
             AlertBody::RingDivergence {
-                proxy_members: divergence.proxy_members,
-                push_members: divergence.push_members,
-                difference: divergence.difference,
-                placements_seen: divergence.placements_seen,
-                placements_split: divergence.placements_split,
-                sample_split_share: divergence.sample_split_share,
+                state: RingDivergenceState::Resolved,
+                // The proxy's ring is push's now.
+                proxy_members: push_members.clone(),
+                push_members,
+                difference,
+                complete: self.rings.complete(),
+                placements_seen: self.rings.evidence_since_membership(),
+                placements_split: 0,
+                sample_split_share: 0.0,
+                lasted_secs: Some(lasted_secs),
+                placements_checked: Some(incident.placements_checked),
+                pushes_checked: Some(incident.pushes_checked),
                 diagnosis,
             },
-        ));
-        self.reported_divergence = Some(key);
+        ))
     }
+
+    /// The gateway push's rebuilt ring picks for `user`: its member and, once dialled, its IP.
+    #[cfg(test)]
+    pub(crate) fn push_ring_pick(&mut self, user: &str) -> Option<(String, Option<IpAddr>)> {
+        self.rings
+            .pick(Candidate::PushSpelled, user)
+            .map(|pick| (pick.member, pick.ip))
+    }
+
+    /// The gateway the proxy-spelled candidate ring picks for `user`.
+    #[cfg(test)]
+    pub(crate) fn proxy_ring_pick(&mut self, user: &str) -> Option<(String, Option<IpAddr>)> {
+        self.rings
+            .pick(Candidate::ProxySpelled, user)
+            .map(|pick| (pick.member, pick.ip))
+    }
+}
+
+/// What a `resolved` line says. (Kept here until `openim::diagnosis` holds it with the rest.)
+fn resolved_diagnosis(incident: &Incident, lasted_secs: u64) -> String {
+    format!(
+        "Resolved: msggateway-proxy now places users where push's ring sends them. The divergence lasted {lasted_secs}s; {} placements and {} push calls were checked since it was raised. WebSockets placed while it lasted stay where the old ring put them until they reconnect (route_mismatch names them)",
+        incident.placements_checked, incident.pushes_checked
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::super::detectors::testing::*;
+    use super::*;
+    use crate::openim::hashring::Ring;
+
+    fn ip(index: usize) -> IpAddr {
+        IpAddr::from([10, 244, 1, index as u8])
+    }
+
+    fn push_name(index: usize) -> String {
+        format!("{}:88", proxy_name(index as u8))
+    }
+
+    fn users(from: u64, count: u64) -> impl Iterator<Item = String> {
+        (from..from + count).map(|number| (4_000_000_000 + number * 7_777).to_string())
+    }
+
+    /// Places `users` with a ring over `hashed(0..replicas)`, the proxy sending its own
+    /// spelling as `Host`.
+    fn place_with(
+        verdicts: &mut RingVerdicts,
+        hashed: fn(usize) -> String,
+        replicas: usize,
+        users: impl Iterator<Item = String>,
+        ts: u64,
+    ) -> Vec<(String, usize)> {
+        let ring = Ring::new((0..replicas).map(hashed));
+        users
+            .map(|user| {
+                let index = ring.get_index(&user).unwrap();
+                verdicts.placement(Some(&proxy_name(index as u8)), ip(index), &user, ts);
+                (user, index)
+            })
+            .collect()
+    }
+
+    fn push_dials(verdicts: &mut RingVerdicts, gateways: std::ops::Range<usize>, ts: u64) {
+        for index in gateways {
+            verdicts.push_call(Some(&push_name(index)), ip(index), ts);
+        }
+    }
+
+    /// The causes of every user that push's ring over `push_replicas` gateways sends away from
+    /// where it sits.
+    fn causes(
+        verdicts: &mut RingVerdicts,
+        placed: &[(String, usize)],
+        push_replicas: usize,
+        placed_ns: u64,
+    ) -> BTreeMap<&'static str, usize> {
+        let push_ring = Ring::new((0..push_replicas).map(push_name));
+        let mut causes = BTreeMap::new();
+        for (user, on) in placed {
+            let pushed = push_ring.get_index(user).unwrap();
+            if pushed != *on {
+                let cause = verdicts.cause(user, &[ip(*on)], placed_ns, ip(pushed));
+                *causes.entry(cause.name()).or_default() += 1;
+            }
+        }
+        causes
+    }
+
+    fn proxy_spelled(index: usize) -> String {
+        proxy_name(index as u8)
+    }
+
+    #[test]
+    fn as_shipped_scale_out_misses_are_the_spelling() {
+        let mut verdicts = RingVerdicts::new(3);
+        push_dials(&mut verdicts, 0..1, SEC);
+        place_with(&mut verdicts, proxy_spelled, 1, users(0, 20), SEC);
+        push_dials(&mut verdicts, 0..5, 30 * SEC);
+        let placed = place_with(&mut verdicts, proxy_spelled, 5, users(100, 60), 31 * SEC);
+        let causes = causes(&mut verdicts, &placed, 5, 31 * SEC);
+        assert_eq!(causes.keys().collect::<Vec<_>>(), [&"ring_spelling"]);
+        assert!(causes[&"ring_spelling"] > 20, "{causes:?}");
+    }
+
+    #[test]
+    fn the_correct_fix_leaves_only_stale_placements() {
+        let mut verdicts = RingVerdicts::new(3);
+        push_dials(&mut verdicts, 0..1, SEC);
+        let before = place_with(&mut verdicts, push_name, 1, users(0, 40), SEC);
+        push_dials(&mut verdicts, 0..5, 30 * SEC);
+        let after = place_with(&mut verdicts, push_name, 5, users(100, 60), 31 * SEC);
+        assert!(causes(&mut verdicts, &after, 5, 31 * SEC).is_empty());
+        let causes = causes(&mut verdicts, &before, 5, SEC);
+        assert_eq!(causes.keys().collect::<Vec<_>>(), [&"stale_placement"]);
+        assert!(causes[&"stale_placement"] > 20, "{causes:?}");
+    }
+
+    #[test]
+    fn stale_placements_are_named_before_any_placement_under_the_new_members() {
+        let mut verdicts = RingVerdicts::new(3);
+        push_dials(&mut verdicts, 0..1, SEC);
+        let before = place_with(&mut verdicts, push_name, 1, users(0, 40), SEC);
+        push_dials(&mut verdicts, 0..5, 30 * SEC);
+        let causes = causes(&mut verdicts, &before, 5, SEC);
+        assert_eq!(causes.keys().collect::<Vec<_>>(), [&"stale_placement"]);
+    }
+
+    #[test]
+    fn push_knowing_three_of_five_gateways_lags() {
+        let mut verdicts = RingVerdicts::new(3);
+        push_dials(&mut verdicts, 0..3, SEC);
+        let placed = place_with(&mut verdicts, push_name, 5, users(0, 80), 2 * SEC);
+        let causes = causes(&mut verdicts, &placed, 3, 2 * SEC);
+        assert_eq!(causes.keys().collect::<Vec<_>>(), [&"push_ring_lags"]);
+    }
+
+    #[test]
+    fn a_proxy_still_on_three_of_five_gateways_lags() {
+        let mut verdicts = RingVerdicts::new(3);
+        push_dials(&mut verdicts, 0..5, SEC);
+        let placed = place_with(&mut verdicts, push_name, 3, users(0, 80), 2 * SEC);
+        let causes = causes(&mut verdicts, &placed, 5, 2 * SEC);
+        assert_eq!(causes.keys().collect::<Vec<_>>(), [&"proxy_ring_lags"]);
+    }
+
+    #[test]
+    fn without_a_host_the_proxy_ring_is_not_said_to_lag() {
+        let mut verdicts = RingVerdicts::new(3);
+        push_dials(&mut verdicts, 0..5, SEC);
+        let ring = Ring::new((0..3).map(push_name));
+        let placed: Vec<(String, usize)> = users(0, 40)
+            .map(|user| {
+                let index = ring.get_index(&user).unwrap();
+                verdicts.placement(None, ip(index), &user, 2 * SEC);
+                (user, index)
+            })
+            .collect();
+        let causes = causes(&mut verdicts, &placed, 5, 2 * SEC);
+        assert_eq!(causes.keys().collect::<Vec<_>>(), [&"undetermined"]);
+    }
+
+    #[test]
+    fn no_ring_is_judged_while_push_broadcasts() {
+        let mut verdicts = RingVerdicts::new(3);
+        push_dials(&mut verdicts, 0..3, SEC);
+        let placed = place_with(&mut verdicts, proxy_spelled, 3, users(0, 40), SEC);
+        verdicts.push_routing_learned(PushRoutingMode::Broadcast);
+        let mut alerts = Vec::new();
+        verdicts.evaluate(10 * SEC, false, &mut alerts);
+        verdicts.evaluate(20 * SEC, true, &mut alerts);
+        assert!(alerts.is_empty(), "{alerts:?}");
+        assert_eq!(
+            causes(&mut verdicts, &placed, 3, SEC)
+                .keys()
+                .collect::<Vec<_>>(),
+            [&"undetermined"]
+        );
+        verdicts.push_routing_learned(PushRoutingMode::Ring);
+        verdicts.evaluate(30 * SEC, false, &mut alerts);
+        assert_eq!(kinds(&alerts), ["ring_divergence"]);
+        assert_eq!(
+            causes(&mut verdicts, &placed, 3, SEC)
+                .keys()
+                .collect::<Vec<_>>(),
+            [&"ring_spelling"]
+        );
+    }
 
     #[test]
     fn differently_spelled_rings_diverge_once_settled() {
@@ -158,7 +535,7 @@ mod tests {
         // As shipped: the proxy places with a ring over its own spelling; push learns its
         // members from its calls.
         let place_users = |table: &mut Detectors, replicas: u8, from: u64, ts: u64| {
-            let ring = crate::openim::hashring::Ring::new((0..replicas).map(proxy_name));
+            let ring = Ring::new((0..replicas).map(proxy_name));
             for number in from..from + 30 {
                 let user = (4_000_000_000 + number * 7_777).to_string();
                 let index = ring.get_index(&user).unwrap() as u8;
@@ -181,19 +558,29 @@ mod tests {
         table.tick(5 * SEC, &mut alerts);
         assert_eq!(kinds(&alerts), ["ring_divergence"]);
         let AlertBody::RingDivergence {
+            state,
             difference,
             proxy_members,
             push_members,
+            complete,
             sample_split_share,
+            lasted_secs,
             ..
         } = &*alerts[0].body
         else {
             unreachable!()
         };
+        assert_eq!(*state, RingDivergenceState::Diverged);
         assert_eq!(difference, "push members carry ':88', proxy members do not");
         assert_eq!(proxy_members, &(0..3).map(proxy_name).collect::<Vec<_>>());
         assert_eq!(push_members.len(), 3);
+        assert!(*complete);
+        assert_eq!(*lasted_secs, None);
         assert!(*sample_split_share > 0.3, "{sample_split_share}");
+        let json: serde_json::Value = serde_json::from_str(&alerts[0].to_json_line()).unwrap();
+        assert_eq!(json["state"], "diverged");
+        assert_eq!(json["ring_complete"], true);
+        assert!(json.get("lasted_secs").is_none(), "{json}");
         table.tick(20 * SEC, &mut alerts);
         assert_eq!(alerts.len(), 1, "reported once while membership holds");
         // Scale-out: a fourth gateway appears on both sides.
@@ -201,5 +588,258 @@ mod tests {
         place_users(&mut table, 4, 1000, 30 * SEC);
         table.tick(40 * SEC, &mut alerts);
         assert_eq!(kinds(&alerts), ["ring_divergence", "ring_divergence"]);
+    }
+
+    #[test]
+    fn a_divergence_resolves_once_the_proxy_hashes_like_push() {
+        let mut table = Detectors::new(RouteLimits::default());
+        let mut alerts = Vec::new();
+        let place_users = |table: &mut Detectors, hashed: fn(usize) -> String, ts: u64| {
+            let ring = Ring::new((0..3).map(hashed));
+            for (connection, user) in users(0, 40).enumerate() {
+                let index = ring.get_index(&user).unwrap() as u8;
+                place(table, ts / SEC * 100 + connection as u64, &user, index, ts);
+            }
+        };
+        for index in 0..3u8 {
+            push(&mut table, 100 + u64::from(index), &[], index, SEC, true);
+        }
+        place_users(&mut table, proxy_spelled, SEC);
+        table.tick(5 * SEC, &mut alerts);
+        assert_eq!(kinds(&alerts), ["ring_divergence"]);
+        // The correct fix rolls out: every user reconnects through a proxy hashing push's
+        // members (still dialling port 80, still sending its own spelling as `Host`).
+        place_users(&mut table, push_name, 60 * SEC);
+        for index in 0..3u8 {
+            push(
+                &mut table,
+                200 + u64::from(index),
+                &[],
+                index,
+                61 * SEC,
+                true,
+            );
+        }
+        table.tick(70 * SEC, &mut alerts);
+        assert_eq!(kinds(&alerts), ["ring_divergence", "ring_divergence"]);
+        let AlertBody::RingDivergence {
+            state,
+            proxy_members,
+            push_members,
+            lasted_secs,
+            placements_checked,
+            pushes_checked,
+            diagnosis,
+            ..
+        } = &*alerts[1].body
+        else {
+            unreachable!()
+        };
+        assert_eq!(*state, RingDivergenceState::Resolved);
+        assert_eq!(proxy_members, push_members);
+        assert_eq!(*lasted_secs, Some(65));
+        assert_eq!(*placements_checked, Some(40));
+        assert_eq!(*pushes_checked, Some(3));
+        assert!(diagnosis.starts_with("Resolved"), "{diagnosis}");
+        let json: serde_json::Value = serde_json::from_str(&alerts[1].to_json_line()).unwrap();
+        assert_eq!(json["state"], "resolved");
+        assert_eq!(json["lasted_secs"], 65);
+        assert_eq!(json["placements_checked"], 40);
+        assert_eq!(json["pushes_checked"], 3);
+        table.tick(200 * SEC, &mut alerts);
+        table.finish(300 * SEC, &mut alerts);
+        assert_eq!(alerts.len(), 2, "resolved once");
+    }
+
+    /// One line of `ring-vectors-large.jsonl`.
+    #[derive(serde::Deserialize)]
+    struct Vector {
+        members: Vec<String>,
+        picks: BTreeMap<String, String>,
+    }
+
+    /// The Go library's vectors, found as `observer/tests/ring_vectors.rs` finds them.
+    fn large_vectors() -> Vec<Vector> {
+        let shared_dir = std::env::var_os("OPENIM_SHARED_DIR").map_or_else(
+            || {
+                std::path::PathBuf::from(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../../shared/openim"
+                ))
+            },
+            std::path::PathBuf::from,
+        );
+        let path = shared_dir.join("ring-vectors-large.jsonl");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|error| panic!("cannot read {}: {error}", path.display()));
+        text.lines()
+            .filter(|line| !line.trim().is_empty())
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    }
+
+    /// `0..len` in a fixed shuffled order.
+    fn shuffled(len: usize, seed: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..len).collect();
+        let mut state = seed | 1;
+        for index in (1..len).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            order.swap(index, (state % (index as u64 + 1)) as usize);
+        }
+        order
+    }
+
+    #[test]
+    fn the_engines_push_ring_matches_the_large_go_vectors() {
+        let vectors = large_vectors();
+        assert!(vectors.len() >= 29, "{}", vectors.len());
+        for (line, vector) in vectors.iter().enumerate() {
+            let mut verdicts = RingVerdicts::new(3);
+            for index in shuffled(vector.members.len(), line as u64 + 7) {
+                verdicts.push_call(Some(&vector.members[index]), ip(index), SEC);
+            }
+            for (user, expected) in &vector.picks {
+                let index = vector.members.iter().position(|m| m == expected).unwrap();
+                assert_eq!(
+                    verdicts.push_ring_pick(user),
+                    Some((expected.clone(), Some(ip(index)))),
+                    "line {}, user {user}",
+                    line + 1
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_engines_rings_match_the_large_go_vectors_before_every_gateway_is_dialled() {
+        let vectors = large_vectors();
+        let mut checked = 0;
+        for (line, vector) in vectors.iter().enumerate() {
+            let n = vector.members.len();
+            let Some(proxy_members) = vector
+                .members
+                .iter()
+                .map(|member| member.strip_suffix(":88").map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+            else {
+                continue;
+            };
+            // The same members without the port, hashed by Go too: the proxy's ring.
+            let proxy_vector = vectors
+                .iter()
+                .find(|other| other.members == proxy_members)
+                .expect("each :88 line has its line without the port");
+            // Push dialled a third of the gateways, the last among them; the proxy another
+            // third. Every member is still in the rings, in index order.
+            let mut verdicts = RingVerdicts::new(3);
+            let order = shuffled(n, line as u64 + 11);
+            for &index in order
+                .iter()
+                .filter(|&&index| index % 3 == 0 || index == n - 1)
+            {
+                verdicts.push_call(Some(&vector.members[index]), ip(index), SEC);
+            }
+            for &index in order.iter().filter(|&&index| index % 3 == 1) {
+                verdicts.placement(Some(&proxy_members[index]), ip(index), "u", SEC);
+            }
+            for (user, expected) in &vector.picks {
+                let index = vector.members.iter().position(|m| m == expected).unwrap();
+                let known = index % 3 != 2 || index == n - 1;
+                assert_eq!(
+                    verdicts.push_ring_pick(user),
+                    Some((expected.clone(), known.then(|| ip(index)))),
+                    "line {}, user {user} (a gateway not dialled has no IP)",
+                    line + 1
+                );
+            }
+            for (user, expected) in &proxy_vector.picks {
+                let (member, _) = verdicts.proxy_ring_pick(user).unwrap();
+                assert_eq!(member, *expected, "line {}, user {user}", line + 1);
+            }
+            assert!(!verdicts.rings.complete());
+            checked += 1;
+        }
+        assert!(checked >= 14, "{checked} lines with ':88'");
+    }
+
+    #[test]
+    fn the_divergence_lists_the_collision_sets_members_in_index_order() {
+        let vectors = large_vectors();
+        let collision = vectors
+            .iter()
+            .find(|vector| vector.members.len() > 50 && !vector.members[0].ends_with(":88"))
+            .expect("the collision set");
+        let hosts = &collision.members;
+        let mut table = Detectors::new(RouteLimits::default());
+        let mut alerts = Vec::new();
+        // The proxy places as shipped (its own spelling); the collision set's picks are among
+        // its placements, so its ring decides them as Go did.
+        let proxy_ring = Ring::new(hosts.iter().cloned());
+        let users = collision.picks.keys().cloned().chain(users(0, 400));
+        for (connection, user) in users.enumerate() {
+            let index = proxy_ring.get_index(&user).unwrap();
+            assert!(
+                collision
+                    .picks
+                    .get(&user)
+                    .is_none_or(|pick| *pick == hosts[index])
+            );
+            let gateway = Gateway {
+                ip: ip(index),
+                port: 80,
+                name: Some(hosts[index].as_str().into()),
+            };
+            table.observe(
+                Observation::UpgradeRequested {
+                    connection: connection as u64,
+                    endpoints: endpoints(connection as u64, 0),
+                    ts_ns: SEC,
+                    user: user.as_str().into(),
+                    platform: Some(2),
+                    gateway,
+                    proxy: process(10, "msggw-proxy"),
+                },
+                &mut alerts,
+            );
+        }
+        for index in shuffled(hosts.len(), 3) {
+            table.observe(
+                Observation::PushCalled {
+                    connection: 100_000 + index as u64,
+                    stream_id: 1,
+                    ts_ns: SEC,
+                    method: "SuperGroupOnlineBatchPushOneMsg".into(),
+                    gateway: Gateway {
+                        ip: ip(index),
+                        port: 88,
+                        name: Some(format!("{}:88", hosts[index]).into()),
+                    },
+                    pusher: process(20, "openim-push"),
+                    message: MessageIds::default(),
+                    recipients: Vec::new(),
+                },
+                &mut alerts,
+            );
+        }
+        table.tick(10 * SEC, &mut alerts);
+        let divergence = alerts
+            .iter()
+            .find(|alert| alert.kind() == "ring_divergence")
+            .expect("a divergence");
+        let AlertBody::RingDivergence {
+            proxy_members,
+            push_members,
+            complete,
+            ..
+        } = &*divergence.body
+        else {
+            unreachable!()
+        };
+        assert_eq!(proxy_members, hosts, "index order, not text order");
+        let with_port: Vec<String> = hosts.iter().map(|host| format!("{host}:88")).collect();
+        assert_eq!(push_members, &with_port);
+        assert!(*complete);
     }
 }

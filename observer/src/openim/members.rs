@@ -1,6 +1,16 @@
 //! How OpenIM's two routing components spell the same gateway, and what separates two
 //! spellings, in plain words.
 
+/// Whether the proxy's and push's rings still split users, as a `ring_divergence` line says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RingDivergenceState {
+    /// The rings split users (the incident's first line).
+    Diverged,
+    /// The rings agree again after a reported divergence (its last line).
+    Resolved,
+}
+
 /// Says in plain words what separates two spellings of the same gateway, given one member of
 /// the proxy ring and the matching member of the push ring.
 ///
