@@ -4,7 +4,9 @@
 //! C-core, and websockets), each from IPv4 sockets and from dual-stack ones (AF_INET6 sockets to
 //! IPv4-mapped addresses). Gateways and proxy are the lab's own. Every stack must give exact
 //! alerts: every misrouted user alerted, no other; and the same from the packet hook
-//! (`--capture-hook packets`), which sees each stack's segments rather than its syscalls.
+//! (`--capture-hook packets`), which sees each stack's segments rather than its syscalls. The Go
+//! stack also calls 3.7's renamed service (`openim.msggateway.msgGateway`) over the long-lived
+//! connections 3.6 and later keep.
 //!
 //! Needs root, an observer built with its eBPF programs and the stack's toolchain (see
 //! `tests::lab::stack`); without them a plain `cargo test` skips and says why, `cargo xtask
@@ -18,14 +20,15 @@ use openim_test_kit::cgroup2::Cgroup2Mount;
 use tests::lab::stack::{AddressFamily, ClientStack};
 use tests::observed::{ObserverOutput, Score, observe_lab};
 use tests::privileges::can_run_stack;
-use tests::{LabConfig, ProxyMode};
+use tests::{LabConfig, OpenImRelease, ProxyMode};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// As shipped, with five gateways most users sit on a gateway push does not pick for them.
-fn scenario(client_stack: ClientStack, family: AddressFamily) -> LabConfig {
+fn scenario(client_stack: ClientStack, family: AddressFamily, openim: OpenImRelease) -> LabConfig {
     LabConfig {
         mode: ProxyMode::V351,
+        openim,
         replicas_initial: 5,
         replicas_final: 5,
         users: 100,
@@ -57,6 +60,16 @@ enum Hook {
 }
 
 fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressFamily, hook: Hook) {
+    every_misrouted_user_and_no_other_on(OpenImRelease::V3_5, client_stack, family, hook);
+}
+
+/// The same, with the stand-in speaking `openim`.
+fn every_misrouted_user_and_no_other_on(
+    openim: OpenImRelease,
+    client_stack: ClientStack,
+    family: AddressFamily,
+    hook: Hook,
+) {
     if !can_run_stack(client_stack) {
         return;
     }
@@ -69,7 +82,7 @@ fn every_misrouted_user_and_no_other(client_stack: ClientStack, family: AddressF
         Some(root) => vec!["--capture-hook", "packets", "--cgroup-root", root.as_str()],
         None => vec!["--capture-hook", "syscalls"],
     };
-    let (truth, output) = observe_lab(scenario(client_stack, family), &flags);
+    let (truth, output) = observe_lab(scenario(client_stack, family, openim), &flags);
     assert_eq!(
         truth.summary.connect_failures, 0,
         "every user connects: {:?}",
@@ -140,6 +153,16 @@ fn go_grpc_and_gorilla_over_ipv4() {
 #[test]
 fn go_grpc_and_gorilla_over_dual_stack_sockets() {
     every_misrouted_user_and_no_other(ClientStack::Go, AddressFamily::DualStack, Hook::Syscalls);
+}
+
+#[test]
+fn go_grpc_calling_the_renamed_3_7_service_over_kept_connections() {
+    every_misrouted_user_and_no_other_on(
+        OpenImRelease::V3_7,
+        ClientStack::Go,
+        AddressFamily::Ipv4,
+        Hook::Syscalls,
+    );
 }
 
 #[test]
