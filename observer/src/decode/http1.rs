@@ -6,10 +6,9 @@
 //! and in what the decoder buffers, and the typed `UpgradeRequest` has no field that could hold
 //! them.
 
-use crate::{
-    model::{Direction, wire},
-    privacy::redact_secrets,
-};
+use std::borrow::Cow;
+
+use crate::{model::Direction, privacy::redact_secrets};
 
 use super::{DecodeCounters, Limits};
 
@@ -22,6 +21,9 @@ pub struct UpgradeRequest {
     pub method: String,
     /// The request target's path, without the query.
     pub path: String,
+    /// The query's parameters as the gateway reads them (see `read_query`): `None` when
+    /// absent, and for `platformID` and `isBackground` also when Go would not parse them (the
+    /// gateway then rejects the upgrade, or reads `false`).
     pub send_id: Option<String>,
     pub platform_id: Option<i32>,
     pub is_background: Option<bool>,
@@ -205,27 +207,15 @@ fn parse_request(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
         Err(error) => return Err(Http1Error::Parse(error.to_string())),
     }
     let target = request.path.unwrap_or_default();
+    // The proxy's `url.Parse` ends the query at a fragment (and the whitelist masks it).
+    let target = target.split_once('#').map_or(target, |(target, _)| target);
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let mut upgrade = UpgradeRequest {
         method: request.method.unwrap_or_default().to_owned(),
         path: path.to_owned(),
         ..UpgradeRequest::default()
     };
-    // Split as bytes: `str::split` on a char goes through memchr, whose setup costs more than
-    // these few short pairs do to scan.
-    for pair in query.as_bytes().split(|&byte| byte == b'&') {
-        let equals = pair.iter().position(|&byte| byte == b'=');
-        let (name, value) = pair.split_at(equals.unwrap_or(pair.len()));
-        let value = value.get(1..).unwrap_or_default();
-        match name {
-            b"sendID" => upgrade.send_id = Some(percent_decode(value)),
-            b"platformID" => upgrade.platform_id = percent_decode(value).parse().ok(),
-            b"isBackground" => upgrade.is_background = percent_decode(value).parse().ok(),
-            b"operationID" => upgrade.operation_id = Some(percent_decode(value)),
-            // `token` and everything else is dropped here.
-            _ => {}
-        }
-    }
+    read_query(query.as_bytes(), &mut upgrade);
     for header in request.headers.iter() {
         let value = || Some(utf8_text(header.value.to_vec()));
         if header.name.eq_ignore_ascii_case("host") {
@@ -254,9 +244,120 @@ fn parse_response(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
     }
 }
 
-/// Query values are percent-encoded (`%XX`, `+` for space); invalid escapes stay as they are.
-fn percent_decode(value: &[u8]) -> String {
-    utf8_text(wire::percent_decode(value))
+/// The query parameters the engine reads, in the order of [`QueryKey`].
+pub(crate) const QUERY_KEYS: [&[u8]; 4] =
+    [b"sendID", b"platformID", b"isBackground", b"operationID"];
+
+/// One of [`QUERY_KEYS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QueryKey {
+    SendId,
+    PlatformId,
+    IsBackground,
+    OperationId,
+}
+
+impl QueryKey {
+    /// Returns the key a decoded query key names, if the engine reads it.
+    pub(crate) fn of(decoded: &[u8]) -> Option<Self> {
+        const KEYS: [QueryKey; 4] = [
+            QueryKey::SendId,
+            QueryKey::PlatformId,
+            QueryKey::IsBackground,
+            QueryKey::OperationId,
+        ];
+        QUERY_KEYS
+            .iter()
+            .position(|key| *key == decoded)
+            .map(|index| KEYS[index])
+    }
+}
+
+/// Reads the parameters the engine needs as OpenIM's Go code does (`url.ParseQuery`, then
+/// `Values.Get`): pairs split at `&`; a pair holding a `;` (Go 1.17 on) or a bad escape in its
+/// key or value is dropped and the rest kept; keys and values are percent-decoded (`+` is a
+/// space); the first value of a repeated key wins; a key without `=` has the empty value.
+fn read_query(query: &[u8], upgrade: &mut UpgradeRequest) {
+    let mut seen = [false; QUERY_KEYS.len()];
+    // Split as bytes: `str::split` on a char goes through memchr, whose setup costs more than
+    // these few short pairs do to scan.
+    for pair in query.split(|&byte| byte == b'&') {
+        if pair.is_empty() || pair.contains(&b';') {
+            continue;
+        }
+        let equals = pair.iter().position(|&byte| byte == b'=');
+        let (key, value) = pair.split_at(equals.unwrap_or(pair.len()));
+        let value = value.get(1..).unwrap_or_default();
+        let Some(key) = query_unescape(key).as_deref().and_then(QueryKey::of) else {
+            // `token` and everything else is dropped here.
+            continue;
+        };
+        if seen[key as usize] {
+            continue;
+        }
+        let Some(value) = query_unescape(value) else {
+            continue;
+        };
+        seen[key as usize] = true;
+        match key {
+            QueryKey::SendId => upgrade.send_id = Some(utf8_text(value.into_owned())),
+            // The gateway's `strconv.Atoi`: an optional sign, decimal digits.
+            QueryKey::PlatformId => {
+                upgrade.platform_id = std::str::from_utf8(&value)
+                    .ok()
+                    .and_then(|text| text.parse().ok());
+            }
+            QueryKey::IsBackground => upgrade.is_background = go_parse_bool(&value),
+            QueryKey::OperationId => {
+                upgrade.operation_id = Some(utf8_text(value.into_owned()));
+            }
+        }
+    }
+}
+
+/// Decodes a query key or value as Go's `url.QueryUnescape` does: `%XX` (either case) is a
+/// byte, `+` a space; `None` for a `%` without two hex digits after it. Borrows when there is
+/// nothing to decode.
+pub(crate) fn query_unescape(text: &[u8]) -> Option<Cow<'_, [u8]>> {
+    if !text.iter().any(|&byte| byte == b'%' || byte == b'+') {
+        return Some(Cow::Borrowed(text));
+    }
+    let mut decoded = Vec::with_capacity(text.len());
+    let mut index = 0;
+    while let Some(&byte) = text.get(index) {
+        match byte {
+            b'%' => {
+                let high = hex_digit(*text.get(index + 1)?)?;
+                let low = hex_digit(*text.get(index + 2)?)?;
+                decoded.push(high << 4 | low);
+                index += 3;
+            }
+            b'+' => {
+                decoded.push(b' ');
+                index += 1;
+            }
+            other => {
+                decoded.push(other);
+                index += 1;
+            }
+        }
+    }
+    Some(Cow::Owned(decoded))
+}
+
+/// The value of one hex digit, either case.
+pub(crate) fn hex_digit(byte: u8) -> Option<u8> {
+    char::from(byte).to_digit(16).map(|digit| digit as u8)
+}
+
+/// Go's `strconv.ParseBool`; anything else is an error, which the gateway reads as `false`
+/// and the decoder as absent.
+fn go_parse_bool(text: &[u8]) -> Option<bool> {
+    match text {
+        b"1" | b"t" | b"T" | b"TRUE" | b"true" | b"True" => Some(true),
+        b"0" | b"f" | b"F" | b"FALSE" | b"false" | b"False" => Some(false),
+        _ => None,
+    }
 }
 
 /// The bytes as text, kept without a copy when they are UTF-8 (the lossy repair, which copies,
@@ -352,6 +453,112 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// The upgrade request a proxy sends with `query`.
+    fn upgrade_with(query: &str) -> UpgradeRequest {
+        let head = format!("GET /?{query} HTTP/1.1\r\nHost: gw-0\r\n\r\n");
+        match parse_request(head.as_bytes()) {
+            Ok(Some(WebSocketFact::UpgradeRequest(upgrade))) => upgrade,
+            other => panic!("{query}: {other:?}"),
+        }
+    }
+
+    fn read(query: &str) -> (Option<String>, Option<i32>, Option<bool>, Option<String>) {
+        let upgrade = upgrade_with(query);
+        (
+            upgrade.send_id,
+            upgrade.platform_id,
+            upgrade.is_background,
+            upgrade.operation_id,
+        )
+    }
+
+    #[test]
+    fn the_first_value_of_a_repeated_key_wins_as_in_go() {
+        assert_eq!(
+            read("sendID=1&platformID=2&sendID=3&platformID=5&isBackground=true&isBackground=0"),
+            (Some("1".into()), Some(2), Some(true), None)
+        );
+        // A key without `=` is the empty value, and is the first.
+        assert_eq!(read("sendID&sendID=7").0, Some(String::new()));
+        // An empty pair is skipped.
+        assert_eq!(read("&&sendID=7&").0, Some("7".into()));
+        // A first value Go cannot parse still wins: the gateway rejects the upgrade.
+        assert_eq!(read("platformID=x&platformID=2").1, None);
+    }
+
+    #[test]
+    fn keys_and_values_are_percent_decoded() {
+        assert_eq!(
+            read("send%49D=4%32&platform%49D=%35&is%42ackground=%74&operation%49D=a+b%2Bc"),
+            (Some("42".into()), Some(5), Some(true), Some("a b+c".into()))
+        );
+        // An encoded key is the same key: the first of the two still wins.
+        assert_eq!(read("send%49D=1&sendID=2").0, Some("1".into()));
+        assert_eq!(read("sendID=a%2fb%2F").0, Some("a/b/".into()));
+        assert_eq!(read("send+ID=1").0, None, "'+' is a space in keys too");
+    }
+
+    #[test]
+    fn a_pair_with_a_bad_escape_is_dropped_and_the_rest_kept() {
+        for bad in ["%zz", "%4", "%", "1%g0", "%%41"] {
+            assert_eq!(
+                read(&format!("sendID={bad}&platformID=2&sendID=9")),
+                (Some("9".into()), Some(2), None, None),
+                "{bad}"
+            );
+        }
+        // A bad escape in the key drops the pair too.
+        assert_eq!(read("send%4ID=1&sendID=2").0, Some("2".into()));
+        assert_eq!(read("sendID=1&token=%zz&platformID=3").1, Some(3));
+    }
+
+    #[test]
+    fn a_pair_with_a_semicolon_is_dropped_as_since_go_1_17() {
+        assert_eq!(
+            read("sendID=1;platformID=2&platformID=3&sendID=4"),
+            (Some("4".into()), Some(3), None, None)
+        );
+        assert_eq!(read("sendID=1&x;=y").0, Some("1".into()));
+        // An encoded `;` is only a character.
+        assert_eq!(read("sendID=1%3B2").0, Some("1;2".into()));
+    }
+
+    #[test]
+    fn is_background_reads_as_go_parse_bool() {
+        for yes in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert_eq!(read(&format!("isBackground={yes}")).2, Some(true), "{yes}");
+        }
+        for no in ["0", "f", "F", "FALSE", "false", "False"] {
+            assert_eq!(read(&format!("isBackground={no}")).2, Some(false), "{no}");
+        }
+        // `+` is a space: " true" is not a boolean.
+        for error in ["", "yes", "tRUE", "2", "+true", "true%20"] {
+            assert_eq!(read(&format!("isBackground={error}")).2, None, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn platform_id_reads_as_go_atoi() {
+        for (text, id) in [
+            ("2", Some(2)),
+            ("%2B5", Some(5)),
+            ("-1", Some(-1)),
+            ("007", Some(7)),
+        ] {
+            assert_eq!(read(&format!("platformID={text}")).1, id, "{text}");
+        }
+        // `+5` is " 5" once decoded.
+        for error in ["", "2.0", "0x2", "+5", "2+", "99999999999"] {
+            assert_eq!(read(&format!("platformID={error}")).1, None, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn the_query_ends_at_a_fragment() {
+        assert_eq!(read("sendID=1#&sendID=2").0, Some("1".into()));
+        assert_eq!(upgrade_with("sendID=1").path, "/");
     }
 
     #[test]

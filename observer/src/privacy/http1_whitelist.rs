@@ -1,25 +1,26 @@
 //! What of an HTTP/1 head may leave the process: a whitelist, followed byte by byte across
 //! chunks (a token split over two writes or two iovec entries is masked all the same).
 //!
-//! Kept: the request line's method and path, the query parameters the engine reads (`sendID`,
-//! `platformID`, `isBackground`, `operationID`, compared after percent-decoding as Go's
-//! `ParseQuery` does), the response's status line, header names, and the values of `Host`,
-//! `Upgrade`, `Connection` and `Sec-WebSocket-Version`. Every other query value, the fragment, every other header value,
-//! folded continuation lines, everything after the head (WebSocket frames, a chunked body, a
-//! pipelined request) and everything from a byte that is not text on is overwritten with `*` in
-//! place, so lengths and line structure stay and
-//! the decoders still read the head.
+//! Kept: the request line's method and path, the query values the engine reads and only those
+//! (`sendID`, `platformID`, `isBackground`, `operationID`, read as `decode::http1` reads them,
+//! after Go's `ParseQuery` and `Values.Get`: keys compared percent-decoded, the first valid pair
+//! of a key kept and later ones masked, a kept value masked from a bad escape or a `;` on, which
+//! are left in place so the pair is still dropped), the response's status line, header names,
+//! and the values of `Host`, `Upgrade`, `Connection` and `Sec-WebSocket-Version`. Every other
+//! query value, the fragment, every other header value, folded continuation lines, everything
+//! after the head (WebSocket frames, a chunked body, a pipelined request) and everything from a
+//! byte that is not text on is overwritten with `*` in place, so lengths and line structure
+//! stay and the decoders read the same facts from the head.
 
-/// Query parameters the engine reads (`decode::http1`).
-const KEPT_QUERY_KEYS: [&[u8]; 4] = [b"sendID", b"platformID", b"isBackground", b"operationID"];
+use crate::decode::http1::{QUERY_KEYS, QueryKey, hex_digit, query_unescape};
+
 /// Header values the engine reads, and the WebSocket version (a number), compared
 /// case-insensitively. Not `Sec-WebSocket-Protocol`, where applications put tokens, nor the key.
 const KEPT_HEADERS: [&[u8]; 4] = [b"host", b"upgrade", b"connection", b"sec-websocket-version"];
-/// Longer names are never a kept one: they are not buffered further.
-const MAX_NAME: usize = 32;
+/// Longer names are never a kept one: they are not buffered further. A kept query key spelled
+/// wholly in `%XX` escapes (`isBackground`, 36 bytes) still fits.
+const MAX_NAME: usize = 36;
 const MASK: u8 = b'*';
-
-use crate::model::wire::percent_decode;
 
 /// One direction of one connection. `request` for what the client sends.
 #[derive(Clone, Debug)]
@@ -28,6 +29,11 @@ pub struct Http1Whitelist {
     /// The query key or header name being read (up to `MAX_NAME` bytes, then `overlong`).
     name: Vec<u8>,
     overlong: bool,
+    /// Query keys whose first valid pair was let through: the decoder reads only that one, so
+    /// later pairs of the key are masked.
+    taken: [bool; QUERY_KEYS.len()],
+    /// Hex digits still due after a `%` in a kept query value.
+    escape_due: u8,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,8 +41,9 @@ enum State {
     Method,
     Path,
     QueryKey,
+    /// The value of a pair; `kept` names the key while the value is let through.
     QueryValue {
-        kept: bool,
+        kept: Option<QueryKey>,
     },
     Fragment,
     Version,
@@ -67,6 +74,8 @@ impl Http1Whitelist {
             state,
             name: Vec::new(),
             overlong: false,
+            taken: [false; QUERY_KEYS.len()],
+            escape_due: 0,
         }
     }
 
@@ -114,32 +123,36 @@ impl Http1Whitelist {
             },
             State::QueryKey => match byte {
                 b'=' => {
-                    let kept = !self.overlong
-                        && KEPT_QUERY_KEYS
-                            .iter()
-                            .any(|key| percent_decode(&self.name) == *key);
+                    let kept = self.kept_key();
+                    self.escape_due = 0;
                     self.state = State::QueryValue { kept };
                     byte
                 }
                 b'&' => {
+                    self.end_bare_key();
                     self.start_name(State::QueryKey);
                     byte
                 }
-                _ => self.query_end(byte).unwrap_or_else(|| {
+                _ if is_query_end(byte) => {
+                    self.end_bare_key();
+                    self.query_end(byte)
+                }
+                _ => {
                     self.push_name(byte);
                     byte
-                }),
+                }
             },
-            State::QueryValue { kept } => match byte {
+            State::QueryValue { kept: None } => match byte {
                 b'&' => {
                     self.start_name(State::QueryKey);
                     byte
                 }
-                _ => self
-                    .query_end(byte)
-                    .unwrap_or(if kept { byte } else { MASK }),
+                _ if is_query_end(byte) => self.query_end(byte),
+                _ => MASK,
             },
-            State::Fragment => self.query_end(byte).unwrap_or(MASK),
+            State::QueryValue { kept: Some(key) } => self.kept_value(key, byte),
+            State::Fragment if is_query_end(byte) => self.query_end(byte),
+            State::Fragment => MASK,
             State::Version | State::StatusLine => {
                 if byte == b'\n' {
                     return self.end_line(byte);
@@ -192,21 +205,64 @@ impl Http1Whitelist {
         }
     }
 
-    /// The request target ends at a space (then the version) or a line end.
-    fn query_end(&mut self, byte: u8) -> Option<u8> {
-        match byte {
-            b' ' => {
-                self.state = State::Version;
-                Some(byte)
+    /// A byte of the value of `key`'s first pair: let through, unless it breaks the pair (a bad
+    /// escape, masked; a `;`, kept, as Go drops the pair either way).
+    fn kept_value(&mut self, key: QueryKey, byte: u8) -> u8 {
+        let broken = |whitelist: &mut Self| {
+            whitelist.state = State::QueryValue { kept: None };
+        };
+        if byte == b'&' || is_query_end(byte) {
+            // The pair is whole and valid: later pairs of the key are not read.
+            if self.escape_due == 0 {
+                self.taken[key as usize] = true;
             }
-            b'#' => {
-                self.state = State::Fragment;
-                Some(byte)
+            if byte == b'&' {
+                self.start_name(State::QueryKey);
+                return byte;
             }
-            b'\n' => Some(self.end_line(byte)),
-            b'\r' => Some(byte),
-            _ => None,
+            return self.query_end(byte);
         }
+        if self.escape_due > 0 {
+            if hex_digit(byte).is_some() {
+                self.escape_due -= 1;
+                return byte;
+            }
+            broken(self);
+            return MASK;
+        }
+        match byte {
+            b'%' => self.escape_due = 2,
+            b';' => broken(self),
+            _ => {}
+        }
+        byte
+    }
+
+    /// The key just read, if it is one the engine reads and its first pair is still to come.
+    fn kept_key(&self) -> Option<QueryKey> {
+        if self.overlong || self.name.contains(&b';') {
+            return None;
+        }
+        let key = QueryKey::of(&query_unescape(&self.name)?)?;
+        (!self.taken[key as usize]).then_some(key)
+    }
+
+    /// A pair without `=` is its key with the empty value: the first of that key.
+    fn end_bare_key(&mut self) {
+        if let Some(key) = self.kept_key() {
+            self.taken[key as usize] = true;
+        }
+    }
+
+    /// The request target ends at a space (then the version), a fragment or a line end.
+    fn query_end(&mut self, byte: u8) -> u8 {
+        match byte {
+            b' ' => self.state = State::Version,
+            b'#' => self.state = State::Fragment,
+            b'\n' => return self.end_line(byte),
+            _ => {}
+        }
+        byte
     }
 
     fn end_line(&mut self, byte: u8) -> u8 {
@@ -225,6 +281,108 @@ impl Http1Whitelist {
             self.name.push(byte);
         } else {
             self.overlong = true;
+        }
+    }
+}
+
+/// Whether `byte` ends the request target's query: a space (the version follows), a fragment,
+/// or a line end.
+fn is_query_end(byte: u8) -> bool {
+    matches!(byte, b' ' | b'#' | b'\r' | b'\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::{Limits, WebSocketDecoder, WebSocketFact};
+    use crate::model::Direction;
+
+    fn request(query: &str) -> Vec<u8> {
+        format!("GET /?{query} HTTP/1.1\r\nHost: gw-0\r\nUpgrade: websocket\r\n\r\n").into_bytes()
+    }
+
+    fn filtered(head: &[u8], chunk_len: usize) -> Vec<u8> {
+        let mut whitelist = Http1Whitelist::request();
+        let mut out = head.to_vec();
+        for chunk in out.chunks_mut(chunk_len) {
+            whitelist.filter(chunk);
+        }
+        out
+    }
+
+    fn fact(head: &[u8]) -> Option<WebSocketFact> {
+        WebSocketDecoder::new(Limits::default()).feed(Direction::Send, 0, head)
+    }
+
+    #[test]
+    fn only_the_values_the_decoder_reads_get_through() {
+        for (query, kept) in [
+            (
+                "sendID=u1&sendID=SECRET&token=SECRET",
+                "sendID=u1&sendID=******&token=******",
+            ),
+            ("sendID&sendID=SECRET", "sendID&sendID=******"),
+            ("sendID=%zzSECRET&sendID=u2", "sendID=%********&sendID=u2"),
+            ("sendID=u1;SECRET&sendID=u2", "sendID=u1;******&sendID=u2"),
+            ("send%49D=u1&sendID=SECRET", "send%49D=u1&sendID=******"),
+            ("send%4ID=SECRET&sendID=u2", "send%4ID=******&sendID=u2"),
+            (
+                "%69%73%42%61%63%6B%67%72%6F%75%6E%64=1&isBackground=SECRET",
+                "%69%73%42%61%63%6B%67%72%6F%75%6E%64=1&isBackground=******",
+            ),
+            ("platformID=5#SECRET", "platformID=5#******"),
+        ] {
+            let head = request(query);
+            for chunk_len in [1, 3, head.len()] {
+                let out = filtered(&head, chunk_len);
+                assert_eq!(
+                    String::from_utf8_lossy(&out),
+                    String::from_utf8_lossy(&request(kept)),
+                    "{query} in chunks of {chunk_len}"
+                );
+                assert_eq!(fact(&out), fact(&head), "{query}");
+            }
+        }
+    }
+
+    /// Queries built from the pieces Go's parser treats specially read into the same facts
+    /// filtered and unfiltered.
+    #[test]
+    fn filtered_queries_read_into_the_same_facts() {
+        const PIECES: [&str; 20] = [
+            "sendID",
+            "send%49D",
+            "platformID",
+            "isBackground",
+            "operationID",
+            "token",
+            "=",
+            "=",
+            "&",
+            "&",
+            ";",
+            "%",
+            "%4",
+            "%zz",
+            "%41",
+            "+",
+            "1",
+            "t",
+            "x",
+            "#",
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            let mut query = String::new();
+            for _ in 0..12 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                query.push_str(PIECES[(state % PIECES.len() as u64) as usize]);
+            }
+            let head = request(&query);
+            let out = filtered(&head, 5);
+            assert_eq!(fact(&out), fact(&head), "{query}");
         }
     }
 }
