@@ -5,7 +5,7 @@
 //! also need their stack's toolchain (Go, or the Python virtualenv), which `cargo xtask setup`
 //! and `cargo xtask test` install.
 
-use std::io::Write;
+use openim_test_kit::privileges::{programs_missing, skip};
 
 use crate::lab::stack::ClientStack;
 
@@ -35,8 +35,10 @@ pub fn can_run(needs: Needs) -> bool {
         "no redis-server (Debian: apt-get install redis-server)".to_owned()
     } else if let Err(error) = crate::lab::netns::require_root() {
         error.to_string()
-    } else if needs == Needs::RootAndPrograms && !observer::capture::kernel::PROGRAMS_EMBEDDED {
-        "the observer was built without its eBPF programs (build with `cargo xtask build`)".into()
+    } else if needs == Needs::RootAndPrograms
+        && let Some(reason) = programs_missing()
+    {
+        reason.to_owned()
     } else {
         return true;
     };
@@ -52,36 +54,5 @@ pub fn can_run_stack(stack: ClientStack) -> bool {
     match stack.unavailable() {
         Some(reason) => skip(&reason),
         None => true,
-    }
-}
-
-/// Says why the calling test cannot run and returns false, or panics under
-/// `OBSERVER_REQUIRE_EBPF`.
-fn skip(reason: &str) -> bool {
-    let test = caller_name();
-    if std::env::var_os("OBSERVER_REQUIRE_EBPF").is_some() {
-        panic!("{test} cannot run: {reason} (OBSERVER_REQUIRE_EBPF is set)");
-    }
-    let _ = writeln!(std::io::stderr(), "skipped {test}: {reason}");
-    false
-}
-
-/// Who is skipped: a test's thread bears the test's name; a harness-less bench runs on `main`,
-/// so it is named after its executable, without the hash cargo appends (`cluster-<16 hex>`).
-fn caller_name() -> String {
-    if let Some(name) = std::thread::current().name().filter(|name| *name != "main") {
-        return name.to_owned();
-    }
-    let executable = std::env::current_exe().ok();
-    let stem = executable
-        .as_deref()
-        .and_then(std::path::Path::file_stem)
-        .and_then(|stem| stem.to_str())
-        .unwrap_or("test");
-    match stem.rsplit_once('-') {
-        Some((name, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            name.to_owned()
-        }
-        _ => stem.to_owned(),
     }
 }
