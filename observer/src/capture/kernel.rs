@@ -32,6 +32,8 @@ use super::{
     reorder::{Reorder, ReorderCounters},
     ring_records::{RecordConverter, monotonic_now_ns},
     sock_layout::{self, SockLayoutError, StateTracepoint, VMLINUX_BTF},
+    socket_tables::table_sockets,
+    stale_entries::{EntryTuple, StaleEntries},
     tracepoint_format::{self, LayoutError},
 };
 use crate::model::{Event, EventKind, PortClass, TcpState};
@@ -133,6 +135,9 @@ pub struct KernelCapture {
     /// Descriptors (`(tgid, fd)` and the connection they named) whose connection was already
     /// gone at the last reconciliation: removed at the next one if still so (`reconcile`).
     orphaned_descriptors: HashSet<(u32, u32, u64)>,
+    /// Entries of `connections` and `packet_streams` whose socket is gone, their TCP_CLOSE
+    /// never handled (a skipped run): found and removed by `reconcile`'s sweeps.
+    stale_entries: StaleEntries,
     /// Ring records to events (kernel time to wall time, payloads into shared blocks).
     records: RecordConverter,
     /// The packet hook's records back in stream order (`None` with the syscall hook), the
@@ -317,6 +322,7 @@ impl KernelCapture {
                 scope,
             ),
             orphaned_descriptors: HashSet::new(),
+            stale_entries: StaleEntries::default(),
             records: RecordConverter::new(),
             reorder: (capture_hook == CaptureHook::Packets).then(Reorder::default),
             released: Vec::new(),
@@ -561,6 +567,9 @@ impl KernelCapture {
                 self.adopted.remove(&id);
             }
         }
+        if self.stale_entries.due() {
+            self.remove_stale_entries();
+        }
         // Descriptors first, connections second: the programs add a connection (at SYN_SENT)
         // before its descriptor (at connect's exit), so a descriptor read here whose connection
         // is missing from the later read really lost it. The other order unwatched the
@@ -604,8 +613,55 @@ impl KernelCapture {
         alive
     }
 
+    /// Removes the entries of `CONNECTIONS` (but those adopted, which `reconcile` follows by
+    /// their descriptors) and `PACKET_STREAMS` that no socket of the node has matched at two
+    /// sweeps in a row (`stale_entries`); each only while it still holds the endpoints found.
+    fn remove_stale_entries(&mut self) {
+        let adopted = |key: &u64| key & observer_records::ADOPTED_CONNECTION_BIT != 0;
+        let mut entries: Vec<(u64, EntryTuple)> = self
+            .connections
+            .iter()
+            .flatten()
+            .filter(|(key, _)| !adopted(key))
+            .map(|(key, conn)| (key, EntryTuple::of(&conn)))
+            .collect();
+        if let Some(packet_streams) = &self.packet_streams {
+            entries.extend(
+                packet_streams
+                    .iter()
+                    .flatten()
+                    .map(|(key, stream)| (key, EntryTuple::of(&stream.conn))),
+            );
+        }
+        // Entries first, sockets second: a connection made in between has its socket read.
+        let sockets = if entries.is_empty() {
+            Vec::new()
+        } else {
+            table_sockets()
+        };
+        for (key, tuple) in self.stale_entries.sweep(entries, &sockets) {
+            let removed = if self
+                .connections
+                .get(&key, 0)
+                .is_ok_and(|conn| EntryTuple::of(&conn) == tuple)
+            {
+                self.connections.remove(&key).is_ok()
+            } else if let Some(packet_streams) = &mut self.packet_streams
+                && packet_streams
+                    .get(&key, 0)
+                    .is_ok_and(|stream| EntryTuple::of(&stream.conn) == tuple)
+            {
+                packet_streams.remove(&key).is_ok()
+            } else {
+                false
+            };
+            self.stale_entries.removed += u64::from(removed);
+        }
+    }
+
     pub fn counters(&self) -> Result<KernelCounters, CaptureError> {
         let mut totals = KernelCounters::default();
+        totals.stale_entries_removed = self.stale_entries.removed;
         for counter in Counter::ALL {
             let per_cpu = self
                 .counters

@@ -19,4 +19,5 @@ pub mod reorder;
 mod ring_records;
 pub mod sock_layout;
 pub mod socket_tables;
+pub mod stale_entries;
 pub mod tracepoint_format;
