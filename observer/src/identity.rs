@@ -21,7 +21,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{WatchStreamExt, watcher};
 use thiserror::Error;
 
-use crate::alert::{Alert, AlertBody, GatewayInfo, PodRef, ProcessInfo, RouteMismatch};
+use crate::alert::{
+    Alert, AlertBody, GatewayInfo, PodRef, ProcessInfo, RouteMismatch, WorkloadRef,
+};
 
 #[derive(Debug, Error)]
 pub enum IdentityError {
@@ -29,6 +31,29 @@ pub enum IdentityError {
     NoConfig(String),
     #[error("--kube: cannot build a Kubernetes client: {0}")]
     Client(String),
+}
+
+/// The environment variable the DaemonSet sets from `spec.nodeName` (the downward API).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+/// Returns the name of the node this observer runs on, as every alert names it: `explicit`
+/// (`--node-name`) when given, else `NODE_NAME`, else the hostname, else `unknown`.
+pub fn node_name(explicit: Option<&str>) -> String {
+    let given = explicit
+        .map(str::to_owned)
+        .or_else(|| std::env::var(NODE_NAME_ENV).ok());
+    given
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(hostname)
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The kernel's hostname (the UTS namespace's), without a system call's buffer to size.
+fn hostname() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| name.to_owned())
 }
 
 /// A client for the cluster the observer runs in (its service account), or the kubeconfig's.
@@ -76,13 +101,18 @@ pub async fn watch_pods(client: kube::Client, pods: SharedPods, namespaces: Vec<
 
 /// One watch: the whole cluster (`namespace` None) or one namespace.
 async fn watch_scope(api: kube::Api<Pod>, pods: &SharedPods, namespace: Option<&str>) {
-    let capacity = read(pods).capacity;
+    let (capacity, label_keys) = {
+        let shared = read(pods);
+        (shared.capacity, Arc::clone(&shared.label_keys))
+    };
     let events = watcher(api, watcher::Config::default()).default_backoff();
     futures_util::pin_mut!(events);
     let mut relisted: Option<PodIndex> = None;
     loop {
         match events.try_next().await {
-            Ok(Some(watcher::Event::Init)) => relisted = Some(PodIndex::new(capacity)),
+            Ok(Some(watcher::Event::Init)) => {
+                relisted = Some(PodIndex::with_labels(capacity, label_keys.to_vec()));
+            }
             Ok(Some(watcher::Event::InitApply(pod))) => {
                 if let Some(index) = &mut relisted {
                     index.apply(&pod);
@@ -125,14 +155,59 @@ fn write(pods: &SharedPods) -> std::sync::RwLockWriteGuard<'_, PodIndex> {
 
 #[derive(Debug)]
 struct PodEntry {
+    /// Without `container`: which one depends on who asks.
     pod: PodRef,
     ips: Vec<IpAddr>,
+    containers: Vec<ContainerEntry>,
+}
+
+/// A container of a pod: its name, the id its runtime gives it (the cgroup names it), the
+/// ports it declares.
+#[derive(Debug)]
+struct ContainerEntry {
+    name: String,
+    id: Option<String>,
+    ports: Vec<u16>,
+}
+
+impl PodEntry {
+    /// The pod, naming the container whose runtime id is `container_id`.
+    fn with_container_id(&self, container_id: Option<&str>) -> PodRef {
+        let container = container_id.and_then(|id| {
+            self.containers
+                .iter()
+                .find(|container| container.id.as_deref() == Some(id))
+        });
+        self.with_container(container)
+    }
+
+    /// The pod, naming the container that declares `port`, else its only container.
+    fn with_port(&self, port: u16) -> PodRef {
+        let declaring = self
+            .containers
+            .iter()
+            .find(|container| container.ports.contains(&port));
+        let only = match self.containers.as_slice() {
+            [only] => Some(only),
+            _ => None,
+        };
+        self.with_container(declaring.or(only))
+    }
+
+    fn with_container(&self, container: Option<&ContainerEntry>) -> PodRef {
+        PodRef {
+            container: container.map(|container| container.name.clone()),
+            ..self.pod.clone()
+        }
+    }
 }
 
 /// Pods by UID and by IP, at most `capacity` pods; pods beyond it are counted and not named.
 #[derive(Debug)]
 pub struct PodIndex {
     capacity: usize,
+    /// `--pod-labels`: the label keys alerts carry.
+    label_keys: Arc<[String]>,
     by_uid: HashMap<String, PodEntry>,
     /// IP → UID of the pod holding it.
     by_ip: HashMap<IpAddr, String>,
@@ -142,8 +217,14 @@ pub struct PodIndex {
 
 impl PodIndex {
     pub fn new(capacity: usize) -> Self {
+        Self::with_labels(capacity, Vec::new())
+    }
+
+    /// An index that keeps, of each pod's labels, those named in `label_keys`.
+    pub fn with_labels(capacity: usize, label_keys: Vec<String>) -> Self {
         Self {
             capacity,
+            label_keys: label_keys.into(),
             by_uid: HashMap::new(),
             by_ip: HashMap::new(),
             turned_away: 0,
@@ -151,7 +232,12 @@ impl PodIndex {
     }
 
     pub fn shared(capacity: usize) -> SharedPods {
-        Arc::new(RwLock::new(Self::new(capacity)))
+        Self::shared_with_labels(capacity, Vec::new())
+    }
+
+    /// A shared index that keeps the labels named in `label_keys` (`--pod-labels`).
+    pub fn shared_with_labels(capacity: usize, label_keys: Vec<String>) -> SharedPods {
+        Arc::new(RwLock::new(Self::with_labels(capacity, label_keys)))
     }
 
     pub fn pod_count(&self) -> usize {
@@ -177,11 +263,23 @@ impl PodIndex {
             // The newest pod to claim an IP holds it: IPs are reused once a pod is gone.
             self.by_ip.insert(*ip, uid.clone());
         }
-        let pod = PodRef {
+        let labels = pod.metadata.labels.iter().flatten();
+        let pod_ref = PodRef {
             namespace: namespace.clone(),
             name: name.clone(),
+            container: None,
+            workload: workload_of(pod),
+            labels: labels
+                .filter(|(key, _)| self.label_keys.contains(key))
+                .map(|(key, value)| (key.clone(), value.clone()))
+                .collect(),
         };
-        self.by_uid.insert(uid.clone(), PodEntry { pod, ips });
+        let entry = PodEntry {
+            pod: pod_ref,
+            ips,
+            containers: containers_of(pod),
+        };
+        self.by_uid.insert(uid.clone(), entry);
     }
 
     pub fn delete(&mut self, pod: &Pod) {
@@ -230,14 +328,96 @@ impl PodIndex {
         }
     }
 
+    /// The pod that holds `ip`, without a container.
     pub fn pod_by_ip(&self, ip: IpAddr) -> Option<PodRef> {
         let uid = self.by_ip.get(&ip.to_canonical())?;
         self.pod_by_uid(uid)
     }
 
+    /// The pod that holds `ip`, naming the container that serves `port`.
+    pub fn pod_by_endpoint(&self, ip: IpAddr, port: u16) -> Option<PodRef> {
+        let uid = self.by_ip.get(&ip.to_canonical())?;
+        self.by_uid.get(uid).map(|entry| entry.with_port(port))
+    }
+
+    /// The pod `uid`, without a container.
     pub fn pod_by_uid(&self, uid: &str) -> Option<PodRef> {
         self.by_uid.get(uid).map(|entry| entry.pod.clone())
     }
+
+    /// The pod `uid`, naming the container whose runtime id is `container_id`.
+    pub fn pod_by_container(&self, uid: &str, container_id: Option<&str>) -> Option<PodRef> {
+        self.by_uid
+            .get(uid)
+            .map(|entry| entry.with_container_id(container_id))
+    }
+}
+
+/// The controller that owns `pod`, as `kubectl` names it: a ReplicaSet whose name ends in the
+/// pod's `pod-template-hash` is its Deployment's (the hash stripped); any other controller
+/// (StatefulSet, DaemonSet, Job, a bare ReplicaSet) by its own kind and name.
+fn workload_of(pod: &Pod) -> Option<WorkloadRef> {
+    let owner = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true))?;
+    let hash = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get("pod-template-hash"));
+    let deployment = match (owner.kind.as_str(), hash) {
+        ("ReplicaSet", Some(hash)) => owner
+            .name
+            .strip_suffix(hash.as_str())
+            .and_then(|name| name.strip_suffix('-')),
+        _ => None,
+    };
+    Some(match deployment {
+        Some(name) => WorkloadRef {
+            kind: "Deployment".to_owned(),
+            name: name.to_owned(),
+        },
+        None => WorkloadRef {
+            kind: owner.kind.clone(),
+            name: owner.name.clone(),
+        },
+    })
+}
+
+/// The containers of `pod` (init containers too: a process may run in one), with the runtime
+/// ids the status gives them (`containerd://<id>`, kept without the scheme) and their ports.
+fn containers_of(pod: &Pod) -> Vec<ContainerEntry> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    let statuses = pod.status.as_ref().into_iter().flat_map(|status| {
+        let running = status.container_statuses.iter().flatten();
+        running.chain(status.init_container_statuses.iter().flatten())
+    });
+    let ids: HashMap<&str, &str> = statuses
+        .filter_map(|status| {
+            let id = status.container_id.as_deref()?;
+            let id = id.split_once("://").map_or(id, |(_, id)| id);
+            Some((status.name.as_str(), id))
+        })
+        .collect();
+    let declared = spec.containers.iter();
+    declared
+        .chain(spec.init_containers.iter().flatten())
+        .map(|container| ContainerEntry {
+            name: container.name.clone(),
+            id: ids.get(container.name.as_str()).map(|id| (*id).to_owned()),
+            ports: container
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|port| u16::try_from(port.container_port).ok())
+                .collect(),
+        })
+        .collect()
 }
 
 /// The IPs that identify `pod`: none for host-network pods (they share the node's IP) and for
@@ -283,7 +463,8 @@ const MAX_SCAN_DEPTH: usize = 8;
 #[derive(Debug)]
 pub struct CgroupIndex {
     root: PathBuf,
-    pod_uids: HashMap<u64, String>,
+    /// cgroup id → the pod's UID, and the container's runtime id for a container's cgroup.
+    pod_uids: HashMap<u64, (String, Option<String>)>,
     last_scan: Option<Instant>,
     min_rescan_interval: Duration,
 }
@@ -300,13 +481,20 @@ impl CgroupIndex {
 
     /// The UID of the pod whose cgroup (or a container cgroup inside it) has id `cgroup_id`.
     pub fn pod_uid(&mut self, cgroup_id: u64) -> Option<&str> {
+        self.pod_container(cgroup_id).map(|(uid, _)| uid)
+    }
+
+    /// The UID of the pod whose cgroup has id `cgroup_id`, and the runtime id of the container
+    /// when the cgroup is a container's.
+    pub fn pod_container(&mut self, cgroup_id: u64) -> Option<(&str, Option<&str>)> {
         let due = self
             .last_scan
             .is_none_or(|last| last.elapsed() >= self.min_rescan_interval);
         if !self.pod_uids.contains_key(&cgroup_id) && due {
             self.rescan();
         }
-        self.pod_uids.get(&cgroup_id).map(String::as_str)
+        let (uid, container) = self.pod_uids.get(&cgroup_id)?;
+        Some((uid.as_str(), container.as_deref()))
     }
 
     fn rescan(&mut self) {
@@ -324,7 +512,8 @@ impl CgroupIndex {
             if let Some(uid) = pod_uid_from_cgroup_path(relative)
                 && let Ok(metadata) = std::fs::metadata(&directory)
             {
-                self.pod_uids.insert(metadata.ino(), uid);
+                let container = container_id_from_cgroup_path(relative);
+                self.pod_uids.insert(metadata.ino(), (uid, container));
             }
             // Below the top level only the kubelet's subtree holds pods.
             let descend = depth == 0 || relative.to_string_lossy().contains("kubepods");
@@ -358,6 +547,17 @@ pub fn pod_uid_from_cgroup_path(path: &Path) -> Option<String> {
     })
 }
 
+/// The container runtime id in a kubelet cgroup path's last component: the systemd driver's
+/// `cri-containerd-<id>.scope` (`crio-`, `docker-` alike) or the cgroupfs driver's `<id>`, where
+/// the id is 64 hex digits; `None` for a pod's own cgroup.
+pub fn container_id_from_cgroup_path(path: &Path) -> Option<String> {
+    let last = path.file_name()?.to_str()?;
+    let last = last.strip_suffix(".scope").unwrap_or(last);
+    let id = last.rsplit_once('-').map_or(last, |(_, id)| id);
+    let is_id = id.len() == 64 && id.bytes().all(|byte| byte.is_ascii_hexdigit());
+    is_id.then(|| id.to_owned())
+}
+
 /// A UID as Kubernetes writes it: 8-4-4-4-12 hex digits.
 fn is_uid(text: &str) -> bool {
     let groups: Vec<&str> = text.split('-').collect();
@@ -383,9 +583,11 @@ impl PodDirectory {
         read(&self.pods).pod_by_ip(ip)
     }
 
+    /// The pod whose cgroup (or container cgroup inside it) has id `cgroup_id`, naming the
+    /// container where the cgroup is one.
     pub fn pod_by_cgroup(&mut self, cgroup_id: u64) -> Option<PodRef> {
-        let uid = self.cgroups.pod_uid(cgroup_id)?;
-        read(&self.pods).pod_by_uid(uid)
+        let (uid, container) = self.cgroups.pod_container(cgroup_id)?;
+        read(&self.pods).pod_by_container(uid, container)
     }
 
     /// Puts the pod next to every gateway IP and process of `alert` that it can name.
@@ -421,7 +623,10 @@ impl PodDirectory {
     }
 
     fn name_gateway(&self, gateway: &mut GatewayInfo) {
-        gateway.pod = self.pod_by_ip(gateway.gateway.ip).map(Box::new);
+        let endpoint = &gateway.gateway;
+        gateway.pod = read(&self.pods)
+            .pod_by_endpoint(endpoint.ip, endpoint.port)
+            .map(Box::new);
     }
 
     fn name_process(&mut self, process: &mut ProcessInfo) {
@@ -458,10 +663,7 @@ mod tests {
     }
 
     fn named(name: &str) -> Option<PodRef> {
-        Some(PodRef {
-            namespace: "chat".into(),
-            name: name.into(),
-        })
+        Some(PodRef::new("chat", name))
     }
 
     #[test]
@@ -502,6 +704,106 @@ mod tests {
             Some("redis-0".to_owned()),
             "another namespace's pods survive the relist"
         );
+    }
+
+    #[test]
+    fn pods_name_their_workload_container_and_selected_labels() {
+        use k8s_openapi::api::core::v1::{Container, ContainerPort, ContainerStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let owned = |kind: &str, name: &str, hash: Option<&str>| {
+            let mut pod = pod(UID, "push-7d9f8c6b5-x2x4q", "10.0.0.5");
+            pod.metadata.owner_references = Some(vec![OwnerReference {
+                kind: kind.into(),
+                name: name.into(),
+                controller: Some(true),
+                ..OwnerReference::default()
+            }]);
+            let mut labels = std::collections::BTreeMap::from([
+                ("app".to_owned(), "push".to_owned()),
+                ("secret-ish".to_owned(), "not selected".to_owned()),
+            ]);
+            if let Some(hash) = hash {
+                labels.insert("pod-template-hash".into(), hash.into());
+            }
+            pod.metadata.labels = Some(labels);
+            pod
+        };
+        let mut deployed = owned("ReplicaSet", "push-7d9f8c6b5", Some("7d9f8c6b5"));
+        let container = |name: &str, port: i32| Container {
+            name: name.into(),
+            ports: Some(vec![ContainerPort {
+                container_port: port,
+                ..ContainerPort::default()
+            }]),
+            ..Container::default()
+        };
+        deployed.spec = Some(PodSpec {
+            containers: vec![container("push", 10170), container("sidecar", 9090)],
+            ..PodSpec::default()
+        });
+        let id = "a".repeat(64);
+        if let Some(status) = &mut deployed.status {
+            status.container_statuses = Some(vec![ContainerStatus {
+                name: "push".into(),
+                container_id: Some(format!("containerd://{id}")),
+                ..ContainerStatus::default()
+            }]);
+        }
+        let mut index = PodIndex::with_labels(10, vec!["app".into(), "absent".into()]);
+        index.apply(&deployed);
+        let pod = index.pod_by_container(UID, Some(&id)).expect("the pod");
+        assert_eq!(pod.container.as_deref(), Some("push"));
+        let workload = pod.workload.expect("a workload");
+        assert_eq!(
+            (workload.kind.as_str(), workload.name.as_str()),
+            ("Deployment", "push")
+        );
+        assert_eq!(
+            pod.labels,
+            std::collections::BTreeMap::from([("app".to_owned(), "push".to_owned())])
+        );
+        let ip = "10.0.0.5".parse().expect("ip");
+        let by_port = index.pod_by_endpoint(ip, 9090).expect("the pod");
+        assert_eq!(by_port.container.as_deref(), Some("sidecar"));
+        assert_eq!(
+            index.pod_by_endpoint(ip, 1).and_then(|pod| pod.container),
+            None
+        );
+
+        for (kind, name, hash) in [
+            ("StatefulSet", "openim-msggateway", None),
+            ("ReplicaSet", "bare-rs", Some("other")),
+        ] {
+            let mut index = PodIndex::new(10);
+            index.apply(&owned(kind, name, hash));
+            let workload = index.pod_by_uid(UID).and_then(|pod| pod.workload);
+            let workload = workload.expect("a workload");
+            assert_eq!(
+                (workload.kind.as_str(), workload.name.as_str()),
+                (kind, name)
+            );
+        }
+    }
+
+    #[test]
+    fn container_ids_come_from_the_last_path_component() {
+        let id = "4f2a".repeat(16);
+        for path in [
+            format!(
+                "kubepods.slice/kubepods-pod{}.slice/cri-containerd-{id}.scope",
+                "x"
+            ),
+            format!("kubepods/burstable/pod{UID}/{id}"),
+            format!("kubepods.slice/x.slice/crio-{id}.scope"),
+        ] {
+            assert_eq!(
+                container_id_from_cgroup_path(Path::new(&path)).as_deref(),
+                Some(id.as_str()),
+                "{path}"
+            );
+        }
+        let pod_cgroup = format!("kubepods/burstable/pod{UID}");
+        assert_eq!(container_id_from_cgroup_path(Path::new(&pod_cgroup)), None);
     }
 
     #[test]

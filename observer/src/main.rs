@@ -3,7 +3,7 @@
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use observer::{
     daemon,
     tools::{self, ToolError},
@@ -14,8 +14,18 @@ use observer::{
 #[derive(Parser, Debug)]
 #[command(name = "observer", version)]
 struct Cli {
+    /// How logs on stderr are written: `text` (one line a person reads) or `json` (one object
+    /// per line, for a log pipeline).
+    #[arg(long, global = true, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text, env = "OPENIM_OBSERVER_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 // Parsed once at start and matched at once: the variants' sizes cost nothing.
@@ -33,6 +43,8 @@ enum Command {
     Audit(tools::AuditArgs),
     /// Show where proxy and push send one user, and why they differ
     Explain(tools::ExplainArgs),
+    /// Print the JSON Schema of the alert lines (this schema_version's)
+    Schema,
 }
 
 /// mimalloc rather than glibc's malloc: 14% fewer instructions for the engine on its bench
@@ -41,7 +53,14 @@ enum Command {
 static ALLOCATOR: observer::allocator::Mimalloc = observer::allocator::Mimalloc;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // `run` and `replay` take every flag from the environment too (`OPENIM_OBSERVER_…`).
+    let command = Cli::command()
+        .mut_subcommand("run", daemon::RunArgs::with_env)
+        .mut_subcommand("replay", daemon::RunArgs::with_env);
+    let parsed = command
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(err) if err.use_stderr() => {
             eprintln!("observer: {}", daemon::usage_error_line(&err));
@@ -52,16 +71,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    tracing_subscriber::fmt()
-        .with_writer(io::stderr)
-        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                // aya warns when it cannot lift RLIMIT_MEMLOCK on a kernel before 5.11; the
-                // observer's own error says so with the fix, in the one line a failure prints.
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aya::sys::bpf=error")),
-        )
-        .init();
+    init_logs(cli.log_format);
     match execute(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         // `observer ring … | head` closes the pipe early: that ends the output, not an error.
@@ -71,6 +81,23 @@ fn main() -> ExitCode {
             eprintln!("observer: {error}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Sends logs to stderr, filtered by `RUST_LOG`, as text or JSON lines.
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        // aya warns when it cannot lift RLIMIT_MEMLOCK on a kernel before 5.11; the observer's
+        // own error says so with the fix, in the one line a failure prints.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,aya::sys::bpf=error"));
+    let logs = tracing_subscriber::fmt()
+        .with_writer(io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
     }
 }
 
@@ -86,6 +113,10 @@ fn execute(command: Command) -> anyhow::Result<()> {
         Command::Ring(args) => print_with(|out| args.run(out))?,
         Command::Audit(args) => print_with(|out| args.run(out))?,
         Command::Explain(args) => print_with(|out| args.run(out))?,
+        Command::Schema => print_with(|out| {
+            out.write_all(observer::alert::schema::schema_text().as_bytes())
+                .map_err(ToolError::Write)
+        })?,
     }
     Ok(())
 }

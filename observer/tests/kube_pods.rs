@@ -196,10 +196,7 @@ async fn eventually(pods: &SharedPods, what: &str, condition: impl Fn(&PodIndex)
 }
 
 fn named(name: &str) -> Option<observer::alert::PodRef> {
-    Some(observer::alert::PodRef {
-        namespace: "chat".into(),
-        name: name.into(),
-    })
+    Some(observer::alert::PodRef::new("chat", name))
 }
 
 fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {

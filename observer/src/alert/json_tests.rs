@@ -145,10 +145,7 @@ fn gateway(last: u8, port: u16, name: Option<&str>) -> GatewayInfo {
             port,
             name: name.map(Arc::from),
         },
-        pod: Some(Box::new(PodRef {
-            namespace: "chat".into(),
-            name: format!("msggateway-{last}"),
-        })),
+        pod: Some(Box::new(PodRef::new("chat", format!("msggateway-{last}")))),
     }
 }
 
@@ -160,8 +157,13 @@ fn process(pid: u32, comm: &str) -> ProcessInfo {
             cgroup_id: 7,
         },
         pod: Some(Box::new(PodRef {
-            namespace: "chat".into(),
-            name: "push-0".into(),
+            container: Some("push".into()),
+            workload: Some(WorkloadRef {
+                kind: "Deployment".into(),
+                name: "push".into(),
+            }),
+            labels: [("app".to_owned(), "push \"quoted\"".to_owned())].into(),
+            ..PodRef::new("chat", "push-0")
         })),
     }
 }
@@ -285,6 +287,12 @@ fn every_kind_of_alert_line_is_serde_jsons() {
             calls_per_connection: f64::NAN,
             diagnosis: "d".into(),
         },
+        AlertBody::PushRouting {
+            service: "openim.msggateway.msgGateway".into(),
+            routing: PushRoutingMode::Broadcast,
+            gateways: 5,
+            diagnosis: "d".into(),
+        },
         degraded(None),
         degraded(Some(Affected {
             records: Some(1),
@@ -314,6 +322,13 @@ fn every_kind_of_alert_line_is_serde_jsons() {
             lines.write(&alert, &mut written).unwrap();
             assert_eq!(written, format!("{expected}\n").into_bytes());
             assert_eq!(alert.to_json_line(), expected);
+            // Printed lines always name their node: those fit the schema.
+            if alert.node.is_some() {
+                let value: serde_json::Value = serde_json::from_str(&expected).unwrap();
+                if let Err(error) = schema::validate(&schema::schema(), &value) {
+                    panic!("{expected}: {error}");
+                }
+            }
         }
     }
 }

@@ -12,9 +12,12 @@ use serde::Serialize;
 mod fold;
 mod json;
 mod line;
+pub mod schema;
+mod text;
 
 pub use fold::FoldWindows;
 pub use line::LineWriter;
+pub use text::{text_line, text_of};
 
 use crate::model::{
     Gateway, GatewayAnswer, MessageIds, MismatchCause, PlatformResult, Process, Rfc3339, UserId,
@@ -24,10 +27,41 @@ use crate::openim::diagnosis;
 /// Version of the alert objects; bumped when a field changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// A Kubernetes pod, by the names `kubectl` takes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// A Kubernetes pod, by the names `kubectl` takes, and what else names it: its container, the
+/// workload that owns it, and the labels `--pod-labels` selects. docs/alerts/README.md gives
+/// the naming convention.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PodRef {
     pub namespace: String,
+    pub name: String,
+    /// The container: a process's, from its cgroup; a gateway's, the one that declares its port
+    /// (or the pod's only container).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// The controller that owns the pod, as `kubectl` names it: a ReplicaSet's Deployment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadRef>,
+    /// The pod's labels that `--pod-labels` names, where it has them.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl PodRef {
+    /// Returns the pod `namespace`/`name` with nothing else known.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// The workload that owns a pod: `kind` as the API spells it (`Deployment`, `StatefulSet`,
+/// `DaemonSet`, `Job`, …) and its name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WorkloadRef {
+    pub kind: String,
     pub name: String,
 }
 
@@ -386,7 +420,8 @@ pub struct Alert {
     /// deep clone of every string in it; `body_mut` copies it only while both are alive.
     #[serde(flatten)]
     pub body: Arc<AlertBody>,
-    /// Cluster mode: the node whose observer printed the alert.
+    /// The node whose observer printed the alert: set on every printed line (cluster mode's
+    /// `--node-name`, else `NODE_NAME`, else the hostname); `None` only before printing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
 }

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{ArgAction, Args, Command, ValueEnum};
 
 use crate::{
     budget::MemoryBudget,
@@ -27,6 +27,85 @@ pub fn usage_error_line(error: &clap::Error) -> String {
         .take_while(|line| !line.is_empty())
         .collect();
     message.join(" ").trim_start_matches("error: ").to_owned()
+}
+
+/// What every flag's environment variable starts with: `--grpc-port` is also
+/// `OPENIM_OBSERVER_GRPC_PORT`.
+pub const ENV_PREFIX: &str = "OPENIM_OBSERVER_";
+
+/// Flags read from an environment variable of their own, named in their help, rather than
+/// from `ENV_PREFIX`'s: the Redis URL's (`cluster::REDIS_URL_ENV`, read when neither flag gives
+/// one, so it cannot conflict with `--redis-url-file`).
+const OWN_ENVIRONMENT: &[&str] = &["redis-url"];
+
+/// Returns the environment variable that gives the flag `--long`.
+pub fn env_name(long: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        long.replace('-', "_").to_ascii_uppercase()
+    )
+}
+
+impl RunArgs {
+    /// Returns `command` (`run`, `replay`, any subcommand) with each of its long flags also read
+    /// from the environment variable `env_name` gives, which `--help` shows. A flag given on
+    /// the command line wins; a repeated flag takes several values from one variable,
+    /// comma-separated. Flags that already name a variable (`--node-name`: `NODE_NAME`) keep
+    /// theirs.
+    pub fn with_env(command: Command) -> Command {
+        with_env(command)
+    }
+}
+
+fn with_env(command: Command) -> Command {
+    command.mut_args(|arg| {
+        let Some(long) = arg.get_long() else {
+            return arg;
+        };
+        if arg.get_env().is_some() || OWN_ENVIRONMENT.contains(&long) {
+            return arg;
+        }
+        let repeated = matches!(arg.get_action(), ArgAction::Append);
+        // Built once per flag at start; clap keeps the names for the process's life.
+        let name: &'static str = Box::leak(env_name(long).into_boxed_str());
+        let arg = arg.env(name);
+        if repeated {
+            arg.value_delimiter(',')
+        } else {
+            arg
+        }
+    })
+}
+
+/// How alerts are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// One JSON object per line (docs/schema/ holds the schema).
+    Json,
+    /// One line a person reads: kind, user, gateways, cause, the diagnosis shortened.
+    Text,
+}
+
+/// How alerts are printed, for `run` and `replay` alike.
+#[derive(Args, Debug, Clone, Default)]
+pub struct OutputArgs {
+    /// How alerts are printed on stdout: `json` (one object per line) or `text` (one line a
+    /// person reads). Default: `text` when stdout is a terminal, else `json`.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub output: Option<OutputFormat>,
+}
+
+impl OutputArgs {
+    /// Returns the format asked for, else `text` on a terminal and `json` otherwise.
+    pub fn format(&self) -> OutputFormat {
+        self.output.unwrap_or_else(|| {
+            if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                OutputFormat::Text
+            } else {
+                OutputFormat::Json
+            }
+        })
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -119,6 +198,10 @@ pub struct RunArgs {
     /// namespace). The namespaces OpenIM runs in are enough, and need only a namespaced Role.
     #[arg(long = "kube-namespace", value_name = "NS", requires = "kube")]
     pub kube_namespaces: Vec<String>,
+    /// With --kube, the pod labels alerts carry beside a pod's name (`"labels":{…}`), e.g.
+    /// `app,app.kubernetes.io/name`; comma-separated or repeated. Default: none.
+    #[arg(long = "pod-labels", value_name = "KEY", value_delimiter = ',')]
+    pub pod_labels: Vec<String>,
     /// `capture_degraded`: how much a loss (dropped records, lost or undecodable connections,
     /// evictions, bytes past the capture budget) must grow within one second to be raised.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
@@ -143,9 +226,11 @@ pub struct ReplayArgs {
     pub engine: EngineArgs,
 }
 
-/// Bounds and windows of the correlation engine.
+/// Bounds and windows of the correlation engine, and how its alerts are printed.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
+    #[command(flatten)]
+    pub output: OutputArgs,
     /// Bytes every table and buffer together may hold (estimated: decoder buffers, connections,
     /// users, pending calls, fold windows). Past it the least useful state is shed and counted.
     /// The default fits the shipped 256 MiB pod limit; docs/install.md gives the sizing rule.
@@ -205,6 +290,12 @@ impl EngineArgs {
 }
 
 impl RunArgs {
+    /// Returns the pod index `--kube` fills: at most --kube-max-pods pods, with the labels
+    /// --pod-labels names.
+    pub fn pod_index(&self) -> crate::identity::SharedPods {
+        crate::identity::PodIndex::shared_with_labels(self.kube_max_pods, self.pod_labels.clone())
+    }
+
     pub(super) fn capture_options(&self) -> CaptureOptions {
         let or_default = |ports: &[u16], default: u16| {
             if ports.is_empty() {
@@ -226,5 +317,158 @@ impl RunArgs {
             capture_hook: self.capture_hook,
             cgroup_root: self.cgroup_root.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    use super::*;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        command: Sub,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum Sub {
+        Run(Box<RunArgs>),
+        Replay(ReplayArgs),
+    }
+
+    /// Parses `argv` as `observer` does, with the environment as it is.
+    fn parse(argv: &[&str]) -> Result<Sub, clap::Error> {
+        let command = Cli::command()
+            .mut_subcommand("run", with_env)
+            .mut_subcommand("replay", with_env);
+        let matches = command.try_get_matches_from(argv)?;
+        Cli::from_arg_matches(&matches).map(|cli| cli.command)
+    }
+
+    fn run_args(argv: &[&str]) -> RunArgs {
+        match parse(argv) {
+            Ok(Sub::Run(args)) => *args,
+            other => panic!("{argv:?}: {other:?}"),
+        }
+    }
+
+    /// The variables the child test reads; set only in the child's own process.
+    const SAMPLE_ENVIRONMENT: &[(&str, &str)] = &[
+        ("OPENIM_OBSERVER_GRPC_PORT", "88,10088"),
+        ("OPENIM_OBSERVER_RING_BYTES", "65536"),
+        ("OPENIM_OBSERVER_KUBE", "true"),
+        ("OPENIM_OBSERVER_KUBE_NAMESPACE", "chat,im"),
+        ("OPENIM_OBSERVER_CAPTURE_HOOK", "syscalls"),
+        ("OPENIM_OBSERVER_FOLD_WINDOW", "30"),
+        ("OPENIM_OBSERVER_OUTPUT", "text"),
+        ("OPENIM_OBSERVER_REDIS_PREFIX", "obs:"),
+        (
+            "OPENIM_OBSERVER_MEMORY_BUDGET",
+            "not-a-number-unless-overridden",
+        ),
+        ("NODE_NAME", "node-7"),
+    ];
+
+    /// Marks the child process `flags_come_from_the_environment` starts.
+    const CHILD: &str = "OBSERVER_ARGS_ENV_CHILD";
+
+    #[test]
+    fn flags_come_from_the_environment() {
+        // Setting variables in this process would reach tests running beside it: the checks
+        // run in a child process of this test binary, with the variables set for it alone.
+        let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "daemon::args::tests::environment_child",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .envs(SAMPLE_ENVIRONMENT.iter().copied())
+            .output()
+            .expect("run the child test");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Runs in `flags_come_from_the_environment`'s child only; passes trivially elsewhere.
+    #[test]
+    fn environment_child() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        let args = run_args(&["observer", "run", "--memory-budget", "2097152"]);
+        assert_eq!(
+            args.grpc_ports,
+            [88, 10088],
+            "a repeated flag, comma-separated"
+        );
+        assert_eq!(args.ring_bytes, 65536);
+        assert!(args.kube);
+        assert_eq!(args.kube_namespaces, ["chat", "im"]);
+        assert_eq!(args.capture_hook, HookChoice::Syscalls);
+        assert_eq!(args.engine.fold_window, 30);
+        assert_eq!(args.engine.output.output, Some(OutputFormat::Text));
+        assert_eq!(args.cluster.redis_prefix, "obs:");
+        assert_eq!(args.cluster.node_name.as_deref(), Some("node-7"));
+        assert_eq!(
+            args.engine.memory_budget, 2_097_152,
+            "the command line wins over the environment"
+        );
+        let Ok(Sub::Replay(replay)) =
+            parse(&["observer", "replay", "--memory-budget", "2097152", "FILE"])
+        else {
+            panic!("replay with the environment");
+        };
+        assert_eq!(replay.engine.fold_window, 30);
+        let error = parse(&["observer", "run"]).expect_err("a bad value from the environment");
+        assert!(
+            usage_error_line(&error).contains("not-a-number-unless-overridden"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn every_flag_names_its_variable_in_help() {
+        let mut command = Cli::command()
+            .mut_subcommand("run", with_env)
+            .mut_subcommand("replay", with_env);
+        for sub in ["run", "replay"] {
+            let help = command
+                .find_subcommand_mut(sub)
+                .expect("subcommand")
+                .render_long_help()
+                .to_string();
+            let subcommand = Cli::command();
+            let subcommand = subcommand.find_subcommand(sub).expect("subcommand");
+            for arg in subcommand.get_arguments() {
+                let Some(long) = arg.get_long().filter(|_| !arg.is_hide_set()) else {
+                    continue;
+                };
+                let expected = match long {
+                    "node-name" => "NODE_NAME".to_owned(),
+                    "redis-url" => continue,
+                    _ => env_name(long),
+                };
+                assert!(
+                    help.contains(&format!("[env: {expected}")),
+                    "{sub} --{long}: no {expected} in its help"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn env_names_are_the_flag_in_screaming_snake_case() {
+        assert_eq!(env_name("grpc-port"), "OPENIM_OBSERVER_GRPC_PORT");
+        assert_eq!(
+            env_name("max-watched-connections"),
+            "OPENIM_OBSERVER_MAX_WATCHED_CONNECTIONS"
+        );
     }
 }

@@ -9,7 +9,11 @@ use std::{
     time::Duration,
 };
 
-use super::{DaemonError, args::EngineArgs, unix_now_ns};
+use super::{
+    DaemonError,
+    args::{EngineArgs, OutputFormat},
+    unix_now_ns,
+};
 use crate::{
     alert::{Alert, LineWriter},
     capture::{kernel_counters::KernelCounters, recording::PrivateLines},
@@ -30,6 +34,10 @@ pub(super) struct EventSink {
     stdout: BufWriter<io::Stdout>,
     /// Writes the alert lines, keeping the JSON of the gateways and processes they name.
     alert_lines: LineWriter,
+    /// `--output`: JSON lines, or lines a person reads.
+    output: OutputFormat,
+    /// The node every alert names: cluster mode's, else `identity::node_name`'s.
+    node: String,
     print_events: bool,
     /// `--record`, opened once the capture is attached.
     pub(super) record: Option<(PathBuf, BufWriter<File>)>,
@@ -51,14 +59,19 @@ impl EventSink {
         engine: &EngineArgs,
         cluster: Option<ClusterLink>,
     ) -> Self {
-        let node = cluster.as_ref().map(|link| link.node().to_owned());
+        let cluster_node = cluster.as_ref().map(|link| link.node().to_owned());
+        let node = cluster_node
+            .clone()
+            .unwrap_or_else(|| crate::identity::node_name(None));
         Self {
             stdout: BufWriter::new(io::stdout()),
             alert_lines: LineWriter::default(),
+            output: engine.output.format(),
+            node,
             print_events,
             record: None,
             private_lines: PrivateLines::new(engine.max_connections),
-            engine: Engine::new(engine.config(node)),
+            engine: Engine::new(engine.config(cluster_node)),
             alerts: Vec::new(),
             metrics: None,
             pods: None,
@@ -160,9 +173,16 @@ impl EventSink {
             if let Some(pods) = &mut self.pods {
                 pods.enrich(&mut alert);
             }
-            self.alert_lines
-                .write(&alert, &mut self.stdout)
-                .map_err(DaemonError::Output)?;
+            if alert.node.is_none() {
+                alert.node = Some(self.node.clone());
+            }
+            match self.output {
+                OutputFormat::Json => self.alert_lines.write(&alert, &mut self.stdout),
+                OutputFormat::Text => {
+                    writeln!(self.stdout, "{}", crate::alert::text_line(&alert))
+                }
+            }
+            .map_err(DaemonError::Output)?;
             if let Some(metrics) = &self.metrics
                 && let Ok(metrics) = metrics.lock()
             {
@@ -181,7 +201,11 @@ impl EventSink {
     }
 
     pub(super) fn print_json(&mut self, value: &serde_json::Value) -> Result<(), DaemonError> {
-        writeln!(self.stdout, "{value}").map_err(DaemonError::Output)?;
+        match self.output {
+            OutputFormat::Json => writeln!(self.stdout, "{value}"),
+            OutputFormat::Text => writeln!(self.stdout, "{}", crate::alert::text_of(value)),
+        }
+        .map_err(DaemonError::Output)?;
         self.stdout.flush().map_err(DaemonError::Output)
     }
 }

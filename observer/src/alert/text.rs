@@ -1,0 +1,170 @@
+//! Alerts as one line a person reads (`--output text`): time, kind, the fields that say what
+//! happened to whom, the gateways, and the diagnosis's first sentence. Built from the alert's
+//! JSON, so a new kind or field prints without a change here.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use super::Alert;
+
+/// Fields printed as `key=value` when an alert has them, in this order.
+const SCALARS: &[&str] = &[
+    "state",
+    "reason",
+    "user",
+    "cause",
+    "service",
+    "routing",
+    "new_connections",
+    "per_second",
+    "count",
+    "node",
+];
+
+/// The diagnosis is cut to its first sentence, and at most this many characters.
+const DIAGNOSIS_CHARS: usize = 160;
+
+/// Returns `alert` as one line a person reads, without its newline.
+pub fn text_line(alert: &Alert) -> String {
+    match serde_json::to_value(alert) {
+        Ok(value) => text_of(&value),
+        Err(error) => format!("{} (unprintable: {error})", alert.kind()),
+    }
+}
+
+/// Returns a JSON line's object (an alert, `observer_started`) as one line a person reads.
+pub fn text_of(value: &Value) -> String {
+    let field = |key: &str| value.get(key).and_then(Value::as_str).unwrap_or("-");
+    let mut line = format!("{} {}", field("ts"), field("kind"));
+    for key in SCALARS {
+        match value.get(*key) {
+            Some(Value::String(text)) => {
+                let _ = write!(line, " {key}={text}");
+            }
+            Some(number @ Value::Number(_)) => {
+                let _ = write!(line, " {key}={number}");
+            }
+            _ => {}
+        }
+    }
+    if let Some(Value::Array(users)) = value.get("users") {
+        let _ = write!(line, " users={}", users.len());
+    }
+    gateways(value, &mut line);
+    processes(value, &mut line);
+    if let Some(diagnosis) = value.get("diagnosis").and_then(Value::as_str) {
+        let _ = write!(line, " — {}", shortened(diagnosis));
+    }
+    line
+}
+
+/// Appends the gateways the alert names: where the user was placed, where push sent it, or
+/// the one gateway of the kind.
+fn gateways(value: &Value, line: &mut String) {
+    if let Some(Value::Array(placements)) = value.get("placed_on") {
+        let placed: Vec<String> = placements
+            .iter()
+            .filter_map(|placement| placement.get("gateway"))
+            .map(gateway)
+            .collect();
+        let _ = write!(line, " placed_on={}", placed.join(","));
+    }
+    if let Some(pushed) = value.get("pushed_to").and_then(|push| push.get("gateway")) {
+        let _ = write!(line, " pushed_to={}", gateway(pushed));
+    }
+    match value.get("gateway") {
+        Some(one @ Value::Object(_)) => {
+            let _ = write!(line, " gateway={}", gateway(one));
+        }
+        Some(count @ Value::Number(_)) => {
+            let _ = write!(line, " gateways={count}");
+        }
+        _ => {}
+    }
+    if let Some(count @ Value::Number(_)) = value.get("gateways") {
+        let _ = write!(line, " gateways={count}");
+    }
+}
+
+/// Appends the pusher or proxy a kind names by itself.
+fn processes(value: &Value, line: &mut String) {
+    for key in ["pusher", "proxy"] {
+        if let Some(process) = value.get(key) {
+            let comm = process.get("comm").and_then(Value::as_str).unwrap_or("?");
+            let pid = process.get("pid").and_then(Value::as_u64).unwrap_or(0);
+            let _ = write!(line, " {key}={comm}[{pid}]{}", pod(process));
+        }
+    }
+}
+
+/// A gateway as `name` (its member string) or `ip:port`, and its pod when named.
+fn gateway(gateway: &Value) -> String {
+    let address = match gateway.get("name").and_then(Value::as_str) {
+        Some(name) => name.to_owned(),
+        None => {
+            let ip = gateway.get("ip").and_then(Value::as_str).unwrap_or("?");
+            let port = gateway.get("port").and_then(Value::as_u64).unwrap_or(0);
+            if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            }
+        }
+    };
+    address + &pod(gateway)
+}
+
+/// ` (namespace/name)` when the value names its pod, else nothing.
+fn pod(value: &Value) -> String {
+    let Some(pod) = value.get("pod") else {
+        return String::new();
+    };
+    let part = |key: &str| pod.get(key).and_then(Value::as_str).unwrap_or("?");
+    format!("({}/{})", part("namespace"), part("name"))
+}
+
+/// The diagnosis's first sentence, at most `DIAGNOSIS_CHARS` characters.
+fn shortened(diagnosis: &str) -> String {
+    let sentence = diagnosis
+        .find(". ")
+        .map_or(diagnosis, |end| &diagnosis[..=end]);
+    if sentence.chars().count() <= DIAGNOSIS_CHARS {
+        return sentence.to_owned();
+    }
+    let cut: String = sentence.chars().take(DIAGNOSIS_CHARS - 1).collect();
+    cut + "…"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mismatch_reads_as_who_where_and_why() {
+        let value = serde_json::json!({
+            "schema_version": 1, "ts": "2026-01-01T00:00:00Z", "kind": "route_mismatch",
+            "user": "u1",
+            "placed_on": [{"gateway": {"ip": "10.0.0.1", "port": 10001,
+                "pod": {"namespace": "chat", "name": "gw-0"}}}],
+            "pushed_to": {"gateway": {"ip": "fd00::2", "port": 10001}},
+            "count": 1, "cause": "ring_split",
+            "diagnosis": "User u1 is placed on gw-0. Push sent the message elsewhere.",
+            "node": "n1"
+        });
+        assert_eq!(
+            text_of(&value),
+            "2026-01-01T00:00:00Z route_mismatch user=u1 cause=ring_split count=1 node=n1 \
+             placed_on=10.0.0.1:10001(chat/gw-0) pushed_to=[fd00::2]:10001 \
+             — User u1 is placed on gw-0."
+        );
+    }
+
+    #[test]
+    fn a_long_diagnosis_is_cut() {
+        let long = "word ".repeat(100);
+        let text = shortened(&long);
+        assert_eq!(text.chars().count(), DIAGNOSIS_CHARS);
+        assert!(text.ends_with('…'));
+    }
+}
