@@ -69,6 +69,16 @@ struct Exported {
     capture: HashMap<&'static str, (u64, u64)>,
 }
 
+/// Every kind of alert (`Alert::kind`), exported from 0.
+const ALERT_KINDS: [&str; 6] = [
+    "route_mismatch",
+    "ring_divergence",
+    "ws_upgrade_on_grpc_port",
+    "push_connection_churn",
+    "push_routing",
+    "capture_degraded",
+];
+
 /// Distinct gateway labels `misrouted_recipients_total` keeps; later gateways count as
 /// `other`, so a flood of addresses cannot grow the registry without bound.
 const MAX_GATEWAY_LABELS: usize = 256;
@@ -330,6 +340,10 @@ impl Default for Metrics {
             kernel_to_alert_seconds,
         );
         metrics.set_capture_hook("unknown");
+        // Every kind from 0, so that a rule's `increase` sees the first alert of a kind.
+        for kind in ALERT_KINDS {
+            metrics.alerts.get_or_create(&[("kind", kind)]).inc_by(0);
+        }
         metrics
     }
 }

@@ -280,6 +280,8 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 fn test(toolchain: &Toolchain) -> Result<()> {
     // Cluster mode's tests run against a real Redis.
     apt::ensure("redis-server", "redis-server")?;
+    // tests/tests/prometheus.rs scrapes the observer with a real Prometheus and runs promtool.
+    apt::ensure("prometheus", "prometheus")?;
     // tests/tests/packet_loss.rs drops chosen packets with netfilter.
     apt::ensure("iptables", "iptables")?;
     // tests/tests/client_matrix.rs runs the lab's clients in Go and Python too.

@@ -1,0 +1,278 @@
+//! The observer's metrics, alert rules and dashboard as a real Prometheus reads them: the shipped
+//! rules pass `promtool`'s checks and unit tests; a Prometheus scraping an observer that watches
+//! the lab's 3.5.1 misrouting types every series as meant, fires the route-mismatch rule, and
+//! evaluates every panel query of the Grafana dashboard.
+//!
+//! Needs Debian's `prometheus` package (`prometheus`, `promtool`); the live test also needs root
+//! and the eBPF programs. Without them the tests skip and say why.
+
+#[path = "../src/prometheus_server.rs"]
+mod prometheus_server;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use prometheus_server::{PrometheusServer, available, promtool};
+use serde_json::Value;
+use tests::observed::{ObserverProcess, find_observer_binary};
+use tests::privileges::{Needs, can_run};
+use tests::{Lab, LabConfig};
+
+/// The job name the test Prometheus scrapes the observer as (the rules match `openim-observer`).
+const JOB: &str = "openim-observer";
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn rules_text() -> String {
+    std::fs::read_to_string(deploy().join("prometheus/rules.yaml")).expect("rules.yaml")
+}
+
+#[test]
+fn shipped_rules_pass_promtool_checks_and_unit_tests() {
+    if !available("promtool") {
+        return;
+    }
+    let dir = deploy().join("prometheus");
+    for args in [
+        &["check", "rules", "rules.yaml"][..],
+        &["test", "rules", "rules_test.yaml"][..],
+    ] {
+        let output = promtool(&dir, args).expect("promtool runs");
+        assert!(
+            output.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+/// The PrometheusRule's groups, for the Prometheus operator, are the plain rules file's.
+#[test]
+fn the_prometheus_rule_holds_the_rules_file() {
+    let read = |path: &Path| -> Value {
+        let text = std::fs::read_to_string(path).expect("readable");
+        serde_norway::from_str(&text).expect("YAML")
+    };
+    let rules = read(&deploy().join("prometheus/rules.yaml"));
+    let resource = read(&deploy().join("prometheus/kubernetes/prometheusrule.yaml"));
+    assert_eq!(resource["kind"], "PrometheusRule");
+    assert_eq!(
+        resource["spec"]["groups"], rules["groups"],
+        "deploy/prometheus/kubernetes/prometheusrule.yaml's groups differ from deploy/prometheus/rules.yaml"
+    );
+}
+
+/// The dashboard's queries, with Grafana's variables as a Prometheus evaluates them.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(deploy().join("grafana/openim-observer.json"))
+        .expect("the dashboard");
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 6, "{} panels", panels.len());
+    panels
+        .iter()
+        .flat_map(|panel| {
+            let title = panel["title"].as_str().unwrap_or_default().to_owned();
+            panel["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(move |target| (title.clone(), target["expr"].as_str().unwrap_or_default()))
+                .map(|(title, expr)| {
+                    let expr = expr
+                        .replace("$__rate_interval", "1m")
+                        .replace("$instance", ".+");
+                    (title, expr)
+                })
+        })
+        .collect()
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("a free port");
+    listener.local_addr().expect("bound").port()
+}
+
+/// The rules with every `for:` at one second, as the live test evaluates them.
+fn quick_rules() -> String {
+    rules_text()
+        .lines()
+        .map(|line| match line.split_once("for: ") {
+            Some((indent, _)) if indent.trim().is_empty() => format!("{indent}for: 1s"),
+            _ => line.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_observer_and_fires_on_the_labs_misrouting() {
+    if !can_run(Needs::RootAndPrograms) || !available("prometheus") {
+        return;
+    }
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let observer_binary = find_observer_binary().expect("observer binary");
+    let observer = ObserverProcess::start(&observer_binary, &["--metrics-addr", &metrics_addr])
+        .expect("observer attaches");
+    let prometheus =
+        PrometheusServer::start(JOB, &[&metrics_addr], Some(&quick_rules())).expect("prometheus");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let fired = runtime.block_on(async {
+        let mut lab = Lab::start(LabConfig::default()).await.expect("lab starts");
+        lab.run_scenario().await.expect("scenario runs");
+        wait_for_firing(&prometheus, "OpenIMUsersMissingRealTimeMessages").await
+    });
+    check_metadata(&prometheus);
+    lint_text_format(&metrics_addr);
+    for (title, expr) in dashboard_queries() {
+        if let Err(error) = prometheus.query(&expr) {
+            panic!("dashboard panel {title:?}: {expr}: {error}");
+        }
+    }
+    let output = observer.stop().expect("observer stops");
+    let mismatches = output
+        .alerts
+        .iter()
+        .filter(|alert| alert["kind"] == "route_mismatch")
+        .count();
+    assert!(
+        mismatches > 0,
+        "the lab's misrouting raised no route_mismatch"
+    );
+    assert!(
+        fired,
+        "OpenIMUsersMissingRealTimeMessages never fired: {:?}\nrules: {:?}\nseries: {:?}\n{}",
+        prometheus.api("/api/v1/alerts"),
+        prometheus.api("/api/v1/rules"),
+        prometheus.query("openim_observer_alerts_total[2m]"),
+        prometheus.log()
+    );
+}
+
+/// The plain text format (what a scraper that does not ask for OpenMetrics gets) passes
+/// `promtool check metrics`, Prometheus' own linter of that format.
+fn lint_text_format(metrics_addr: &str) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(metrics_addr).expect("metrics port");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"),
+        "{head}"
+    );
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(body.as_bytes())
+        .expect("write to promtool");
+    let output = child.wait_with_output().expect("promtool ends");
+    assert!(
+        output.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Waits up to 60 s for `alert` to be firing in Prometheus' `/api/v1/alerts`.
+async fn wait_for_firing(prometheus: &PrometheusServer, alert: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let alerts = prometheus.api("/api/v1/alerts").expect("alerts API");
+        let firing = alerts["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|one| one["labels"]["alertname"] == alert && one["state"] == "firing");
+        if firing {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
+}
+
+/// Every series the observer exports has a type and help in Prometheus' metadata, none
+/// `unknown`, and every counter's series end in `_total`.
+fn check_metadata(prometheus: &PrometheusServer) {
+    let selector = prometheus_server::encode_query(&format!("{{job=\"{JOB}\"}}"));
+    let metadata = prometheus
+        .api(&format!("/api/v1/targets/metadata?match_target={selector}"))
+        .expect("target metadata");
+    let mut types = BTreeMap::new();
+    for entry in metadata.as_array().expect("a list") {
+        let metric = entry["metric"].as_str().expect("metric").to_owned();
+        let kind = entry["type"].as_str().expect("type").to_owned();
+        assert!(
+            !entry["help"].as_str().unwrap_or_default().is_empty(),
+            "{metric} has no help"
+        );
+        assert_ne!(kind, "unknown", "{metric} is typed unknown");
+        types.insert(metric, kind);
+    }
+    assert!(types.len() > 20, "only {} families: {types:?}", types.len());
+    // The same through the metadata API across targets.
+    let families = prometheus.api("/api/v1/metadata").expect("metadata");
+    for (metric, kind) in &types {
+        let listed = families[metric.as_str()]
+            .as_array()
+            .is_some_and(|entries| entries.iter().any(|entry| entry["type"] == kind.as_str()));
+        assert!(listed, "{metric} ({kind}) missing from /api/v1/metadata");
+    }
+    let series = prometheus
+        .api(&format!("/api/v1/series?match[]={selector}"))
+        .expect("series");
+    let names: BTreeSet<String> = series
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|labels| labels["__name__"].as_str().map(str::to_owned))
+        // Prometheus' own: the scrape's and the rules' series.
+        .filter(|name| !name.starts_with("scrape_") && !name.starts_with("ALERTS") && name != "up")
+        .collect();
+    for name in &names {
+        let family = ["_total", "_bucket", "_sum", "_count", "_created", "_info"]
+            .iter()
+            .filter_map(|suffix| name.strip_suffix(suffix))
+            .find(|family| types.contains_key(*family))
+            .unwrap_or(name);
+        let kind = types
+            .get(family)
+            .unwrap_or_else(|| panic!("{name}: no metadata (family {family})"));
+        if kind == "counter" {
+            assert!(
+                name.ends_with("_total"),
+                "counter series {name} lacks _total"
+            );
+        }
+    }
+    for family in [
+        "openim_observer_events",
+        "process_cpu_seconds",
+        "openim_observer_alerts",
+    ] {
+        assert_eq!(
+            types.get(family).map(String::as_str),
+            Some("counter"),
+            "{family}"
+        );
+    }
+}
