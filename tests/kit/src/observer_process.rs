@@ -222,6 +222,7 @@ impl ObserverProcess {
                 stderr.lines().last().unwrap_or("")
             );
         }
+        check_schema(&self.stdout)?;
         let (alerts, alert_lines) = self
             .stdout
             .iter()
@@ -235,6 +236,27 @@ impl ObserverProcess {
             stderr,
         })
     }
+}
+
+/// Holds every alert line in `stdout` (each JSON line with a `schema_version`; `--events`
+/// records have none) to the schema of the alert lines (docs/schema/).
+///
+/// # Errors
+/// Names the first line that does not fit, and why.
+pub fn check_schema(stdout: &[String]) -> anyhow::Result<()> {
+    let schema = observer::alert::schema::schema();
+    for line in stdout {
+        let Ok(value) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if value.get("schema_version").is_none() {
+            continue;
+        }
+        if let Err(error) = observer::alert::schema::validate(&schema, &value) {
+            bail!("an observer line does not fit the schema ({error}): {line}");
+        }
+    }
+    Ok(())
 }
 
 /// An observer dropped without `stop` (a failed start beside it, a test that panicked) must
