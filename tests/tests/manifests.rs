@@ -861,3 +861,132 @@ fn pod_names_read_pods_only_in_the_watched_namespaces() {
         "{place}: the namespaces watched are exactly those the Roles grant"
     );
 }
+
+/// What `cargo xtask manifests ARGS` prints, parsed, or `None` (said on stderr) without the
+/// xtask binary (`$XTASK_BIN`, which `cargo xtask test` sets, else the one beside this test)
+/// or without a kubectl to render with.
+fn xtask_manifests(args: &[&str]) -> Option<Vec<Value>> {
+    let place = format!("cargo xtask manifests {}", args.join(" "));
+    let xtask = match tests::sibling_binary("xtask", "XTASK_BIN") {
+        Ok(xtask) => xtask,
+        Err(err) => {
+            let _ = writeln!(std::io::stderr(), "skipped {place}: {err:#}");
+            return None;
+        }
+    };
+    let output = Command::new(xtask)
+        .arg("manifests")
+        .args(args)
+        .output()
+        .unwrap_or_else(|err| panic!("{place}: {err}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() && std::env::var_os("KUBECTL").is_none() && stderr.contains("run ")
+    {
+        let _ = writeln!(std::io::stderr(), "skipped {place}: {}", stderr.trim());
+        return None;
+    }
+    assert!(output.status.success(), "{place} failed: {}", stderr.trim());
+    Some(parse_documents(
+        &String::from_utf8_lossy(&output.stdout),
+        &place,
+    ))
+}
+
+/// The RBAC and arguments for each namespace, typed objects, least privilege, and the chosen
+/// components, for the command docs/install.md gives.
+#[test]
+fn xtask_manifests_render_rbac_and_arguments_for_each_namespace() {
+    let variants: [(&[&str], &[&str]); 3] = [
+        (&[], &["BPF", "NET_ADMIN", "PERFMON"]),
+        (&["--cluster"], &["BPF", "NET_ADMIN", "PERFMON"]),
+        (&["--syscall-hook"], &["BPF", "PERFMON"]),
+    ];
+    for (flags, capabilities) in variants {
+        let args = [&["--namespace", "chat", "--namespace", "im"][..], flags].concat();
+        let Some(objects) = xtask_manifests(&args) else {
+            return;
+        };
+        let place = format!("cargo xtask manifests {}", args.join(" "));
+        let problems: Vec<String> = objects
+            .iter()
+            .flat_map(|object| type_problems(object, &place))
+            .collect();
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+        for namespace in ["chat", "im"] {
+            for kind in ["Role", "RoleBinding"] {
+                let found = objects.iter().any(|object| {
+                    object["kind"] == kind && object["metadata"]["namespace"] == namespace
+                });
+                assert!(found, "{place}: no {kind} in {namespace}");
+            }
+        }
+        for binding in objects
+            .iter()
+            .filter(|object| object["kind"] == "RoleBinding")
+        {
+            assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE, "{place}");
+            assert_eq!(binding["subjects"][0]["name"], "openim-observer", "{place}");
+        }
+        let daemonset = objects
+            .iter()
+            .find(|object| object["kind"] == "DaemonSet")
+            .unwrap_or_else(|| panic!("{place}: no DaemonSet"));
+        assert_eq!(daemonset["metadata"]["namespace"], NAMESPACE, "{place}");
+        let daemonset: DaemonSet = serde_json::from_value(daemonset.clone())
+            .unwrap_or_else(|err| panic!("{place}: {err}"));
+        assert_least_privilege_with(&daemonset, &place, capabilities);
+        let container = container(&daemonset, &place);
+        let container_args = container.args.unwrap_or_default();
+        for expected in ["--kube", "--kube-namespace=chat", "--kube-namespace=im"] {
+            assert!(
+                container_args.iter().any(|arg| arg == expected),
+                "{place}: no {expected} in {container_args:?}"
+            );
+        }
+        assert!(
+            !container_args.iter().any(|arg| arg.starts_with("--output")),
+            "{place}: alerts stay JSON in every manifest"
+        );
+        let image = container.image.unwrap_or_default();
+        assert!(
+            image.starts_with("openim-observer:"),
+            "{place}: image {image}"
+        );
+        assert_eq!(
+            pod(&daemonset, &place).automount_service_account_token,
+            Some(true),
+            "{place}: the pod watch needs the service account token"
+        );
+        let cluster = container
+            .env
+            .iter()
+            .flatten()
+            .any(|env| env.name == "OPENIM_OBSERVER_REDIS_URL");
+        assert_eq!(
+            cluster,
+            flags.contains(&"--cluster"),
+            "{place}: cluster mode"
+        );
+    }
+}
+
+#[test]
+fn xtask_manifests_refuse_a_name_kubernetes_would_refuse() {
+    let xtask = match tests::sibling_binary("xtask", "XTASK_BIN") {
+        Ok(xtask) => xtask,
+        Err(err) => {
+            let _ = writeln!(std::io::stderr(), "skipped: {err:#}");
+            return;
+        }
+    };
+    let output = Command::new(xtask)
+        .args(["manifests", "--namespace", "Chat: x"])
+        .output()
+        .expect("run xtask");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("not a Kubernetes namespace name"),
+        "{stderr}"
+    );
+}

@@ -15,6 +15,7 @@ mod client_stacks;
 mod docs;
 mod fuzz;
 mod image;
+mod manifests;
 mod toolchain;
 mod venv;
 mod vm;
@@ -47,6 +48,10 @@ enum Task {
     /// programs), a short run of every fuzz target (installs cargo-fuzz once), then the kernel
     /// tests under Linux 5.10, 6.1 and 6.12 (`vm`).
     Test,
+    /// Render the Kubernetes manifests for the namespaces OpenIM runs in (`kubectl kustomize`
+    /// of deploy/kubernetes with a Role, RoleBinding and `--kube-namespace` for each), e.g.
+    /// `cargo xtask manifests --namespace chat --namespace im | kubectl apply -f -`.
+    Manifests(manifests::ManifestsArgs),
     /// Check that the docs match the code: every relative link and anchor in README.md, docs/,
     /// deploy/ and tests/README.md resolves, every repository path they name exists, and every
     /// `observer` subcommand and long flag is mentioned in README.md or docs/.
@@ -100,6 +105,7 @@ fn main() -> ExitCode {
         Task::Setup => setup().and_then(|_| client_stacks::ensure()),
         Task::Build { release } => setup().and_then(|toolchain| build(&toolchain, release)),
         Task::Test => setup().and_then(|toolchain| test(&toolchain)),
+        Task::Manifests(args) => manifests::manifests(&workspace_root(), &args),
         Task::Docs { observer } => docs::check(&workspace_root(), observer.as_deref()),
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
         Task::Bench { args } => setup().and_then(|toolchain| bench(&toolchain, &args)),
@@ -316,7 +322,9 @@ fn test(toolchain: &Toolchain) -> Result<()> {
         host_cargo("test")
             .args(["--no-fail-fast", "--", "--test-threads=1"])
             .env(image::ARCHIVE_ENV, image)
-            .env("KUBECTL", &kubectl),
+            .env("KUBECTL", &kubectl)
+            // tests/tests/manifests.rs runs `manifests` through this very binary.
+            .env("XTASK_BIN", std::env::current_exe()?),
     )?;
     if !totals.succeeded {
         println!(
