@@ -192,17 +192,17 @@ impl MessageRoutes {
         }
     }
 
-    /// Holds a miss until its message's window ends (see [`MessageRoutes::release`]).
+    /// Holds a miss until one window after its alert's time (see [`MessageRoutes::release`]).
     pub fn hold(
         &mut self,
         message: &MessageIds,
         placed: &[IpAddr],
         key: FoldKey,
         alert: Alert,
-        ts_ns: u64,
         folds: &mut FoldWindows<FoldKey>,
         alerts: &mut Vec<Alert>,
     ) {
+        let ts_ns = alert.ts_ns;
         let Some(id) = self.message_key(message) else {
             return;
         };

@@ -389,7 +389,6 @@ fn judge_user(
             placed,
             key.to_owned_key(),
             alert,
-            ts_ns,
             judge.folds,
             alerts,
         );
