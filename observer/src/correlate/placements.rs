@@ -33,6 +33,9 @@ pub struct PlacementCounters {
     pub users_evicted: u64,
     pub placements_evicted: u64,
     pub connections_evicted: u64,
+    /// Placements ended by a new one on their connection's socket address: their socket was
+    /// gone, its close never seen (a record dropped, itself counted), and its memory reused.
+    pub placements_replaced: u64,
 }
 
 /// One user's live placements, oldest first. Nearly every user holds one: inline in the
@@ -124,6 +127,11 @@ impl Placements {
         // A full table makes room by dropping the users placed longest ago, rather than
         // refusing the newest ones (the likeliest to be pushed to).
         let user = CompactString::from(user);
+        // Left in place, the old placement outlived its socket: its user stayed tracked (and
+        // judged by it) for good, since the close of this one ends only the new placement.
+        if self.end(connection).is_some() {
+            self.counters.placements_replaced += 1;
+        }
         if self.by_user.len() >= self.max_users && self.of(&user).is_none() {
             self.counters.users_evicted += self.evict(budget::eviction_batch(self.max_users));
         }
@@ -298,6 +306,21 @@ mod tests {
         // The newest users stay: a full table evicts the oldest, it does not refuse.
         assert!(table.placements.of("user99").is_some());
         assert!(table.placements.of("user0").is_none());
+    }
+
+    /// A socket whose close went unseen and whose address a new connection took: the new
+    /// placement replaces the old, and the new connection's close leaves nobody behind.
+    #[test]
+    fn a_placement_on_a_reused_socket_address_replaces_the_old_one() {
+        let mut table = Detectors::new(RouteLimits::default());
+        place(&mut table, 7, "before", 0, SEC);
+        place(&mut table, 7, "after", 1, 2 * SEC);
+        assert!(table.placements.of("before").is_none());
+        assert_eq!(table.placements.of("after").map(<[_]>::len), Some(1));
+        assert_eq!(table.placements.counters().placements_replaced, 1);
+        assert_eq!(table.counters().placements, 2);
+        assert_eq!(table.placements.end(7).as_deref(), Some("after"));
+        assert_eq!(table.tracked_users(), 0);
     }
 
     /// What `prefetch` loads is, nearly always, the bucket the lookup then reads.
