@@ -462,8 +462,19 @@ fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     status(Command::new(binary).args(args)).context("observer exited with an error")
 }
 
-/// The kernel tests each kernel boots: the file that loads, attaches, captures and detaches.
-const VM_TEST_FILE: &str = "kernel_capture";
+/// The kernel tests each kernel boots: the files that load, attach, capture and detach, one per
+/// topic (observer/tests/).
+const VM_TEST_FILES: &[&str] = &[
+    "lifecycle",
+    "syscall_hook",
+    "packet_hook",
+    "hook_choice",
+    "addresses",
+    "privileges",
+    "cgroup_scope",
+    "tables",
+    "capture_privacy",
+];
 
 fn vm(toolchain: &Toolchain, kernels: &[String]) -> Result<()> {
     build_ebpf(toolchain)?;
@@ -476,26 +487,37 @@ struct GuestCounts {
     failed: u64,
 }
 
+/// Builds the kernel test files and returns their binaries, in [`VM_TEST_FILES`]' order.
+fn build_vm_tests() -> Result<Vec<PathBuf>> {
+    eprintln!(
+        "xtask: building the kernel tests ({})",
+        VM_TEST_FILES.join(", ")
+    );
+    let mut command = host_cargo("test");
+    command.args(["--no-run", "--package", "observer"]);
+    for file in VM_TEST_FILES {
+        command.args(["--test", file]);
+    }
+    command.arg("--message-format=json-render-diagnostics");
+    let built = capture(&mut command).context("building the kernel tests failed")?;
+    VM_TEST_FILES
+        .iter()
+        .map(|file| {
+            built
+                .lines()
+                .filter(|line| line.contains(&format!("\"name\":\"{file}\"")))
+                .find_map(|line| line.split("\"executable\":\"").nth(1)?.split('"').next())
+                .map(PathBuf::from)
+                .with_context(|| format!("cargo named no {file} test binary"))
+        })
+        .collect()
+}
+
 fn vm_tests(kernels: &[impl AsRef<str>]) -> Result<GuestCounts> {
-    eprintln!("xtask: building the {VM_TEST_FILE} tests");
-    let built = capture(host_cargo("test").args([
-        "--no-run",
-        "--package",
-        "observer",
-        "--test",
-        VM_TEST_FILE,
-        "--message-format=json-render-diagnostics",
-    ]))
-    .context("building the kernel tests failed")?;
-    let binary = built
-        .lines()
-        .filter(|line| line.contains(&format!("\"name\":\"{VM_TEST_FILE}\"")))
-        .find_map(|line| line.split("\"executable\":\"").nth(1)?.split('"').next())
-        .map(PathBuf::from)
-        .with_context(|| format!("cargo named no {VM_TEST_FILE} test binary"))?;
+    let binaries = build_vm_tests()?;
     let working_dir = workspace_root().join("observer");
     let tests = vm::GuestTests {
-        binary: &binary,
+        binaries: &binaries,
         working_dir: &working_dir,
         args: &["--test-threads=1", "--color=never"],
     };

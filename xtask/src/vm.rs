@@ -6,7 +6,7 @@
 //! qemu boots it with TCG (nested KVM fails on CI machines) and an initramfs built here:
 //! busybox-static, the kernel's own virtio/virtiofs modules, and an `/init` that mounts the
 //! host's `/` read-only over virtiofs (Debian's cloud kernels have no 9p), chroots into it and
-//! runs the host-built test binary, whose absolute paths therefore hold in the guest too.
+//! runs the host-built test binaries, whose absolute paths therefore hold in the guest too.
 //! The guest has its own kernel state, so no machine lock is needed.
 
 use std::{
@@ -56,16 +56,17 @@ const VIRTIOFS_MODULES: &[(&str, &str)] = &[
 /// Guest memory; virtiofs needs it shared with virtiofsd.
 const GUEST_MEMORY_MIB: u32 = 1024;
 
-/// Boot plus the whole test binary under TCG takes 3.5 to 4.5 minutes here (it took 8.5 while
+/// Boot plus the whole kernel test suite under TCG takes 3.5 to 4.5 minutes here (it took 8.5 while
 /// each observer start parsed all of the kernel's BTF unoptimised); a hung guest is killed.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Printed by the guest's `/init` after the tests, with their exit status.
 const EXIT_MARKER: &str = "xtask-vm: tests exited with status ";
 
-/// What to run in the guest: a test binary and the directory cargo would run it from.
+/// What to run in the guest: test binaries, one after another, and the directory cargo would
+/// run them from.
 pub struct GuestTests<'a> {
-    pub binary: &'a Path,
+    pub binaries: &'a [PathBuf],
     pub working_dir: &'a Path,
     pub args: &'a [&'a str],
 }
@@ -79,7 +80,7 @@ struct Kernel {
 }
 
 /// Fetches (or finds in the cache) the kernel for `request`, boots it and runs `tests` inside.
-/// Returns the test runner's summary line.
+/// Returns the test runners' summary lines added up into one.
 pub fn run(cache: &Path, request: &str, tests: &GuestTests) -> Result<String> {
     ensure_qemu()?;
     let apt = PrivateApt::new(&cache.join("apt"))?;
@@ -457,16 +458,24 @@ mount -t cgroup2 cgroup2 /host/sys/fs/cgroup
 mount -t tmpfs tmpfs /host/tmp
 mount -t tmpfs tmpfs /host/run
 ip link set lo up || fail "no loopback"
-echo "xtask-vm: Linux $(uname -r), running {binary}"
-chroot /host /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  HOME=/root RUST_BACKTRACE=1 /bin/sh -c 'cd "$1" && shift && exec "$@"' sh \
-  {dir} {binary} {args}
-echo "{EXIT_MARKER}$?"
+status=0
+for binary in {binaries}; do
+  echo "xtask-vm: Linux $(uname -r), running $binary"
+  chroot /host /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    HOME=/root RUST_BACKTRACE=1 /bin/sh -c 'cd "$1" && shift && exec "$@"' sh \
+    {dir} "$binary" {args} || status=$?
+done
+echo "{EXIT_MARKER}$status"
 poweroff -f
 "#,
         modules = modules.join(" "),
         dir = quote(&tests.working_dir.to_string_lossy()),
-        binary = quote(&tests.binary.to_string_lossy()),
+        binaries = tests
+            .binaries
+            .iter()
+            .map(|binary| quote(&binary.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(" "),
         args = args.join(" "),
     )
 }
@@ -654,7 +663,7 @@ fn boot(scratch: &Path, kernel: &Kernel, initramfs: &Path) -> Result<String> {
         let line = strip_terminal_controls(&line);
         let _ = writeln!(stdout, "{line}");
         if let Some(result) = line.trim().strip_prefix("test result: ") {
-            summary = Some(result.to_owned());
+            summary.get_or_insert_with(Summary::default).add(result);
         }
         if let Some(code) = line.trim().strip_prefix(EXIT_MARKER) {
             exit_status = code.trim().parse::<i32>().ok();
@@ -667,12 +676,14 @@ fn boot(scratch: &Path, kernel: &Kernel, initramfs: &Path) -> Result<String> {
             kernel.release
         );
     };
-    let summary = summary.with_context(|| {
-        format!(
-            "Linux {}: the test binary printed no summary",
-            kernel.release
-        )
-    })?;
+    let summary = summary
+        .with_context(|| {
+            format!(
+                "Linux {}: the test binaries printed no summary",
+                kernel.release
+            )
+        })?
+        .to_string();
     if exit_status != 0 {
         bail!(
             "Linux {}: the tests failed (exit status {exit_status}): {summary}",
@@ -680,6 +691,42 @@ fn boot(scratch: &Path, kernel: &Kernel, initramfs: &Path) -> Result<String> {
         );
     }
     Ok(summary)
+}
+
+/// The `test result:` lines of several test binaries, added up.
+#[derive(Default)]
+struct Summary {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Summary {
+    /// Adds one `ok. 12 passed; 0 failed; 1 ignored; …` line.
+    fn add(&mut self, result: &str) {
+        let count = |label: &str| {
+            result
+                .split(';')
+                .find_map(|part| part.trim().strip_suffix(label))
+                .and_then(|number| number.rsplit(' ').next())
+                .and_then(|number| number.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        self.passed += count(" passed");
+        self.failed += count(" failed");
+        self.ignored += count(" ignored");
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verdict = if self.failed == 0 { "ok" } else { "FAILED" };
+        write!(
+            f,
+            "{verdict}. {} passed; {} failed; {} ignored",
+            self.passed, self.failed, self.ignored
+        )
+    }
 }
 
 /// The firmware's screen handling (SeaBIOS clears the screen on the serial line).
