@@ -896,10 +896,11 @@ fn xtask_manifests(args: &[&str]) -> Option<Vec<Value>> {
 /// components, for the command docs/install.md gives.
 #[test]
 fn xtask_manifests_render_rbac_and_arguments_for_each_namespace() {
-    let variants: [(&[&str], &[&str]); 3] = [
+    let variants: [(&[&str], &[&str]); 4] = [
         (&[], &["BPF", "NET_ADMIN", "PERFMON"]),
         (&["--cluster"], &["BPF", "NET_ADMIN", "PERFMON"]),
         (&["--syscall-hook"], &["BPF", "PERFMON"]),
+        (&["--prometheus-operator"], &["BPF", "NET_ADMIN", "PERFMON"]),
     ];
     for (flags, capabilities) in variants {
         let args = [&["--namespace", "chat", "--namespace", "im"][..], flags].concat();
@@ -907,11 +908,31 @@ fn xtask_manifests_render_rbac_and_arguments_for_each_namespace() {
             return;
         };
         let place = format!("cargo xtask manifests {}", args.join(" "));
-        let problems: Vec<String> = objects
+        // The Prometheus operator's kinds have no k8s-openapi type: their namespace is checked.
+        let operator_kinds = ["PodMonitor", "PrometheusRule"];
+        let (operator, typed): (Vec<&Value>, Vec<&Value>) = objects
+            .iter()
+            .partition(|object| operator_kinds.iter().any(|kind| object["kind"] == *kind));
+        let problems: Vec<String> = typed
             .iter()
             .flat_map(|object| type_problems(object, &place))
             .collect();
         assert!(problems.is_empty(), "{}", problems.join("\n"));
+        assert_eq!(
+            operator.len(),
+            if flags.contains(&"--prometheus-operator") {
+                2
+            } else {
+                0
+            },
+            "{place}: the PodMonitor and PrometheusRule"
+        );
+        for object in operator {
+            assert_eq!(
+                object["metadata"]["namespace"], NAMESPACE,
+                "{place}: {object}"
+            );
+        }
         for namespace in ["chat", "im"] {
             for kind in ["Role", "RoleBinding"] {
                 let found = objects.iter().any(|object| {

@@ -33,6 +33,10 @@ pub struct ManifestsArgs {
     /// (components/syscall-hook).
     #[arg(long)]
     pub syscall_hook: bool,
+    /// A PodMonitor and the alert rules as a PrometheusRule, for clusters that run the
+    /// Prometheus operator (deploy/prometheus/kubernetes; its CRDs must be installed).
+    #[arg(long)]
+    pub prometheus_operator: bool,
     /// The observer's image, with a tag or digest. Default: openim-observer:<version>, the
     /// name `cargo xtask image` builds.
     #[arg(long, value_name = "IMAGE")]
@@ -132,23 +136,40 @@ fn write_kustomization(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n  - rbac.yaml\n",
         kubernetes.join("base").display()
     );
-    let components: Vec<&str> = [
-        (args.cluster, "cluster"),
-        (args.syscall_hook, "syscall-hook"),
+    let components: Vec<PathBuf> = [
+        (args.cluster, kubernetes.join("components/cluster")),
+        (
+            args.syscall_hook,
+            kubernetes.join("components/syscall-hook"),
+        ),
+        (
+            args.prometheus_operator,
+            PathBuf::from("../../deploy/prometheus/kubernetes"),
+        ),
     ]
     .into_iter()
-    .filter_map(|(chosen, name)| chosen.then_some(name))
+    .filter_map(|(chosen, path)| chosen.then_some(path))
     .collect();
     if !components.is_empty() {
         kustomization.push_str("components:\n");
-        for component in components {
-            let path = kubernetes.join("components").join(component);
+        for path in components {
             let _ = writeln!(kustomization, "  - {}", path.display());
         }
     }
     let _ = write!(
         kustomization,
-        "patches:\n  - path: pod-names.yaml\n    target:\n      group: apps\n      version: v1\n      kind: DaemonSet\n      name: {OBSERVER}\nimages:\n  - name: {OBSERVER}\n    newName: {image_name}\n    {image_reference}\n"
+        "patches:\n  - path: pod-names.yaml\n    target:\n      group: apps\n      version: v1\n      kind: DaemonSet\n      name: {OBSERVER}\n"
+    );
+    if args.prometheus_operator {
+        // The component's objects name no namespace: the observer's, as the base's objects.
+        let _ = write!(
+            kustomization,
+            "  - patch: |-\n      - op: add\n        path: /metadata/namespace\n        value: {OBSERVER}\n    target:\n      group: monitoring.coreos.com\n"
+        );
+    }
+    let _ = write!(
+        kustomization,
+        "images:\n  - name: {OBSERVER}\n    newName: {image_name}\n    {image_reference}\n"
     );
     let files = [
         ("kustomization.yaml", kustomization),
