@@ -108,6 +108,7 @@ async fn watch_scope(api: kube::Api<Pod>, pods: &SharedPods, namespace: Option<&
     let events = watcher(api, watcher::Config::default()).default_backoff();
     futures_util::pin_mut!(events);
     let mut relisted: Option<PodIndex> = None;
+    let mut loaded_once = false;
     loop {
         match events.try_next().await {
             Ok(Some(watcher::Event::Init)) => {
@@ -127,10 +128,13 @@ async fn watch_scope(api: kube::Api<Pod>, pods: &SharedPods, namespace: Option<&
                         "pod list loaded"
                     );
                     let mut shared = write(pods);
+                    let lists_loaded = shared.lists_loaded + usize::from(!loaded_once);
                     match namespace {
                         Some(namespace) => shared.replace_namespace(namespace, index),
                         None => *shared = index,
                     }
+                    shared.lists_loaded = lists_loaded;
+                    loaded_once = true;
                 }
             }
             Ok(Some(watcher::Event::Apply(pod))) => write(pods).apply(&pod),
@@ -213,6 +217,8 @@ pub struct PodIndex {
     by_ip: HashMap<IpAddr, String>,
     /// Pods not indexed because the index was full.
     pub turned_away: u64,
+    /// Scopes of the watch (namespaces, or the whole cluster) whose pod list has loaded.
+    lists_loaded: usize,
 }
 
 impl PodIndex {
@@ -228,7 +234,14 @@ impl PodIndex {
             by_uid: HashMap::new(),
             by_ip: HashMap::new(),
             turned_away: 0,
+            lists_loaded: 0,
         }
+    }
+
+    /// Tells how many of the watch's scopes (namespaces, or the whole cluster) have loaded
+    /// their pod list at least once: `/readyz` waits for all of them.
+    pub fn lists_loaded(&self) -> usize {
+        self.lists_loaded
     }
 
     pub fn shared(capacity: usize) -> SharedPods {
@@ -643,6 +656,72 @@ mod tests {
     };
 
     const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+    /// Answers the watcher as an API server with no pods would: an empty list, then a watch
+    /// that stays open with nothing to say.
+    async fn serve_no_pods(listener: tokio::net::TcpListener) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 8192];
+                loop {
+                    let Ok(read) = stream.read(&mut buffer).await else {
+                        return;
+                    };
+                    if read == 0 {
+                        return;
+                    }
+                    let request = String::from_utf8_lossy(&buffer[..read]);
+                    if request.contains("watch=true") {
+                        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+                                    Transfer-Encoding: chunked\r\n\r\n";
+                        let _ = stream.write_all(head.as_bytes()).await;
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        return;
+                    }
+                    let body = r#"{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"1"},"items":[]}"#;
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(response.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    }
+
+    #[tokio::test]
+    async fn every_namespace_counts_as_loaded_once_its_list_is_in() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_no_pods(listener));
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+             users:\n- name: fake\n  user: {{}}\ncurrent-context: fake\n"
+        ))
+        .unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let pods = PodIndex::shared(10);
+        assert_eq!(read(&pods).lists_loaded(), 0);
+        let namespaces = vec!["chat".to_owned(), "im".to_owned()];
+        let watch = tokio::spawn(watch_pods(client, Arc::clone(&pods), namespaces));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while read(&pods).lists_loaded() < 2 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(read(&pods).lists_loaded(), 2);
+        watch.abort();
+        server.abort();
+    }
 
     fn pod(uid: &str, name: &str, ip: &str) -> Pod {
         Pod {

@@ -130,6 +130,9 @@ fn a_real_prometheus_scrapes_the_observer_and_fires_on_the_labs_misrouting() {
     });
     check_metadata(&prometheus);
     lint_text_format(&metrics_addr);
+    // Started means attached: ready.
+    let (head, _) = http_get(&metrics_addr, "/readyz");
+    assert!(head.starts_with("HTTP/1.1 200"), "/readyz: {head}");
     for (title, expr) in dashboard_queries() {
         if let Err(error) = prometheus.query(&expr) {
             panic!("dashboard panel {title:?}: {expr}: {error}");
@@ -155,17 +158,22 @@ fn a_real_prometheus_scrapes_the_observer_and_fires_on_the_labs_misrouting() {
     );
 }
 
-/// The plain text format (what a scraper that does not ask for OpenMetrics gets) passes
-/// `promtool check metrics`, Prometheus' own linter of that format.
-fn lint_text_format(metrics_addr: &str) {
+/// `GET path` from the observer's metrics endpoint: the response's head and body.
+fn http_get(metrics_addr: &str, path: &str) -> (String, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(metrics_addr).expect("metrics port");
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .expect("request");
+    write!(stream, "GET {path} HTTP/1.0\r\n\r\n").expect("request");
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("response");
     let (head, body) = response.split_once("\r\n\r\n").expect("a head");
+    (head.to_owned(), body.to_owned())
+}
+
+/// The plain text format (what a scraper that does not ask for OpenMetrics gets) passes
+/// `promtool check metrics`, Prometheus' own linter of that format.
+fn lint_text_format(metrics_addr: &str) {
+    use std::io::Write;
+    let (head, body) = http_get(metrics_addr, "/metrics");
     assert!(
         head.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"),
         "{head}"

@@ -117,6 +117,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             memory_budget: args.engine.memory_budget,
         },
     ));
+    // With `--kube`, `/readyz` also waits for the pod lists: the index and its scopes.
+    let mut pod_lists = None;
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
         let pods = PodIndex::shared(args.kube_max_pods);
@@ -127,6 +129,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         );
         sink.pods = Some(PodDirectory::new(Arc::clone(&pods), cgroups));
         let namespaces = args.kube_namespaces.clone();
+        pod_lists = Some((Arc::clone(&pods), namespaces.len().max(1)));
         Some(tokio::spawn(identity::watch_pods(client, pods, namespaces)))
     } else {
         None
@@ -137,6 +140,11 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
             let mut metrics = Metrics::default();
             if let Some(link) = &sink.cluster {
                 metrics.register_collector(Box::new(StoreMetrics(link.state().health())));
+            }
+            if let Some((pods, scopes)) = pod_lists {
+                let readiness = metrics.readiness();
+                readiness.set_waiting_for_pods(true);
+                tokio::spawn(wait_for_pod_lists(readiness, pods, scopes));
             }
             let shared = Arc::new(Mutex::new(metrics));
             sink.metrics = Some(Arc::clone(&shared));
@@ -186,8 +194,8 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     if let Some(metrics) = &sink.metrics
         && let Ok(metrics) = metrics.lock()
     {
-        // Every program is attached: `/readyz` turns ready (the pod list is not waited for
-        // yet: the pod watch does not say when it has loaded).
+        // Every program is attached: `/readyz` turns ready (with `--kube`, once the pod lists
+        // have loaded too).
         metrics.set_capture_hook(capture.capture_hook().name());
         metrics.readiness().set_attached();
     }
@@ -394,6 +402,29 @@ fn unix_now_ns() -> u64 {
 
 /// A recorded event is one data record of at most a few KiB, base64: a longer line is not one.
 pub const MAX_RECORDING_LINE_BYTES: usize = 64 << 10;
+
+/// How often the readiness looks at the pod watch until every pod list has loaded.
+const POD_LISTS_POLL: Duration = Duration::from_millis(200);
+
+/// Clears `/readyz`'s wait for the pods once each of the watch's `scopes` has loaded its list.
+async fn wait_for_pod_lists(
+    readiness: Arc<metrics::Readiness>,
+    pods: identity::SharedPods,
+    scopes: usize,
+) {
+    loop {
+        // A poisoned lock still holds a count worth reading.
+        let loaded = pods
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .lists_loaded();
+        if loaded >= scopes {
+            readiness.set_waiting_for_pods(false);
+            return;
+        }
+        tokio::time::sleep(POD_LISTS_POLL).await;
+    }
+}
 
 pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
     let file = File::open(&args.file).map_err(|source| DaemonError::File {
