@@ -20,7 +20,12 @@ const SCALARS: &[&str] = &[
     "per_second",
     "count",
     "node",
+    "capture_hook",
+    "version",
 ];
+
+/// Lists printed as `key=a,b` when a line has them (`observer_started`'s ports).
+const LISTS: &[&str] = &["grpc_ports", "ws_ports"];
 
 /// The diagnosis is cut to its first sentence, and at most this many characters.
 const DIAGNOSIS_CHARS: usize = 160;
@@ -46,6 +51,12 @@ pub fn text_of(value: &Value) -> String {
                 let _ = write!(line, " {key}={number}");
             }
             _ => {}
+        }
+    }
+    for key in LISTS {
+        if let Some(Value::Array(items)) = value.get(*key) {
+            let items: Vec<String> = items.iter().map(Value::to_string).collect();
+            let _ = write!(line, " {key}={}", items.join(","));
         }
     }
     if let Some(Value::Array(users)) = value.get("users") {
@@ -157,6 +168,19 @@ mod tests {
             "2026-01-01T00:00:00Z route_mismatch user=u1 cause=ring_split count=1 node=n1 \
              placed_on=10.0.0.1:10001(chat/gw-0) pushed_to=[fd00::2]:10001 \
              — User u1 is placed on gw-0."
+        );
+    }
+
+    #[test]
+    fn the_start_line_names_the_hook_and_ports() {
+        let value = serde_json::json!({
+            "kind": "observer_started", "ts": "2026-01-01T00:00:00Z", "capture_hook": "packets",
+            "version": "0.1.0", "grpc_ports": [88, 10088], "ws_ports": [80]
+        });
+        assert_eq!(
+            text_of(&value),
+            "2026-01-01T00:00:00Z observer_started capture_hook=packets version=0.1.0 \
+             grpc_ports=88,10088 ws_ports=80"
         );
     }
 
