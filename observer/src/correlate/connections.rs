@@ -39,6 +39,10 @@ pub struct ConnectionCounters {
     pub budget_truncated_calls: u64,
     pub budget_truncated_bytes: u64,
     pub upgrades_without_user: u64,
+    /// WebSockets closed with an upgrade request or answer begun but never whole: the rest
+    /// of the head was not captured (the programs take a WebSocket's first write and read, or
+    /// first pushed segment each way), so a placement went unseen (`lost_sync`).
+    pub heads_incomplete: u64,
     pub calls_not_push: u64,
     pub calls_compressed: u64,
     pub calls_malformed: u64,
@@ -577,6 +581,15 @@ impl ConnectionDecoders {
             }
             Protocol::WebSocket(decoder) | Protocol::UpgradeOnGrpcPort(decoder) => {
                 self.counters.decode.add(decoder.counters());
+                if decoder.buffered_bytes() > 0 {
+                    self.counters.heads_incomplete += 1;
+                    self.blind_spots.record(
+                        DegradedReason::LostSync,
+                        connection_id,
+                        &connection.process,
+                        0,
+                    );
+                }
             }
             Protocol::Undetermined { .. } | Protocol::Shed => {}
         }

@@ -63,6 +63,32 @@ fn an_upgraded_websocket_keeps_only_its_id_until_it_closes() {
     assert_eq!(decoders.counters().tracked, 0);
 }
 
+/// An upgrade request whose end was never captured (a head written in two calls, only the
+/// first copied) loses its placement: its close says so, in a counter and a blind spot.
+#[test]
+fn a_websocket_closed_with_half_a_head_counts_the_placement_lost() {
+    let mut decoders = ConnectionDecoders::new(Limits::default(), 4);
+    let mut observations = Vec::new();
+    decoders.on_event(&event(EventKind::TcpConnect), &mut observations);
+    decoders.on_event(
+        &data(
+            Direction::Send,
+            b"GET /?sendID=42&platformID=2 HTTP/1.1\r\nHost: gw-0\r\n",
+        ),
+        &mut observations,
+    );
+    decoders.on_event(&event(EventKind::Close), &mut observations);
+    assert!(
+        matches!(
+            observations.as_slice(),
+            [Observation::ConnectionClosed { connection: 7, .. }]
+        ),
+        "{observations:?}"
+    );
+    assert_eq!(decoders.counters().heads_incomplete, 1);
+    assert!(!decoders.take_blind_spots().is_empty());
+}
+
 /// Two proxies' upgrades naming one gateway get one copy of its name: an alert line compares
 /// gateways by it (`alert::line`), and copies compare byte by byte.
 #[test]
