@@ -31,7 +31,8 @@ pub enum OpenImRelease {
     #[value(name = "3.7")]
     #[serde(rename = "3.7")]
     V3_7,
-    /// 3.8.0-3.8.3: answers in any order; etcd discovery by default.
+    /// 3.8.0-3.8.3: answers in any order (upstream's default discovery is etcd, the lab's
+    /// stays kubernetes: pass `--discovery etcd`).
     #[value(name = "3.8")]
     #[serde(rename = "3.8")]
     V3_8,
