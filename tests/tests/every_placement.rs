@@ -94,3 +94,71 @@ fn every_placed_user_is_counted_once(hook_args: &[&str]) {
         "placements counted against {placed} placed"
     );
 }
+
+#[test]
+fn with_the_syscall_hook_an_upgrade_head_in_two_writes_is_counted_lost() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    a_head_in_two_writes_is_counted_lost(&["--capture-hook", "syscalls"]);
+}
+
+#[test]
+fn with_the_packet_hook_an_upgrade_head_in_two_writes_is_counted_lost() {
+    if !can_run(Needs::RootAndPrograms) {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
+    let cgroups = Cgroup2Mount::mount();
+    let root = cgroups.root().display().to_string();
+    a_head_in_two_writes_is_counted_lost(&["--capture-hook", "packets", "--cgroup-root", &root]);
+}
+
+/// The programs copy a WebSocket's first write (first pushed segment) only: an upgrade request
+/// written in two loses its end, and with it the placement. Not silently: `heads_incomplete`
+/// and `capture_degraded` (`lost_sync`) say so once the connection closes.
+fn a_head_in_two_writes_is_counted_lost(hook_args: &[&str]) {
+    use std::io::{Read, Write};
+    let ws = FIRST_WS_PORT.to_string();
+    let grpc = GRPC_PORT.to_string();
+    let args = [&["--grpc-port", &grpc, "--ws-port", &ws][..], hook_args].concat();
+    let observer = ObserverProcess::start(&find_observer_binary().expect("observer"), &args)
+        .expect("observer attaches");
+    let listener = std::net::TcpListener::bind(("127.0.0.1", FIRST_WS_PORT)).expect("free port");
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", FIRST_WS_PORT)).expect("connect");
+    client.set_nodelay(true).expect("nodelay");
+    let (mut server, _) = listener.accept().expect("accept");
+    client
+        .write_all(b"GET /?sendID=split-user&platformID=1 HTTP/1.1\r\nHost: gw-0\r\n")
+        .expect("first write");
+    let mut first = [0u8; 59];
+    server.read_exact(&mut first).expect("first half");
+    client
+        .write_all(b"Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+        .expect("second write");
+    let mut second = [0u8; 43];
+    server.read_exact(&mut second).expect("second half");
+    server
+        .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+        .expect("answer");
+    let mut answer = [0u8; 56];
+    client.read_exact(&mut answer).expect("answer read");
+    drop(client);
+    drop(server);
+    // Health is judged every second.
+    std::thread::sleep(Duration::from_millis(2500));
+    let output = observer.stop().expect("observer stops cleanly");
+    let stopped = output.stopped_line();
+    let connections = &stopped["engine"]["connections"];
+    assert_eq!(connections["heads_incomplete"], 1, "{connections}");
+    assert_eq!(stopped["engine"]["routes"]["placements"], 0);
+    assert!(
+        output
+            .alerts
+            .iter()
+            .any(|alert| alert["kind"] == "capture_degraded" && alert["reason"] == "lost_sync"),
+        "no capture_degraded (lost_sync) among {:?}",
+        output.alert_lines
+    );
+}
