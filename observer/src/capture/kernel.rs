@@ -33,7 +33,7 @@ use super::{
     ring_records::{RecordConverter, monotonic_now_ns},
     sock_layout::{self, SockLayoutError, StateTracepoint, VMLINUX_BTF},
     socket_tables::table_sockets,
-    stale_entries::{EntryTuple, StaleEntries},
+    stale_entries::{self, EntryTuple, StaleEntries},
     tracepoint_format::{self, LayoutError},
 };
 use crate::model::{Event, EventKind, PortClass, TcpState};
@@ -322,7 +322,7 @@ impl KernelCapture {
                 scope,
             ),
             orphaned_descriptors: HashSet::new(),
-            stale_entries: StaleEntries::default(),
+            stale_entries: StaleEntries::new(stale_entries::sees_every_process()),
             records: RecordConverter::new(),
             reorder: (capture_hook == CaptureHook::Packets).then(Reorder::default),
             released: Vec::new(),

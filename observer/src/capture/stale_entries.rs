@@ -14,7 +14,9 @@
 //! Not every reconciliation: on a push node, which makes a connection per call, the tables
 //! hold tens of thousands of TIME_WAIT sockets (`adopt::holds_socket`). Two sweeps, so that a
 //! connection made between the read of the entries and that of the tables is never taken for
-//! gone, and a socket no process holds yet (or any more, closing) is given time to end.
+//! gone, and a socket no process holds yet (or any more, closing) is given time to end. Only
+//! where the observer sees every process (the initial PID namespace, the DaemonSet's
+//! `hostPID`): elsewhere the tables it reads miss other pods' sockets, and it never sweeps.
 
 use std::{
     collections::HashSet,
@@ -57,9 +59,22 @@ impl EntryTuple {
     }
 }
 
+/// The inode of the initial PID namespace (`PROC_PID_INIT_INO`), the same on every kernel.
+const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
+
+/// Whether this process sees every process of the node (it runs in the initial PID namespace,
+/// as the DaemonSet's `hostPID` puts it): only then do the socket tables it reads hold every
+/// socket, and an entry without one is really gone.
+pub fn sees_every_process() -> bool {
+    std::fs::read_link("/proc/self/ns/pid")
+        .is_ok_and(|link| link.as_os_str() == INITIAL_PID_NAMESPACE)
+}
+
 /// The sweeps' state: when the next is due, and what the last found without a socket.
 #[derive(Debug, Default)]
 pub struct StaleEntries {
+    /// False where the node's sockets cannot all be read (`sees_every_process`): no sweep.
+    enabled: bool,
     rounds: u32,
     /// Entries (key and endpoints) the last sweep found no socket for.
     suspects: HashSet<(u64, EntryTuple)>,
@@ -68,10 +83,17 @@ pub struct StaleEntries {
 }
 
 impl StaleEntries {
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            ..Self::default()
+        }
+    }
+
     /// Counts one reconciliation; true when it sweeps.
     pub fn due(&mut self) -> bool {
         self.rounds = self.rounds.wrapping_add(1);
-        self.rounds.is_multiple_of(SWEEP_EVERY)
+        self.enabled && self.rounds.is_multiple_of(SWEEP_EVERY)
     }
 
     /// Of `entries`, those no socket of `sockets` matches, now and at the last sweep: to be
@@ -170,7 +192,7 @@ mod tests {
             (3, tuple("10.0.0.1", 0, "10.0.0.2:88")),
             (4, tuple("10.0.0.1", 0, "10.0.0.3:88")),
         ];
-        let mut stale = StaleEntries::default();
+        let mut stale = StaleEntries::new(true);
         assert!(stale.sweep(entries, &sockets).is_empty());
         let mut gone = stale.sweep(entries, &sockets);
         gone.sort_by_key(|(key, _)| *key);
@@ -185,7 +207,7 @@ mod tests {
     #[test]
     fn an_entry_replaced_or_seen_alive_in_between_is_not_gone() {
         let sockets = [socket("10.0.0.1:1", "10.0.0.9:9", 5)];
-        let mut stale = StaleEntries::default();
+        let mut stale = StaleEntries::new(true);
         stale.sweep([(1, tuple("10.0.0.1", 40000, "10.0.0.2:88"))], &sockets);
         // The same key now names another connection (the address reused).
         let gone = stale.sweep([(1, tuple("10.0.0.1", 40002, "10.0.0.2:88"))], &sockets);
@@ -195,15 +217,21 @@ mod tests {
     #[test]
     fn unreadable_tables_remove_nothing() {
         let entry = (1, tuple("10.0.0.1", 40000, "10.0.0.2:88"));
-        let mut stale = StaleEntries::default();
+        let mut stale = StaleEntries::new(true);
         for _ in 0..3 {
             assert!(stale.sweep([entry], &[]).is_empty());
         }
     }
 
     #[test]
+    fn a_process_outside_the_initial_pid_namespace_never_sweeps() {
+        let mut stale = StaleEntries::new(false);
+        assert!((0..4).all(|_| !stale.due()));
+    }
+
+    #[test]
     fn every_other_reconciliation_sweeps() {
-        let mut stale = StaleEntries::default();
+        let mut stale = StaleEntries::new(true);
         let due: Vec<bool> = (0..4).map(|_| stale.due()).collect();
         assert_eq!(due, [false, true, false, true]);
     }
