@@ -192,6 +192,10 @@ impl Detectors {
                 gateway,
                 proxy,
             } => {
+                // The placement its socket address still holds ends as a close would end it.
+                if self.placements.reused(connection) {
+                    self.end_placement(connection);
+                }
                 self.rings
                     .placement(gateway.name.as_deref(), gateway.ip, &user, ts_ns);
                 if let Some(cluster) = &mut self.cluster {

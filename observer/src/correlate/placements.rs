@@ -195,6 +195,15 @@ impl Placements {
         }
     }
 
+    /// Whether `connection` still holds a placement when a new one comes on it: its socket is
+    /// gone, its close unseen, and its address reused. Counted in `placements_replaced`; the
+    /// caller ends it as a close would (`place` does so otherwise).
+    pub fn reused(&mut self, connection: ConnectionId) -> bool {
+        let reused = self.users_by_connection.contains_key(&connection);
+        self.counters.placements_replaced += u64::from(reused);
+        reused
+    }
+
     /// The placement on `connection`, if any, ends: refused, or closed. Returns its user.
     pub fn end(&mut self, connection: ConnectionId) -> Option<String> {
         let user = self.users_by_connection.remove(&connection)?;
