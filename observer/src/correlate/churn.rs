@@ -230,6 +230,7 @@ mod tests {
                     stream_id: call * 2 + 1,
                     ts_ns: SEC + u64::from(call),
                     method: "m".into(),
+                    service: None,
                     gateway: gateway(0, 88, None),
                     pusher: process(20, "push"),
                     message: MessageIds::default(),

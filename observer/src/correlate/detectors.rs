@@ -250,6 +250,7 @@ impl Detectors {
                 stream_id,
                 ts_ns,
                 method,
+                service,
                 gateway,
                 pusher,
                 message,
@@ -257,10 +258,8 @@ impl Detectors {
             } => {
                 self.rings
                     .push_call(gateway.name.as_deref(), gateway.ip, ts_ns);
-                if let Some(mode) =
-                    self.routes
-                        .called(&message, &method, gateway.ip, &recipients, ts_ns, alerts)
-                {
+                let call = (service.as_ref(), gateway.ip, recipients.as_slice());
+                if let Some(mode) = self.routes.called(&message, call, ts_ns, alerts) {
                     self.rings.push_routing_learned(mode);
                 }
                 if let (Some(cluster), Some(member)) = (&mut self.cluster, &gateway.name) {
@@ -579,6 +578,7 @@ pub(super) mod testing {
                 stream_id: 1,
                 ts_ns: ts,
                 method: "SuperGroupOnlineBatchPushOneMsg".into(),
+                service: None,
                 gateway: gateway(to, 88, Some(format!("{}:88", proxy_name(to)))),
                 pusher: process(20, "openim-push"),
                 // One message per call: calls of one message to two gateways with the same

@@ -4,7 +4,10 @@
 
 use crate::{
     alert::DegradedReason,
-    decode::{GrpcFact, Http1Error, RequestBody, ResponseBody, Undecodable, WebSocketFact},
+    decode::{
+        GrpcFact, Http1Error, RequestBody, ResponseBody, Undecodable, WebSocketFact,
+        protobuf::service_of,
+    },
     model::{ConnectionId, ConnectionKey, Event, Gateway, Process},
 };
 
@@ -145,6 +148,7 @@ pub(super) fn grpc_observation(
                 method: view
                     .texts
                     .share(method.rsplit('/').next().unwrap_or(&method)),
+                service: service_of(&method).map(|service| view.texts.share(service)),
                 gateway: named_gateway(view.gateway, authority.as_deref(), view.texts),
                 pusher: view.process.clone(),
                 message: call.message,

@@ -19,7 +19,6 @@ use smallvec::SmallVec;
 
 use crate::{
     alert::{Alert, AlertBody, FoldWindows, PushRoutingMode},
-    decode::protobuf::service_of,
     model::{MessageIds, UserId},
 };
 
@@ -147,21 +146,20 @@ impl MessageRoutes {
         self.messages.len() + self.parked.len()
     }
 
-    /// Records a push call; returns the routing when this call changed what was learned (a
+    /// Records a push call (its service, when its `:path` named one, gateway and recipients);
+    /// returns the routing when this call changed what was learned (a
     /// `push_routing` line is then in `alerts`).
     pub fn called(
         &mut self,
         message: &MessageIds,
-        method: &str,
-        gateway: IpAddr,
-        recipients: &[UserId],
+        (service, gateway, recipients): (Option<&Arc<str>>, IpAddr, &[UserId]),
         ts_ns: u64,
         alerts: &mut Vec<Alert>,
     ) -> Option<PushRoutingMode> {
-        if let Some(service) = service_of(method)
-            && self.service.as_deref() != Some(service)
+        if let Some(service) = service
+            && self.service.as_ref() != Some(service)
         {
-            self.service = Some(service.into());
+            self.service = Some(service.clone());
         }
         let mut learned = None;
         if let Some(id) = self.message_key(message)
@@ -414,7 +412,8 @@ mod tests {
                 connection: 900 + u64::from(to),
                 stream_id,
                 ts_ns: ts,
-                method: "/openim.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg".into(),
+                method: "SuperGroupOnlineBatchPushOneMsg".into(),
+                service: Some("openim.msggateway.msgGateway".into()),
                 gateway: gateway(to, 88, Some(format!("{}:88", proxy_name(to)))),
                 pusher: process(20, "openim-push"),
                 message: MessageIds {
@@ -547,7 +546,8 @@ mod tests {
                 connection: 950,
                 stream_id: 1,
                 ts_ns: 3 * SEC,
-                method: "/openim.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg".into(),
+                method: "SuperGroupOnlineBatchPushOneMsg".into(),
+                service: Some("openim.msggateway.msgGateway".into()),
                 gateway: gateway(1, 88, None),
                 pusher: process(20, "openim-push"),
                 message: MessageIds::default(),

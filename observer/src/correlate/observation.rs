@@ -53,7 +53,10 @@ pub enum Observation {
         connection: ConnectionId,
         stream_id: u32,
         ts_ns: u64,
+        /// The method's name (`SuperGroupOnlineBatchPushOneMsg`).
         method: Arc<str>,
+        /// The gRPC service of its `:path` (`openim.msggateway.msgGateway`), when it had one.
+        service: Option<Arc<str>>,
         gateway: Gateway,
         pusher: Process,
         message: MessageIds,

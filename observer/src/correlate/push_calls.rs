@@ -406,12 +406,7 @@ fn mismatch_alert(
     judge: &mut Judge<'_>,
 ) -> Alert {
     let (gateway_answer, answer_platforms) = gateway_answer(answer);
-    let since_ns = placements
-        .iter()
-        .map(|placement| placement.since_ns)
-        .min()
-        .unwrap_or(ts_ns);
-    let cause = judge.rings.cause(user, placed, since_ns, call.gateway.ip);
+    let cause = judge.rings.cause(user, placed, call.gateway.ip);
     let local_node = judge.cluster.as_deref().map(|cluster| &*cluster.node);
     let placed_on = placements::summarize(placements, local_node);
     Alert::new(
@@ -451,6 +446,7 @@ mod tests {
                 stream_id: 1,
                 ts_ns: 2 * SEC,
                 method: "OnlinePushMsg".into(),
+                service: None,
                 gateway: gateway(1, 88, None),
                 pusher: process(20, "push"),
                 message: MessageIds::default(),
@@ -484,6 +480,7 @@ mod tests {
                     stream_id: 1,
                     ts_ns: 2 * SEC,
                     method: "SuperGroupOnlineBatchPushOneMsg".into(),
+                    service: None,
                     gateway: gateway(1, 88, None),
                     pusher: process(20, "push"),
                     message: MessageIds::default(),
@@ -551,6 +548,7 @@ mod tests {
                     stream_id,
                     ts_ns: 2 * SEC + u64::from(stream_id),
                     method: "OnlinePushMsg".into(),
+                    service: None,
                     gateway: gateway(1, 88, None),
                     pusher: process(20, "push"),
                     message: MessageIds::default(),

@@ -76,7 +76,7 @@ impl RingVerdicts {
     /// The proxy placed `user` on `ip`, addressing it as `host`.
     pub fn placement(&mut self, host: Option<&str>, ip: IpAddr, user: &str, ts_ns: u64) {
         if let Some(host) = host {
-            let learned = self.rings.learn_proxy_host(host, ip, ts_ns);
+            let learned = self.rings.learn_proxy_host(host, ip);
             self.members_changed(learned, ts_ns);
         }
         self.rings.record_placement(user, ip, ts_ns);
@@ -90,7 +90,7 @@ impl RingVerdicts {
     /// Push called the gateway at `ip`, addressing it as `authority`.
     pub fn push_call(&mut self, authority: Option<&str>, ip: IpAddr, ts_ns: u64) {
         if let Some(authority) = authority {
-            let learned = self.rings.learn_push_member(authority, ip, ts_ns);
+            let learned = self.rings.learn_push_member(authority, ip);
             self.members_changed(learned, ts_ns);
         }
         if let Some(incident) = &mut self.incident {
@@ -103,10 +103,10 @@ impl RingVerdicts {
     pub fn merge(&mut self, evidence: &SharedRingEvidence, ts_ns: u64) {
         let mut learned = Learned::Nothing;
         for (host, ip) in &evidence.proxy {
-            learned = learned.max(self.rings.learn_proxy_host(host, *ip, ts_ns));
+            learned = learned.max(self.rings.learn_proxy_host(host, *ip));
         }
         for (member, ip) in &evidence.push {
-            learned = learned.max(self.rings.learn_push_member(member, *ip, ts_ns));
+            learned = learned.max(self.rings.learn_push_member(member, *ip));
         }
         self.members_changed(learned, ts_ns);
         // Oldest first, so the newest placement of a user wins.
@@ -142,48 +142,58 @@ impl RingVerdicts {
     ///   show more (fewer) gateways than push's.
     ///
     /// Never a cause while push broadcasts: it has no ring.
-    pub fn cause(
-        &mut self,
-        user: &str,
-        placed: &[IpAddr],
-        placed_since_ns: u64,
-        pushed: IpAddr,
-    ) -> MismatchCause {
+    pub fn cause(&mut self, user: &str, placed: &[IpAddr], pushed: IpAddr) -> MismatchCause {
         if self.push_routing == PushRoutingMode::Broadcast {
             return MismatchCause::Undetermined;
         }
         let judged = self.judged_for_cause();
         let spelled_differently = self.spelling_difference().is_some();
-        let proxy_pick = self.pick_ip(Candidate::ProxySpelled, user);
+        let proxy_spelled = self.pick_ip(Candidate::ProxySpelled, user);
         let push_pick = self.pick_ip(Candidate::PushSpelled, user);
-        let predates = placed_since_ns < self.rings.membership_since_ns();
         let is_placed = |pick: Option<IpAddr>| pick.is_some_and(|ip| placed.contains(&ip));
-        // This user sits where the proxy-spelled ring puts it, and not where push's does.
-        let own_spelling_shown = spelled_differently
-            && is_placed(proxy_pick)
-            && push_pick.is_some()
-            && !is_placed(push_pick);
-        let proxy_hashes_own_spelling = spelled_differently
+        // Push sent the user where only a ring over fewer gateways than push's would.
+        if push_pick.is_some()
+            && push_pick != Some(pushed)
+            && self
+                .rings
+                .older_membership_picks(Candidate::PushSpelled, user, &[pushed])
+        {
+            return MismatchCause::PushRingLags;
+        }
+        // Which ring the proxy hashes with: its own spelling once the verdict says so, or
+        // while undetermined when this user sits where that spelling (and not push's) puts it.
+        let own_spelling = spelled_differently
             && match judged {
                 VerdictKind::Diverge => true,
                 VerdictKind::Agree | VerdictKind::SameSpelling => false,
-                VerdictKind::Undetermined => own_spelling_shown && !predates,
+                VerdictKind::Undetermined => {
+                    is_placed(proxy_spelled)
+                        && !is_placed(push_pick)
+                        && !self
+                            .rings
+                            .older_membership_picks(Candidate::PushSpelled, user, placed)
+                }
             };
-        if proxy_hashes_own_spelling && own_spelling_shown {
+        let (candidate, proxy_pick) = if own_spelling {
+            (Candidate::ProxySpelled, proxy_spelled)
+        } else {
+            (Candidate::PushSpelled, push_pick)
+        };
+        // The two rings disagree for this user now.
+        if own_spelling && proxy_pick.is_some() && proxy_pick != push_pick {
             return MismatchCause::RingSpelling;
         }
-        let proxy_ring_pick = if proxy_hashes_own_spelling {
-            proxy_pick
-        } else {
-            push_pick
-        };
-        if predates && proxy_ring_pick == Some(pushed) {
-            return MismatchCause::StalePlacement;
+        if proxy_pick != Some(pushed) || is_placed(proxy_pick) {
+            return MismatchCause::Undetermined;
         }
-        // Unknown while either side has named no gateway (no `Host`, say).
+        // The rings agree now, and the user sits elsewhere: the proxy's names show fewer
+        // gateways than push dials (it still hashes over them), or a ring over fewer gateways
+        // put the user there before the membership grew.
         match self.rings.proxy_replicas().zip(self.rings.push_replicas()) {
-            Some((proxy, push)) if proxy > push => MismatchCause::PushRingLags,
             Some((proxy, push)) if proxy < push => MismatchCause::ProxyRingLags,
+            _ if self.rings.older_membership_picks(candidate, user, placed) => {
+                MismatchCause::StalePlacement
+            }
             _ => MismatchCause::Undetermined,
         }
     }
@@ -327,7 +337,7 @@ impl RingVerdicts {
                 push_members,
                 difference,
                 complete: self.rings.complete(),
-                placements_seen: self.rings.evidence_since_membership(),
+                placements_seen: self.rings.evidence_len(),
                 placements_split: 0,
                 sample_split_share: 0.0,
                 lasted_secs: Some(lasted_secs),
@@ -414,14 +424,13 @@ mod tests {
         verdicts: &mut RingVerdicts,
         placed: &[(String, usize)],
         push_replicas: usize,
-        placed_ns: u64,
     ) -> BTreeMap<&'static str, usize> {
         let push_ring = Ring::new((0..push_replicas).map(push_name));
         let mut causes = BTreeMap::new();
         for (user, on) in placed {
             let pushed = push_ring.get_index(user).unwrap();
             if pushed != *on {
-                let cause = verdicts.cause(user, &[ip(*on)], placed_ns, ip(pushed));
+                let cause = verdicts.cause(user, &[ip(*on)], ip(pushed));
                 *causes.entry(cause.name()).or_default() += 1;
             }
         }
@@ -439,7 +448,7 @@ mod tests {
         place_with(&mut verdicts, proxy_spelled, 1, users(0, 20), SEC);
         push_dials(&mut verdicts, 0..5, 30 * SEC);
         let placed = place_with(&mut verdicts, proxy_spelled, 5, users(100, 60), 31 * SEC);
-        let causes = causes(&mut verdicts, &placed, 5, 31 * SEC);
+        let causes = causes(&mut verdicts, &placed, 5);
         assert_eq!(causes.keys().collect::<Vec<_>>(), [&"ring_spelling"]);
         assert!(causes[&"ring_spelling"] > 20, "{causes:?}");
     }
@@ -451,19 +460,20 @@ mod tests {
         let before = place_with(&mut verdicts, push_name, 1, users(0, 40), SEC);
         push_dials(&mut verdicts, 0..5, 30 * SEC);
         let after = place_with(&mut verdicts, push_name, 5, users(100, 60), 31 * SEC);
-        assert!(causes(&mut verdicts, &after, 5, 31 * SEC).is_empty());
-        let causes = causes(&mut verdicts, &before, 5, SEC);
+        assert!(causes(&mut verdicts, &after, 5).is_empty());
+        let causes = causes(&mut verdicts, &before, 5);
         assert_eq!(causes.keys().collect::<Vec<_>>(), [&"stale_placement"]);
         assert!(causes[&"stale_placement"] > 20, "{causes:?}");
     }
 
     #[test]
-    fn stale_placements_are_named_before_any_placement_under_the_new_members() {
+    fn placements_made_before_a_scale_out_are_stale() {
         let mut verdicts = RingVerdicts::new(3);
         push_dials(&mut verdicts, 0..1, SEC);
         let before = place_with(&mut verdicts, push_name, 1, users(0, 40), SEC);
         push_dials(&mut verdicts, 0..5, 30 * SEC);
-        let causes = causes(&mut verdicts, &before, 5, SEC);
+        place_with(&mut verdicts, push_name, 5, users(1000, 40), 31 * SEC);
+        let causes = causes(&mut verdicts, &before, 5);
         assert_eq!(causes.keys().collect::<Vec<_>>(), [&"stale_placement"]);
     }
 
@@ -472,7 +482,7 @@ mod tests {
         let mut verdicts = RingVerdicts::new(3);
         push_dials(&mut verdicts, 0..3, SEC);
         let placed = place_with(&mut verdicts, push_name, 5, users(0, 80), 2 * SEC);
-        let causes = causes(&mut verdicts, &placed, 3, 2 * SEC);
+        let causes = causes(&mut verdicts, &placed, 3);
         assert_eq!(causes.keys().collect::<Vec<_>>(), [&"push_ring_lags"]);
     }
 
@@ -481,7 +491,7 @@ mod tests {
         let mut verdicts = RingVerdicts::new(3);
         push_dials(&mut verdicts, 0..5, SEC);
         let placed = place_with(&mut verdicts, push_name, 3, users(0, 80), 2 * SEC);
-        let causes = causes(&mut verdicts, &placed, 5, 2 * SEC);
+        let causes = causes(&mut verdicts, &placed, 5);
         assert_eq!(causes.keys().collect::<Vec<_>>(), [&"proxy_ring_lags"]);
     }
 
@@ -497,8 +507,8 @@ mod tests {
                 (user, index)
             })
             .collect();
-        let causes = causes(&mut verdicts, &placed, 5, 2 * SEC);
-        assert_eq!(causes.keys().collect::<Vec<_>>(), [&"undetermined"]);
+        let causes = causes(&mut verdicts, &placed, 5);
+        assert!(!causes.contains_key(&"proxy_ring_lags"), "{causes:?}");
     }
 
     #[test]
@@ -512,18 +522,14 @@ mod tests {
         verdicts.evaluate(20 * SEC, true, &mut alerts);
         assert!(alerts.is_empty(), "{alerts:?}");
         assert_eq!(
-            causes(&mut verdicts, &placed, 3, SEC)
-                .keys()
-                .collect::<Vec<_>>(),
+            causes(&mut verdicts, &placed, 3).keys().collect::<Vec<_>>(),
             [&"undetermined"]
         );
         verdicts.push_routing_learned(PushRoutingMode::Ring);
         verdicts.evaluate(30 * SEC, false, &mut alerts);
         assert_eq!(kinds(&alerts), ["ring_divergence"]);
         assert_eq!(
-            causes(&mut verdicts, &placed, 3, SEC)
-                .keys()
-                .collect::<Vec<_>>(),
+            causes(&mut verdicts, &placed, 3).keys().collect::<Vec<_>>(),
             [&"ring_spelling"]
         );
     }
@@ -811,6 +817,7 @@ mod tests {
                     stream_id: 1,
                     ts_ns: SEC,
                     method: "SuperGroupOnlineBatchPushOneMsg".into(),
+                    service: None,
                     gateway: Gateway {
                         ip: ip(index),
                         port: 88,

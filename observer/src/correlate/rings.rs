@@ -50,9 +50,6 @@ pub struct LearnedRings {
     /// foldhash and inline ids, as the engine's other tables.
     evidence: HashMap<CompactString, (IpAddr, u64)>,
     pub evidence_dropped: u64,
-    /// When the rings' members last changed: only placements made since say how the proxy
-    /// hashes over them (one made under older members sits where an older ring put it).
-    membership_since_ns: u64,
     /// The rebuilt rings, built when first needed after a name or address was learned.
     candidates: Option<Candidates>,
 }
@@ -97,6 +94,10 @@ struct Candidates {
     push_spelled: Ring,
     /// Every gateway `0..n-1` seen on both sides.
     complete: bool,
+    /// Each candidate over members `0..k` for every `k` below the replica count, built when
+    /// first asked for (see [`LearnedRings::older_membership_picks`]).
+    older_proxy_spelled: Option<Vec<Ring>>,
+    older_push_spelled: Option<Vec<Ring>>,
 }
 
 /// Which candidate a user's gateway comes from.
@@ -179,17 +180,17 @@ impl Tally {
 }
 
 impl LearnedRings {
-    /// Records a name the proxy's `Host` gave the gateway at `ip`, seen at `ts_ns`.
-    pub fn learn_proxy_host(&mut self, name: &str, ip: IpAddr, ts_ns: u64) -> Learned {
-        self.learn(false, name, ip, ts_ns)
+    /// Records a name the proxy's `Host` gave the gateway at `ip`.
+    pub fn learn_proxy_host(&mut self, name: &str, ip: IpAddr) -> Learned {
+        self.learn(false, name, ip)
     }
 
-    /// Records a name push's `:authority` gave the gateway at `ip`, seen at `ts_ns`.
-    pub fn learn_push_member(&mut self, name: &str, ip: IpAddr, ts_ns: u64) -> Learned {
-        self.learn(true, name, ip, ts_ns)
+    /// Records a name push's `:authority` gave the gateway at `ip`.
+    pub fn learn_push_member(&mut self, name: &str, ip: IpAddr) -> Learned {
+        self.learn(true, name, ip)
     }
 
-    fn learn(&mut self, push: bool, name: &str, ip: IpAddr, ts_ns: u64) -> Learned {
+    fn learn(&mut self, push: bool, name: &str, ip: IpAddr) -> Learned {
         let before = self.layout();
         let side = if push {
             &mut self.push
@@ -210,14 +211,8 @@ impl LearnedRings {
         if self.layout() == before {
             Learned::Address
         } else {
-            self.membership_since_ns = ts_ns;
             Learned::Membership
         }
-    }
-
-    /// When the rings' members last changed: a placement older than this predates them.
-    pub fn membership_since_ns(&self) -> u64 {
-        self.membership_since_ns
     }
 
     /// What the rings' member lists depend on: the replica count and both spellings (and, for
@@ -275,14 +270,6 @@ impl LearnedRings {
         self.evidence.len()
     }
 
-    /// Placements remembered that were made under the current members.
-    pub fn evidence_since_membership(&self) -> usize {
-        self.evidence
-            .values()
-            .filter(|(_, placed_ns)| *placed_ns >= self.membership_since_ns)
-            .count()
-    }
-
     /// A pair of names one gateway (one IP) goes by on the two sides, if they differ.
     pub fn spelling_difference(&self) -> Option<(String, String)> {
         self.proxy.names.iter().find_map(|(host, ip)| {
@@ -306,6 +293,37 @@ impl LearnedRings {
     pub fn complete(&mut self) -> bool {
         self.candidates()
             .is_some_and(|candidates| candidates.complete)
+    }
+
+    /// Tells whether a ring of `candidate`'s spelling over fewer gateways than now (an older
+    /// membership, members `0..k` for some `k` below the replica count) puts `user` on one of
+    /// `gateways`: the evidence that a placement predates the membership, or that a push
+    /// followed a ring that lags it. Builds those rings once per membership.
+    pub fn older_membership_picks(
+        &mut self,
+        candidate: Candidate,
+        user: &str,
+        gateways: &[IpAddr],
+    ) -> bool {
+        let Some(candidates) = self.candidates.as_mut() else {
+            return false;
+        };
+        let members = candidates.ring(candidate).members().to_vec();
+        let older = match candidate {
+            Candidate::ProxySpelled => &mut candidates.older_proxy_spelled,
+            Candidate::PushSpelled => &mut candidates.older_push_spelled,
+        };
+        let older = older.get_or_insert_with(|| {
+            (1..members.len())
+                .map(|count| Ring::new(members[..count].iter().cloned()))
+                .collect()
+        });
+        older.iter().any(|ring| {
+            ring.get_index(user)
+                .ok()
+                .and_then(|index| candidates.gateways.get(index).copied().flatten())
+                .is_some_and(|ip| gateways.contains(&ip))
+        })
     }
 
     /// The gateway `candidate` picks for `user`, if push's side is known.
@@ -390,10 +408,7 @@ impl LearnedRings {
         self.refresh();
         let candidates = self.candidates.as_ref()?;
         let mut tally = Tally::default();
-        for (user, (placed, placed_ns)) in &self.evidence {
-            if *placed_ns < self.membership_since_ns {
-                continue;
-            }
+        for (user, (placed, _)) in &self.evidence {
             tally.seen += 1;
             let (Ok(by_proxy), Ok(by_push)) = (
                 candidates.proxy_spelled.get_index(user),
@@ -480,6 +495,8 @@ impl LearnedRings {
             proxy_spelled: Ring::new(proxy_members),
             push_spelled: Ring::new(push_members),
             complete,
+            older_proxy_spelled: None,
+            older_push_spelled: None,
         })
     }
 
@@ -612,13 +629,13 @@ mod tests {
         let push = members(PUSH_MEMBER_TEMPLATE, hashed.len());
         let mut rings = LearnedRings::default();
         for (index, member) in push.iter().enumerate() {
-            rings.learn_push_member(member, ip(index), 0);
+            rings.learn_push_member(member, ip(index));
         }
         let proxy_ring = Ring::new(hashed.iter().cloned());
         for user in 0..users {
             let user = format!("{}", 4_000_000_000u64 + user as u64 * 7_777);
             let index = proxy_ring.get_index(&user).unwrap();
-            rings.learn_proxy_host(&dialled[index], ip(index), 0);
+            rings.learn_proxy_host(&dialled[index], ip(index));
             rings.record_placement(&user, ip(index), 0);
         }
         rings
@@ -721,11 +738,11 @@ mod tests {
         let mut rings = LearnedRings::default();
         // Push dialled 11, 2 and 10 only; the proxy 0 and 5.
         for index in [11, 2, 10] {
-            rings.learn_push_member(&push[index], ip(index), 0);
+            rings.learn_push_member(&push[index], ip(index));
         }
-        rings.learn_proxy_host(&proxy[5], ip(5), 0);
+        rings.learn_proxy_host(&proxy[5], ip(5));
         assert_eq!(
-            rings.learn_proxy_host(&proxy[0], ip(0), 0),
+            rings.learn_proxy_host(&proxy[0], ip(0)),
             Learned::Address,
             "below the highest ordinal: the same members"
         );
@@ -744,12 +761,12 @@ mod tests {
             assert_eq!(pick.ip, known.then(|| ip(index)), "{user}");
         }
         assert_eq!(
-            rings.learn_push_member(&members(PUSH_MEMBER_TEMPLATE, 13)[12], ip(12), 0),
+            rings.learn_push_member(&members(PUSH_MEMBER_TEMPLATE, 13)[12], ip(12)),
             Learned::Membership
         );
         for index in 0..13 {
-            rings.learn_push_member(&members(PUSH_MEMBER_TEMPLATE, 13)[index], ip(index), 0);
-            rings.learn_proxy_host(&members(PROXY_MEMBER_TEMPLATE, 13)[index], ip(index), 0);
+            rings.learn_push_member(&members(PUSH_MEMBER_TEMPLATE, 13)[index], ip(index));
+            rings.learn_proxy_host(&members(PROXY_MEMBER_TEMPLATE, 13)[index], ip(index));
         }
         assert!(rings.complete());
     }
@@ -758,7 +775,7 @@ mod tests {
     fn names_without_ordinals_keep_text_order() {
         let mut rings = LearnedRings::default();
         for (index, name) in ["gw-b:88", "gw-a:88", "10.0.0.9:88"].iter().enumerate() {
-            rings.learn_push_member(name, ip(index), 0);
+            rings.learn_push_member(name, ip(index));
         }
         let (_, push) = rings.members().unwrap();
         assert_eq!(push, ["10.0.0.9:88", "gw-a:88", "gw-b:88"]);
