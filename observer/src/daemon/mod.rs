@@ -36,7 +36,7 @@ use crate::{
         Engine,
         blindness::{BlindnessLimits, CaptureHealth},
     },
-    identity::{self, CgroupIndex, IdentityError, PodDirectory, PodIndex},
+    identity::{self, CgroupIndex, IdentityError, PodDirectory},
     lines::{BoundedLines, LineError},
     metrics::{self, Metrics, MetricsError},
     model::{Event, rfc3339},
@@ -121,7 +121,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     let mut pod_lists = None;
     let pod_watch = if args.kube {
         let client = identity::connect().await?;
-        let pods = PodIndex::shared(args.kube_max_pods);
+        let pods = args.pod_index();
         // On a hybrid node the kernel's cgroup ids are those of the v2 hierarchy at `unified`.
         let cgroups = CgroupIndex::new(
             cgroup_scope::hierarchy_path(&args.cgroup_root),
@@ -180,6 +180,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         "memory_budget": args.engine.memory_budget,
         "version": env!("CARGO_PKG_VERSION"),
         "adopted_connections": {"grpc": adopted_grpc, "websocket": adopted_websockets},
+        "node": identity::node_name(args.cluster.node_name.as_deref()),
     });
     if let Some(link) = &mut sink.cluster {
         started["node"] = link.node().into();
