@@ -100,10 +100,7 @@ fn as_shipped_every_user_that_missed_real_time_is_alerted_and_no_other() {
         .iter()
         .find(|alert| alert["kind"] == "route_mismatch")
         .unwrap();
-    assert_eq!(
-        mismatch["pushed_to"]["answer"], "empty_entry",
-        "{mismatch}"
-    );
+    assert_eq!(mismatch["pushed_to"]["answer"], "empty_entry", "{mismatch}");
     assert_eq!(mismatch["placed_on"][0]["proxy"]["comm"], "msggw-proxy");
     assert_churn_reported(&output);
 }
