@@ -122,6 +122,27 @@ impl PrometheusServer {
         )
     }
 
+    /// Waits until `job`'s targets have been scraped successfully: Prometheus hands targets
+    /// to its scrapers a few seconds after start, so earlier samples would be missed.
+    pub fn wait_for_targets(&self, job: &str) -> Result<()> {
+        let started = Instant::now();
+        let query = format!("up{{job=\"{job}\"}} == 1");
+        while started.elapsed() < READY_TIMEOUT {
+            let data = self.query(&query)?;
+            if data["result"]
+                .as_array()
+                .is_some_and(|result| !result.is_empty())
+            {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!(
+            "{job} was not scraped within {READY_TIMEOUT:?}: {}",
+            self.log()
+        )
+    }
+
     /// Prometheus' own log (warnings and errors).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
