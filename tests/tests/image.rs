@@ -1026,6 +1026,10 @@ fn assert_runs_and_captures(pod: &Pod, daemonset: &DaemonSet, running: &mut Runn
     let (status, body) = http_get(metrics, "/healthz");
     assert_eq!(status, "HTTP/1.1 200 OK", "/healthz on {metrics:?}");
     assert_eq!(body, "ok\n");
+    // Started means every program is attached: the readiness probe's path says so too.
+    let (status, body) = http_get(metrics, "/readyz");
+    assert_eq!(status, "HTTP/1.1 200 OK", "/readyz on {metrics:?}");
+    assert_eq!(body, "ready\n");
     let (status, body) = http_get(metrics, "/metrics");
     assert_eq!(
         status, "HTTP/1.1 200 OK",

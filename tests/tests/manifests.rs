@@ -705,22 +705,23 @@ fn objects<T: DeserializeOwned>(file: &str, kind: &str) -> Vec<T> {
 }
 
 #[test]
-fn probes_ask_healthz_not_metrics() {
+fn probes_ask_healthz_and_readyz_not_metrics() {
     for variant in VARIANTS {
         let Some((daemonset, place)) = build_variant(variant) else {
             return;
         };
         let container = container(&daemonset, &place);
-        for (name, probe) in [
-            ("startupProbe", &container.startup_probe),
-            ("livenessProbe", &container.liveness_probe),
-            ("readinessProbe", &container.readiness_probe),
+        // Liveness is the process answering; readiness waits for the programs (and pod lists).
+        for (name, probe, expected) in [
+            ("startupProbe", &container.startup_probe, "/healthz"),
+            ("livenessProbe", &container.liveness_probe, "/healthz"),
+            ("readinessProbe", &container.readiness_probe, "/readyz"),
         ] {
             let path = probe
                 .as_ref()
                 .and_then(|probe| probe.http_get.as_ref())
                 .and_then(|get| get.path.as_deref());
-            assert_eq!(path, Some("/healthz"), "{place}: {name}.httpGet.path");
+            assert_eq!(path, Some(expected), "{place}: {name}.httpGet.path");
         }
     }
 }

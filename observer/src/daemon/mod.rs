@@ -191,15 +191,15 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
         started["cgroup_scope"] = serde_json::json!(options.cgroup_scope);
         started["adopted_connections"]["outside_scope"] = adopted.outside_scope.into();
     }
-    sink.print_json(&started)?;
     if let Some(metrics) = &sink.metrics
         && let Ok(metrics) = metrics.lock()
     {
         // Every program is attached: `/readyz` turns ready (with `--kube`, once the pod lists
-        // have loaded too).
+        // have loaded too), before `observer_started` says so.
         metrics.set_capture_hook(capture.capture_hook().name());
         metrics.readiness().set_attached();
     }
+    sink.print_json(&started)?;
     for event in &adopted.events {
         sink.consume(event)?;
     }

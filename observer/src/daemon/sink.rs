@@ -184,10 +184,10 @@ impl EventSink {
             }
             .map_err(DaemonError::Output)?;
             if let Some(metrics) = &self.metrics
-                && let Ok(metrics) = metrics.lock()
+                && let Ok(mut metrics) = metrics.lock()
             {
                 let waited_ns = now_ns.saturating_sub(alert.ts_ns);
-                metrics.alert(alert.kind(), waited_ns as f64 / 1e9);
+                metrics.alert_printed(&alert, waited_ns as f64 / 1e9);
             }
         }
         self.stdout.flush().map_err(DaemonError::Output)?;
