@@ -184,6 +184,9 @@ async fn two_pushers_on_two_nodes_still_print_one_mismatch_per_window() {
     }
     for pusher in &mut pushers {
         pusher.settle().await;
+        // Until push's ring is learned, a miss waits a message window for the message's calls
+        // to other gateways (push may broadcast).
+        pusher.pass(2).await;
     }
     let printed: Vec<Alert> = pushers
         .iter()
@@ -242,6 +245,7 @@ async fn losing_redis_is_said_and_local_detection_continues() {
     // Meanwhile this node still judges what it sees itself.
     node.feed(&traffic.events);
     node.settle().await;
+    node.pass(2).await;
     let found = mismatches(&node.printed);
     assert_eq!(found.keys().cloned().collect::<Vec<_>>(), expected);
 
@@ -319,6 +323,7 @@ async fn a_restarted_observer_adopts_the_placements_still_established() {
     // Pushes seen on the restarted node itself are judged against the adopted placements.
     after.feed(grpc(&traffic));
     after.settle().await;
+    after.pass(2).await;
     let expected: Vec<MismatchKey> = oracle(&traffic)
         .into_iter()
         .filter(|(user, ..)| kept.contains(user.as_str()) && *user != closed.user)

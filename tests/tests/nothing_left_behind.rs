@@ -17,8 +17,6 @@ use tests::privileges::{Needs, can_run};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const GRPC_PORT: u16 = 47_288;
-const WS_PORT: u16 = 47_280;
 const USERS: usize = 1_500;
 const GRPC_CONNECTIONS: usize = 1_500;
 /// Entries left behind on purpose: keys no socket has (odd, unlike a socket's address).
@@ -58,8 +56,10 @@ fn with_the_packet_hook_nothing_is_left_once_the_sockets_are_gone() {
 /// entries behind in its `table`, closes everything while it reads nothing (the closes past
 /// the ring are dropped), and waits for its tracked state and kernel tables to empty.
 fn nothing_left_behind(hook_args: &[&str], metrics_addr: &str, table: &str) {
-    let grpc = GRPC_PORT.to_string();
-    let ws = WS_PORT.to_string();
+    // Ports the kernel hands out: a fixed one may be a lingering connection's ephemeral port.
+    let [grpc_port, ws_port] = openim_test_kit::ports::free_ports::<2>();
+    let grpc = grpc_port.to_string();
+    let ws = ws_port.to_string();
     let args = [
         &[
             "--grpc-port",
@@ -82,10 +82,10 @@ fn nothing_left_behind(hook_args: &[&str], metrics_addr: &str, table: &str) {
         .build()
         .expect("runtime");
     let (peak, settled, entries) = runtime.block_on(async {
-        let placed = tests::memory_load::place_users(WS_PORT, 0..USERS)
+        let placed = tests::memory_load::place_users(ws_port, 0..USERS)
             .await
             .expect("users placed");
-        let grpc = open_grpc_connections().await;
+        let grpc = open_grpc_connections(grpc_port).await;
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let peak = tracked(metrics_addr).await;
         maps.leave_entries_behind(table);
@@ -130,16 +130,16 @@ fn nothing_left_behind(hook_args: &[&str], metrics_addr: &str, table: &str) {
     );
 }
 
-/// `GRPC_CONNECTIONS` connections to `GRPC_PORT` that each wrote a few bytes, with the server's
+/// `GRPC_CONNECTIONS` connections to `port` that each wrote a few bytes, with the server's
 /// ends; dropping them closes both.
-async fn open_grpc_connections() -> Vec<tokio::net::TcpStream> {
+async fn open_grpc_connections(port: u16) -> Vec<tokio::net::TcpStream> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", GRPC_PORT))
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("free gRPC port");
     let mut open = Vec::new();
     for _ in 0..GRPC_CONNECTIONS {
-        let mut client = tokio::net::TcpStream::connect(("127.0.0.1", GRPC_PORT))
+        let mut client = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .expect("connect");
         let (mut server, _) = listener.accept().await.expect("accept");
