@@ -19,27 +19,26 @@ use crate::model::ConnectionKey;
 /// `st` of an established socket in `/proc/net/tcp`.
 const ESTABLISHED: &str = "01";
 
-/// One row of a `/proc/net/tcp` or `tcp6` table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One row of a `/proc/net/tcp` or `tcp6` table whose socket a descriptor holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TableSocket {
     /// As the table spells it: an IPv4 connection of a dual-stack socket is IPv4-mapped.
     pub key: ConnectionKey,
     pub established: bool,
-    /// The socket's inode (`socket:[inode]` in `/proc/<pid>/fd`); 0 once no descriptor holds
-    /// it (TIME_WAIT).
+    /// The socket's inode (`socket:[inode]` in `/proc/<pid>/fd`).
     pub inode: u64,
 }
 
-/// Every TCP socket in every network namespace of this node (each namespace read once).
+/// Every TCP socket a descriptor holds in every network namespace of this node, each once.
 pub fn table_sockets() -> Vec<TableSocket> {
     table_sockets_under(Path::new("/proc"))
 }
 
 fn table_sockets_under(proc_root: &Path) -> Vec<TableSocket> {
     let mut namespaces = HashSet::new();
-    let mut sockets = Vec::new();
+    let mut sockets = HashSet::new();
     let Ok(entries) = fs::read_dir(proc_root) else {
-        return sockets;
+        return Vec::new();
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -51,8 +50,9 @@ fn table_sockets_under(proc_root: &Path) -> Vec<TableSocket> {
             continue;
         }
         let process = entry.path();
-        // Without CAP_SYS_PTRACE another user's namespace link cannot be read: its tables are
-        // read anyway (the callers remove the repeats), which only costs time.
+        // Without CAP_SYS_PTRACE another process's namespace link cannot be read (the
+        // least-privilege pod): its tables are read anyway, which costs time, and the set
+        // keeps each socket once, or every process would add its namespace's sockets again.
         if let Ok(namespace) = fs::metadata(process.join("ns/net"))
             && !namespaces.insert((namespace.dev(), namespace.ino()))
         {
@@ -64,7 +64,7 @@ fn table_sockets_under(proc_root: &Path) -> Vec<TableSocket> {
             }
         }
     }
-    sockets
+    sockets.into_iter().collect()
 }
 
 /// The sockets of one `/proc/net/tcp` or `tcp6` table.
@@ -80,6 +80,11 @@ fn parse_table(text: &str) -> impl Iterator<Item = TableSocket> + '_ {
             .nth(5)
             .and_then(|inode| inode.parse().ok())
             .unwrap_or(0);
+        // No descriptor holds it (TIME_WAIT, an orphan): no caller wants it, and a node can
+        // hold tens of thousands.
+        if inode == 0 {
+            return None;
+        }
         Some(TableSocket {
             key: ConnectionKey { local, remote },
             established,
@@ -119,10 +124,10 @@ mod tests {
     fn tables_parse_in_host_byte_order() {
         // Written as a little-endian kernel prints them.
         let tcp = "  sl  local_address rem_address   st tx_queue rx_queue\n\
-                   0: 0500F40A:A028 0700F40A:0050 01 00000000:00000000 00:00000000 00000000\n\
-                   1: 0500F40A:A029 0700F40A:0050 06 00000000:00000000 00:00000000 00000000\n";
+                   0: 0500F40A:A028 0700F40A:0050 01 00000000:00000000 00:00000000 00000000     0        0 1001 1 0\n\
+                   1: 0500F40A:A029 0700F40A:0050 06 00000000:00000000 00:00000000 00000000     0        0 1002 1 0\n";
         let tcp6 = "  sl  local_address                         remote_address\n\
-                    0: 0000000000000000FFFF00000900F40A:A030 0000000000000000FFFF00000700F40A:0050 01 0\n";
+                    0: 0000000000000000FFFF00000900F40A:A030 0000000000000000FFFF00000700F40A:0050 01 00000000:00000000 00:00000000 00000000     0        0 1003 1 0\n";
         if cfg!(target_endian = "little") {
             let found: Vec<String> = parse_table(tcp)
                 .chain(parse_table(tcp6))
@@ -146,5 +151,14 @@ mod tests {
         let sockets: Vec<TableSocket> = parse_table(tcp).collect();
         assert_eq!(sockets.len(), 1);
         assert_eq!(sockets[0].inode, 123_456);
+    }
+
+    /// TIME_WAIT rows hold no descriptor (inode 0): a node can have tens of thousands, and
+    /// a process that cannot read other namespaces' links reads them once per process.
+    #[test]
+    fn rows_no_descriptor_holds_are_left_out() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+                   0: 0500F40A:A028 0700F40A:0050 06 00000000:00000000 03:00001000 00000000     0        0 0 1 0\n";
+        assert_eq!(parse_table(tcp).count(), 0);
     }
 }
