@@ -36,6 +36,8 @@ fuzz_target!(|data: &[u8]| {
             answer_timeout_secs: 1,
             churn_min_new_connections: 3,
             churn_window_secs: 2,
+            // Half a second: inputs of a few KB reach misses held for a message's other calls.
+            message_window_ms: 500,
         },
         decode: Limits {
             max_buffered_bytes: 4096,
