@@ -65,6 +65,17 @@ struct Parked {
     alert: Alert,
 }
 
+/// When a miss is judged (see [`MessageRoutes::judgment`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judgment {
+    /// At once: a `route_mismatch` unless its fold window is open.
+    Now,
+    /// Once the message's window has passed ([`MessageRoutes::hold`]).
+    Hold,
+    /// Not at all, and counted.
+    Skip,
+}
+
 /// What the routing table counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RouteLearningCounters {
@@ -172,21 +183,21 @@ impl MessageRoutes {
         learned
     }
 
-    /// Tells whether a miss in a call of `message` is judged now (the ring is learned, or the
-    /// message cannot be grouped) rather than held for the message's other calls. `None`: the
-    /// miss is not judged at all (broadcast, and the message has no ids to group it by).
-    pub fn judges_now(&mut self, message: &MessageIds) -> Option<bool> {
+    /// Decides when a miss in a call of `message` is judged: now (the ring is learned, or the
+    /// message cannot be grouped), after the message's other calls, or never (broadcast, and
+    /// the message has no ids to group it by).
+    pub fn judgment(&mut self, message: &MessageIds) -> Judgment {
         if self.window_ns == 0 {
-            return Some(true);
+            return Judgment::Now;
         }
         match (self.mode, self.message_key(message).is_some()) {
-            (Some(PushRoutingMode::Ring), _) => Some(true),
-            (_, true) => Some(false),
+            (Some(PushRoutingMode::Ring), _) => Judgment::Now,
+            (_, true) => Judgment::Hold,
             (Some(PushRoutingMode::Broadcast), false) => {
                 self.counters.calls_unjudged_without_ids += 1;
-                None
+                Judgment::Skip
             }
-            (None, false) => Some(true),
+            (None, false) => Judgment::Now,
         }
     }
 

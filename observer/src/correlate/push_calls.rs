@@ -16,7 +16,7 @@ use crate::{
 
 use super::{
     FoldKey, MismatchKey, RouteLimits,
-    message_routes::MessageRoutes,
+    message_routes::{Judgment, MessageRoutes},
     mid_stream::MidStream,
     placements::{self, Placement, Placements},
     ring_verdicts::RingVerdicts,
@@ -374,14 +374,14 @@ fn judge_user(
         placed,
         pushed: call.gateway.ip,
     };
-    let Some(now) = judge.routes.judges_now(&call.message) else {
-        return;
-    };
-    if now && judge.folds.repeat(&key, ts_ns) {
-        return;
+    let judgment = judge.routes.judgment(&call.message);
+    match judgment {
+        Judgment::Skip => return,
+        Judgment::Now if judge.folds.repeat(&key, ts_ns) => return,
+        Judgment::Now | Judgment::Hold => {}
     }
     let alert = mismatch_alert(user, placements, placed, answer, call, ts_ns, judge);
-    if now {
+    if judgment == Judgment::Now {
         judge.folds.first(key.to_owned_key(), alert, alerts);
     } else {
         judge.routes.hold(
