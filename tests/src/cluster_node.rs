@@ -35,10 +35,10 @@ impl Node {
     pub async fn start(url: &str, name: &str) -> Self {
         let config = ClusterArgs {
             redis_url: Some(url.to_owned()),
-            redis_url_file: None,
             redis_prefix: DEFAULT_PREFIX.to_owned(),
             node_name: Some(name.to_owned()),
             redis_queue: 65_536,
+            ..ClusterArgs::default()
         }
         .resolve()
         .expect("valid cluster arguments")

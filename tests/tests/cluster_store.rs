@@ -24,10 +24,10 @@ const PATIENCE: Duration = Duration::from_secs(10);
 fn config(url: &str, node: &str, queue: usize) -> ClusterConfig {
     ClusterArgs {
         redis_url: Some(url.to_owned()),
-        redis_url_file: None,
         redis_prefix: DEFAULT_PREFIX.to_owned(),
         node_name: Some(node.to_owned()),
         redis_queue: queue,
+        ..ClusterArgs::default()
     }
     .resolve()
     .expect("valid cluster flags")

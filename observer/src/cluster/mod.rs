@@ -3,16 +3,24 @@
 //! here, push's call there) still completes, and a restarted observer finds the placements made
 //! before it started.
 //!
-//! Without `--redis-url` nothing here runs and the observer works alone.
+//! Without `--redis-url`, `--redis-cluster` or `--redis-sentinel` nothing here runs and the
+//! observer works alone.
 //!
+//! - [`connection`]: one connection type over the three Redis topologies (one server, a Redis
+//!   Cluster, a Sentinel-managed primary) that reconnects on its own.
 //! - [`keys`]: the key schema (prefix, hash tags, TTLs) and the values stored: placements, ring
 //!   evidence, push outcomes and dedup claims; never a token, never message content.
 //! - [`link`]: between the engine and the store: facts out, placement lookups and dedup
 //!   claims through a worker task, `capture_degraded` when Redis is lost and back.
 //! - [`recovery`]: after a restart, which stored placements' connections the kernel still holds.
 //! - [`store`]: the client: a writer task fed by a bounded queue (pipelined batches; a full
-//!   queue drops and counts), reads with a deadline, a health probe, and the metrics.
+//!   queue drops and counts), reads with a deadline and a health probe; [`health`] holds what
+//!   they count, for the metrics.
 
+mod clock;
+pub mod connection;
+mod fact;
+pub mod health;
 pub mod keys;
 pub mod link;
 pub mod recovery;
@@ -31,16 +39,31 @@ pub use store::{SharedState, StoreHealth, StoreMetrics};
 /// The environment variable read for the Redis URL when neither flag gives one, so a Kubernetes
 /// Secret can hold the credentials (`env.valueFrom.secretKeyRef`).
 pub const REDIS_URL_ENV: &str = "OPENIM_OBSERVER_REDIS_URL";
+/// The environment variable read for a Redis Cluster's seed nodes, as [`REDIS_URL_ENV`].
+pub const REDIS_CLUSTER_ENV: &str = "OPENIM_OBSERVER_REDIS_CLUSTER";
+/// The environment variable read for the sentinels' URLs, as [`REDIS_URL_ENV`].
+pub const REDIS_SENTINEL_ENV: &str = "OPENIM_OBSERVER_REDIS_SENTINEL";
 
 #[derive(Debug, Error)]
 pub enum ClusterError {
-    #[error("--redis-url-file {path}: {source}")]
+    #[error("{flag} {path}: {source}")]
     UrlFile {
+        flag: &'static str,
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("--redis-url-file {path} is empty")]
-    EmptyUrlFile { path: PathBuf },
+    #[error("{flag} {path} is empty")]
+    EmptyUrlFile { flag: &'static str, path: PathBuf },
+    /// Two of `--redis-url`, `--redis-cluster` and `--redis-sentinel` (flag, file or
+    /// environment) are given.
+    #[error("{0} and {1} both name a Redis: give one")]
+    TwoTopologies(&'static str, &'static str),
+    #[error("--redis-sentinel needs --redis-sentinel-master NAME (the name the sentinels monitor)")]
+    NoSentinelMaster,
+    #[error("--redis-sentinel-master is given without --redis-sentinel")]
+    MasterWithoutSentinel,
+    #[error("a Redis Cluster has database 0 only: leave /DB out of --redis-cluster")]
+    ClusterDatabase,
     /// The text never repeats the URL: it may hold a password.
     #[error(
         "invalid Redis URL ({reason}); expected redis://[USER:PASSWORD@]HOST[:PORT][/DB] or rediss://…"
@@ -59,12 +82,47 @@ pub struct ClusterArgs {
     /// Share state with the observers on the other nodes through Redis (cluster mode):
     /// redis://USER:PASSWORD@HOST:PORT/DB (all but HOST optional), or rediss:// for TLS. Also
     /// read from --redis-url-file or the OPENIM_OBSERVER_REDIS_URL environment variable.
-    /// Without any of them the observer works alone.
+    /// Without any of them (or --redis-cluster, --redis-sentinel) the observer works alone.
     #[arg(long, value_name = "URL")]
     pub redis_url: Option<String>,
     /// A file holding the Redis URL (a mounted Secret), read once at start.
     #[arg(long, value_name = "FILE", conflicts_with = "redis_url")]
     pub redis_url_file: Option<PathBuf>,
+    /// Share state through a Redis Cluster instead: some of its nodes (seeds, the rest is
+    /// discovered), comma-separated URLs as for --redis-url (one user and password for all,
+    /// no /DB). Also read from --redis-cluster-file or OPENIM_OBSERVER_REDIS_CLUSTER.
+    #[arg(long, value_name = "URL[,URL...]", conflicts_with_all = ["redis_url", "redis_url_file"])]
+    pub redis_cluster: Option<String>,
+    /// A file holding the Redis Cluster's seed URLs (comma- or line-separated).
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["redis_url", "redis_url_file", "redis_cluster"]
+    )]
+    pub redis_cluster_file: Option<PathBuf>,
+    /// Share state through a Sentinel-managed primary instead: the sentinels' URLs,
+    /// comma-separated (redis://USER:PASSWORD@HOST:26379; the first one's user, password, /DB
+    /// and TLS also reach the primary), with --redis-sentinel-master. Also read from
+    /// --redis-sentinel-file or OPENIM_OBSERVER_REDIS_SENTINEL.
+    #[arg(
+        long,
+        value_name = "URL[,URL...]",
+        conflicts_with_all = ["redis_url", "redis_url_file", "redis_cluster", "redis_cluster_file"]
+    )]
+    pub redis_sentinel: Option<String>,
+    /// A file holding the sentinels' URLs (comma- or line-separated).
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = [
+            "redis_url", "redis_url_file", "redis_cluster", "redis_cluster_file", "redis_sentinel"
+        ]
+    )]
+    pub redis_sentinel_file: Option<PathBuf>,
+    /// The name of the primary the sentinels monitor (`sentinel monitor NAME ...`), with
+    /// --redis-sentinel.
+    #[arg(long, value_name = "NAME")]
+    pub redis_sentinel_master: Option<String>,
     /// Prefix of every key the observer writes, so it can share a Redis (for example OpenIM's
     /// own, under an ACL user limited to `~PREFIX*`).
     #[arg(long, value_name = "PREFIX", default_value = keys::DEFAULT_PREFIX)]
@@ -82,27 +140,17 @@ pub struct ClusterArgs {
 /// Cluster mode's settings, resolved from the flags, a file and the environment.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
-    pub url: RedisUrl,
+    pub redis: RedisTopology,
     pub prefix: String,
     pub node: String,
     pub queue_capacity: usize,
 }
 
 impl ClusterArgs {
-    /// `None` when no Redis URL is given anywhere: single-node mode.
+    /// `None` when no Redis is given anywhere: single-node mode.
     pub fn resolve(&self) -> Result<Option<ClusterConfig>, ClusterError> {
-        let from_env = || {
-            std::env::var(REDIS_URL_ENV)
-                .ok()
-                .filter(|url| !url.is_empty())
-        };
-        let url = match (&self.redis_url, &self.redis_url_file) {
-            (Some(url), _) => url.clone(),
-            (None, Some(path)) => read_url_file(path)?,
-            (None, None) => match from_env() {
-                Some(url) => url,
-                None => return Ok(None),
-            },
+        let Some(redis) = self.topology()? else {
+            return Ok(None);
         };
         if self.redis_prefix.is_empty() {
             return Err(ClusterError::EmptyPrefix);
@@ -112,22 +160,104 @@ impl ClusterArgs {
             _ => hostname().ok_or(ClusterError::NoNodeName)?,
         };
         Ok(Some(ClusterConfig {
-            url: RedisUrl::parse(&url)?,
+            redis,
             prefix: self.redis_prefix.clone(),
             node,
             queue_capacity: self.redis_queue.max(1),
         }))
     }
+
+    /// The Redis named by the flags, their files or the environment; two named is an error.
+    fn topology(&self) -> Result<Option<RedisTopology>, ClusterError> {
+        let single = given(
+            &self.redis_url,
+            &self.redis_url_file,
+            "--redis-url-file",
+            REDIS_URL_ENV,
+        )?;
+        let cluster = given(
+            &self.redis_cluster,
+            &self.redis_cluster_file,
+            "--redis-cluster-file",
+            REDIS_CLUSTER_ENV,
+        )?;
+        let sentinel = given(
+            &self.redis_sentinel,
+            &self.redis_sentinel_file,
+            "--redis-sentinel-file",
+            REDIS_SENTINEL_ENV,
+        )?;
+        let master = self
+            .redis_sentinel_master
+            .as_deref()
+            .map(str::trim)
+            .filter(|name| !name.is_empty());
+        let topology = match (single, cluster, sentinel) {
+            (None, None, None) => None,
+            (Some(url), None, None) => Some(RedisTopology::Single(RedisUrl::parse(&url)?)),
+            (None, Some(seeds), None) => {
+                let seeds = RedisUrl::parse_list(&seeds)?;
+                if seeds.iter().any(|seed| seed.db != 0) {
+                    return Err(ClusterError::ClusterDatabase);
+                }
+                Some(RedisTopology::Cluster(seeds))
+            }
+            (None, None, Some(sentinels)) => Some(RedisTopology::Sentinel {
+                sentinels: RedisUrl::parse_list(&sentinels)?,
+                master: master.ok_or(ClusterError::NoSentinelMaster)?.to_owned(),
+            }),
+            (Some(_), Some(_), _) => {
+                return Err(ClusterError::TwoTopologies(
+                    "--redis-url",
+                    "--redis-cluster",
+                ));
+            }
+            (Some(_), None, Some(_)) => {
+                return Err(ClusterError::TwoTopologies(
+                    "--redis-url",
+                    "--redis-sentinel",
+                ));
+            }
+            (None, Some(_), Some(_)) => {
+                return Err(ClusterError::TwoTopologies(
+                    "--redis-cluster",
+                    "--redis-sentinel",
+                ));
+            }
+        };
+        if master.is_some() && !matches!(topology, Some(RedisTopology::Sentinel { .. })) {
+            return Err(ClusterError::MasterWithoutSentinel);
+        }
+        Ok(topology)
+    }
 }
 
-fn read_url_file(path: &PathBuf) -> Result<String, ClusterError> {
+/// A setting given by its flag, else its file flag, else its environment variable.
+fn given(
+    flag: &Option<String>,
+    file: &Option<PathBuf>,
+    file_flag: &'static str,
+    env: &str,
+) -> Result<Option<String>, ClusterError> {
+    Ok(match (flag, file) {
+        (Some(value), _) => Some(value.clone()),
+        (None, Some(path)) => Some(read_url_file(file_flag, path)?),
+        (None, None) => std::env::var(env).ok().filter(|value| !value.is_empty()),
+    })
+}
+
+fn read_url_file(flag: &'static str, path: &PathBuf) -> Result<String, ClusterError> {
     let text = std::fs::read_to_string(path).map_err(|source| ClusterError::UrlFile {
+        flag,
         path: path.clone(),
         source,
     })?;
     let url = text.trim();
     if url.is_empty() {
-        return Err(ClusterError::EmptyUrlFile { path: path.clone() });
+        return Err(ClusterError::EmptyUrlFile {
+            flag,
+            path: path.clone(),
+        });
     }
     Ok(url.to_owned())
 }
@@ -153,6 +283,7 @@ fn hostname() -> Option<String> {
 pub struct RedisUrl {
     secret: String,
     redacted: String,
+    db: i64,
 }
 
 impl RedisUrl {
@@ -183,7 +314,23 @@ impl RedisUrl {
         Ok(Self {
             secret: text.to_owned(),
             redacted,
+            db: info.redis_settings().db(),
         })
+    }
+
+    /// Parses URLs separated by commas, spaces or lines (a list in a file); at least one.
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, ClusterError> {
+        let urls = text
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|url| !url.is_empty())
+            .map(Self::parse)
+            .collect::<Result<Vec<_>, _>>()?;
+        if urls.is_empty() {
+            return Err(ClusterError::InvalidUrl {
+                reason: "no URL in the list",
+            });
+        }
+        Ok(urls)
     }
 
     /// The URL with its credentials, for the client only.
@@ -219,6 +366,57 @@ impl fmt::Debug for RedisUrl {
     }
 }
 
+/// Which Redis holds the shared state. `Display` names it without passwords.
+#[derive(Clone, Debug)]
+pub enum RedisTopology {
+    /// One server (`--redis-url`).
+    Single(RedisUrl),
+    /// A Redis Cluster, by some of its nodes (`--redis-cluster`).
+    Cluster(Vec<RedisUrl>),
+    /// The primary the sentinels name `master` (`--redis-sentinel`).
+    Sentinel {
+        sentinels: Vec<RedisUrl>,
+        master: String,
+    },
+}
+
+impl RedisTopology {
+    /// Removes every password of the topology's URLs from a text that might quote one.
+    pub(crate) fn scrub(&self, text: &str) -> String {
+        self.urls()
+            .iter()
+            .fold(text.to_owned(), |text, url| url.scrub(&text))
+    }
+
+    fn urls(&self) -> &[RedisUrl] {
+        match self {
+            Self::Single(url) => std::slice::from_ref(url),
+            Self::Cluster(urls)
+            | Self::Sentinel {
+                sentinels: urls, ..
+            } => urls,
+        }
+    }
+}
+
+impl fmt::Display for RedisTopology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let list = |urls: &[RedisUrl]| {
+            urls.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match self {
+            Self::Single(url) => write!(f, "Redis at {url}"),
+            Self::Cluster(seeds) => write!(f, "Redis Cluster at {}", list(seeds)),
+            Self::Sentinel { sentinels, master } => {
+                write!(f, "Redis primary {master} of sentinels {}", list(sentinels))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,10 +424,10 @@ mod tests {
     fn args(url: Option<&str>) -> ClusterArgs {
         ClusterArgs {
             redis_url: url.map(str::to_owned),
-            redis_url_file: None,
             redis_prefix: keys::DEFAULT_PREFIX.to_owned(),
             node_name: Some("node-a".to_owned()),
             redis_queue: 16,
+            ..ClusterArgs::default()
         }
     }
 
@@ -269,7 +467,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(config.node, "node-a");
-        assert_eq!(config.url.to_string(), "redis://127.0.0.1:7000/0");
+        assert_eq!(
+            config.redis.to_string(),
+            "Redis at redis://127.0.0.1:7000/0"
+        );
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("url");
@@ -277,7 +478,10 @@ mod tests {
         let mut from_file = args(None);
         from_file.redis_url_file = Some(path.clone());
         let config = from_file.resolve().unwrap().unwrap();
-        assert_eq!(config.url.to_string(), "redis://u@10.0.0.1:6379/1");
+        assert_eq!(
+            config.redis.to_string(),
+            "Redis at redis://u@10.0.0.1:6379/1"
+        );
 
         std::fs::write(&path, "  \n").unwrap();
         assert!(matches!(
@@ -292,5 +496,63 @@ mod tests {
         unnamed.node_name = None;
         let config = unnamed.resolve().unwrap().unwrap();
         assert_eq!(Some(config.node), hostname());
+    }
+
+    #[test]
+    fn a_cluster_or_sentinels_are_named_instead() {
+        let mut cluster = args(None);
+        cluster.redis_cluster =
+            Some("redis://u:pw1@10.0.0.1:7000, redis://u:pw1@10.0.0.2:7000".into());
+        let config = cluster.resolve().unwrap().unwrap();
+        assert!(matches!(&config.redis, RedisTopology::Cluster(seeds) if seeds.len() == 2));
+        assert_eq!(
+            config.redis.to_string(),
+            "Redis Cluster at redis://u@10.0.0.1:7000/0,redis://u@10.0.0.2:7000/0"
+        );
+        assert_eq!(config.redis.scrub("auth pw1 failed"), "auth *** failed");
+        cluster.redis_cluster = Some("redis://10.0.0.1:7000/2".into());
+        assert!(matches!(
+            cluster.resolve(),
+            Err(ClusterError::ClusterDatabase)
+        ));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sentinels");
+        std::fs::write(&path, "rediss://:pw2@s1:26379\nrediss://:pw2@s2:26379\n").unwrap();
+        let mut sentinel = args(None);
+        sentinel.redis_sentinel_file = Some(path);
+        assert!(matches!(
+            sentinel.resolve(),
+            Err(ClusterError::NoSentinelMaster)
+        ));
+        sentinel.redis_sentinel_master = Some("observer".into());
+        let config = sentinel.resolve().unwrap().unwrap();
+        assert_eq!(
+            config.redis.to_string(),
+            "Redis primary observer of sentinels rediss://s1:26379/0,rediss://s2:26379/0"
+        );
+
+        let mut both = args(Some("redis://127.0.0.1"));
+        both.redis_cluster = Some("redis://127.0.0.1:7000".into());
+        let error = both.resolve().unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "--redis-url and --redis-cluster both name a Redis: give one"
+        );
+        let mut stray = args(Some("redis://127.0.0.1"));
+        stray.redis_sentinel_master = Some("observer".into());
+        assert!(matches!(
+            stray.resolve(),
+            Err(ClusterError::MasterWithoutSentinel)
+        ));
+    }
+
+    #[test]
+    fn a_bad_url_in_a_list_is_not_echoed() {
+        let error = RedisUrl::parse_list("redis://:pw@a:1,http://:pw@b:2")
+            .unwrap_err()
+            .to_string();
+        assert!(!error.contains("pw"), "{error}");
+        assert!(RedisUrl::parse_list(" , ").is_err());
     }
 }

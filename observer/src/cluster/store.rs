@@ -13,19 +13,11 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::IpAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
-use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::{counter::ConstCounter, gauge::ConstGauge},
-};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionLike;
 use thiserror::Error;
 use tokio::{
     sync::{mpsc, watch},
@@ -33,53 +25,28 @@ use tokio::{
 };
 
 use super::{
-    ClusterConfig, RedisUrl,
-    keys::{self, ConnectionKey, Keys, PushOutcome, RingMember, RingSide, SharedPlacement},
+    ClusterConfig, RedisTopology,
+    clock::{millis, unix_now_ms},
+    connection::{REQUEST_TIMEOUT, RedisConnection},
+    keys::{self, Keys, PushOutcome, RingMember, RingSide, SharedPlacement},
+    writer::Writer,
+};
+pub use super::{
+    fact::Fact,
+    health::{LinkEvent, StoreCounters, StoreHealth, StoreMetrics},
 };
 
-/// Facts per pipeline: large enough to amortise a round trip, small enough that one slow
-/// batch does not hold the queue long.
-pub(super) const MAX_BATCH: usize = 512;
-/// Deadline of every read, and of each probe and batch.
-pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// While Redis is down the probe (which is also the reconnect attempt) backs off to this.
 const MAX_PROBE_BACKOFF: Duration = Duration::from_secs(4);
-/// Own placements remembered for refreshing (one per online connection of this node's
-/// proxies); more are written once and left to expire, and counted.
-pub(super) const MAX_OWN_PLACEMENTS: usize = 1 << 20;
-/// Ring members remembered (gateways × two spellings; a cluster has at most hundreds).
-pub(super) const MAX_OWN_RING_MEMBERS: usize = 4_096;
-/// A ring member seen again is rewritten at most this often.
-pub(super) const RING_MEMBER_REWRITE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Error)]
 pub enum StoreError {
-    #[error("Redis at {url}: {reason}")]
-    Redis { url: String, reason: String },
-    #[error("Redis at {url} did not answer within {timeout:?}")]
-    Timeout { url: String, timeout: Duration },
-}
-
-/// What this node saw that the other nodes need.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Fact {
-    /// The proxy on this node placed a user (also feeds the shared ring evidence).
-    Placed(SharedPlacement),
-    /// A placement made before this observer started, still live: kept and refreshed again.
-    Adopted(SharedPlacement),
-    /// A placement's connection closed (or was found gone after a restart).
-    Unplaced {
-        user: String,
-        connection: ConnectionKey,
-    },
-    /// One side dialled a gateway IP under this member string.
-    RingMember {
-        side: RingSide,
-        member: String,
-        ip: IpAddr,
-    },
-    PushOutcome(PushOutcome),
+    /// `redis` is the topology without passwords ([`RedisTopology`]'s `Display`).
+    #[error("{redis}: {reason}")]
+    Redis { redis: String, reason: String },
+    #[error("{redis} did not answer within {timeout:?}")]
+    Timeout { redis: String, timeout: Duration },
 }
 
 /// The shared ring evidence: every node's members per side and recent placements.
@@ -91,198 +58,12 @@ pub struct RingEvidence {
     pub placements: Vec<(String, IpAddr)>,
 }
 
-/// Health and totals of the store, shared with `/metrics` and the daemon.
-#[derive(Debug, Default)]
-pub struct StoreHealth {
-    up: AtomicBool,
-    /// Round trip of the last successful probe, in microseconds.
-    round_trip_us: AtomicU64,
-    probe_failures: AtomicU64,
-    pub(super) round_trips: AtomicU64,
-    pub(super) facts_written: AtomicU64,
-    /// Turned away by a full queue.
-    facts_dropped: AtomicU64,
-    /// In a batch Redis did not take.
-    pub(super) facts_lost: AtomicU64,
-    pub(super) placements_not_refreshed: AtomicU64,
-    /// Recorded and not yet written (or lost): still on the queue or in the batch in flight.
-    pub(super) queued: AtomicU64,
-    lookups_failed: AtomicU64,
-    claims_failed: AtomicU64,
-    mismatches_deduplicated: AtomicU64,
-    divergences_deduplicated: AtomicU64,
-}
-
-/// What the engine's link to the store counts (`cluster::link`).
-#[derive(Clone, Copy, Debug)]
-pub enum LinkEvent {
-    /// A placement lookup Redis did not answer: judged with local placements only.
-    LookupFailed,
-    /// A dedup claim Redis did not answer: the alert is printed anyway.
-    ClaimFailed,
-    /// Another node printed this `route_mismatch` (or its window's summary) first.
-    MismatchDeduplicated,
-    /// Another node printed this `ring_divergence` first.
-    DivergenceDeduplicated,
-}
-
-/// A snapshot of [`StoreHealth`], e.g. for the `observer_stopped` line.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct StoreCounters {
-    pub up: bool,
-    pub round_trip_seconds: f64,
-    pub probe_failures: u64,
-    pub round_trips: u64,
-    pub facts_written: u64,
-    pub facts_dropped: u64,
-    pub facts_lost: u64,
-    pub placements_not_refreshed: u64,
-    pub queued: u64,
-    pub lookups_failed: u64,
-    pub claims_failed: u64,
-    pub mismatches_deduplicated: u64,
-    pub divergences_deduplicated: u64,
-}
-
-impl StoreHealth {
-    pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
-    }
-
-    /// Facts recorded and not yet written (or lost).
-    pub fn unwritten(&self) -> u64 {
-        self.queued.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn count(&self, event: LinkEvent) {
-        let counter = match event {
-            LinkEvent::LookupFailed => &self.lookups_failed,
-            LinkEvent::ClaimFailed => &self.claims_failed,
-            LinkEvent::MismatchDeduplicated => &self.mismatches_deduplicated,
-            LinkEvent::DivergenceDeduplicated => &self.divergences_deduplicated,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn counters(&self) -> StoreCounters {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        StoreCounters {
-            up: self.is_up(),
-            round_trip_seconds: load(&self.round_trip_us) as f64 / 1e6,
-            probe_failures: load(&self.probe_failures),
-            round_trips: load(&self.round_trips),
-            facts_written: load(&self.facts_written),
-            facts_dropped: load(&self.facts_dropped),
-            facts_lost: load(&self.facts_lost),
-            placements_not_refreshed: load(&self.placements_not_refreshed),
-            queued: load(&self.queued),
-            lookups_failed: load(&self.lookups_failed),
-            claims_failed: load(&self.claims_failed),
-            mismatches_deduplicated: load(&self.mismatches_deduplicated),
-            divergences_deduplicated: load(&self.divergences_deduplicated),
-        }
-    }
-}
-
-/// The store's series for `/metrics` (`openim_observer_redis_*`), read at each scrape.
-#[derive(Debug)]
-pub struct StoreMetrics(pub Arc<StoreHealth>);
-
-impl Collector for StoreMetrics {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let counters = self.0.counters();
-        let gauges: [(&str, &str, f64); 3] = [
-            (
-                "redis_up",
-                "1 while the shared-state Redis answers the probe",
-                f64::from(u8::from(counters.up)),
-            ),
-            (
-                "redis_round_trip_seconds",
-                "Round trip of the last Redis probe (PING)",
-                counters.round_trip_seconds,
-            ),
-            (
-                "redis_queue_depth",
-                "Facts waiting for Redis (queued, or in the batch being written)",
-                counters.queued as f64,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let gauge = ConstGauge::new(value);
-            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-        }
-        let totals: [(&str, &str, u64); 10] = [
-            (
-                "redis_round_trips",
-                "Round trips to Redis (batches, reads, claims, probes)",
-                counters.round_trips,
-            ),
-            (
-                "redis_probe_failures",
-                "Redis probes that failed or timed out",
-                counters.probe_failures,
-            ),
-            (
-                "redis_facts_written",
-                "Facts written to Redis",
-                counters.facts_written,
-            ),
-            (
-                "redis_facts_dropped",
-                "Facts turned away by a full queue (Redis slow or unreachable)",
-                counters.facts_dropped,
-            ),
-            (
-                "redis_facts_lost",
-                "Facts in batches Redis did not take",
-                counters.facts_lost,
-            ),
-            (
-                "redis_placements_not_refreshed",
-                "Own placements beyond the refresh table, left to expire",
-                counters.placements_not_refreshed,
-            ),
-            (
-                "redis_lookups_failed",
-                "Placement lookups Redis did not answer (judged with local placements only)",
-                counters.lookups_failed,
-            ),
-            (
-                "redis_claims_failed",
-                "Dedup claims Redis did not answer (the alert was printed anyway)",
-                counters.claims_failed,
-            ),
-            (
-                "redis_mismatches_deduplicated",
-                "route_mismatch alerts another node printed first, so this one did not",
-                counters.mismatches_deduplicated,
-            ),
-            (
-                "redis_divergences_deduplicated",
-                "ring_divergence alerts another node printed first, so this one did not",
-                counters.divergences_deduplicated,
-            ),
-        ];
-        for (name, help, value) in totals {
-            let counter = ConstCounter::new(value);
-            counter.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
-        Ok(())
-    }
-}
-
 /// A node's handle on the shared state. Dropping it stops its tasks.
 pub struct SharedState {
     keys: Keys,
     node: String,
-    url: RedisUrl,
-    connection: ConnectionManager,
+    redis: RedisTopology,
+    connection: RedisConnection,
     facts: mpsc::Sender<Fact>,
     health: Arc<StoreHealth>,
     tasks: [JoinHandle<()>; 2],
@@ -302,38 +83,28 @@ impl SharedState {
     pub fn start(config: &ClusterConfig) -> Result<Self, StoreError> {
         // rustls picks its provider from the process default; kube already builds `ring`.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let url = config.url.clone();
-        let failed = |error: redis::RedisError| StoreError::Redis {
-            url: url.to_string(),
-            reason: url.scrub(&error.to_string()),
-        };
-        let client = redis::Client::open(url.expose()).map_err(failed)?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(REQUEST_TIMEOUT))
-            .set_response_timeout(Some(REQUEST_TIMEOUT))
-            // The probe is the reconnect loop (with its own backoff): the manager retries once.
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(100))
-            .set_max_delay(MAX_PROBE_BACKOFF);
-        let connection =
-            ConnectionManager::new_lazy_with_config(client, manager_config).map_err(failed)?;
+        let redis = config.redis.clone();
+        let connection = RedisConnection::open(&redis).map_err(|error| StoreError::Redis {
+            redis: redis.to_string(),
+            reason: redis.scrub(&error.to_string()),
+        })?;
         let health = Arc::new(StoreHealth::default());
         let (up_sender, up) = watch::channel(false);
         let (facts, queue) = mpsc::channel(config.queue_capacity);
         let keys = Keys::new(&config.prefix);
         let probe = tokio::spawn(probe(connection.clone(), Arc::clone(&health), up_sender));
-        let writer = super::writer::Writer::new(
+        let writer = Writer::new(
             keys.clone(),
             config.node.clone(),
             connection.clone(),
             Arc::clone(&health),
         );
         let writer = tokio::spawn(writer.run(queue, up));
-        tracing::info!(redis = %url, node = %config.node, prefix = %config.prefix, "cluster mode: sharing state through Redis");
+        tracing::info!(redis = %redis, node = %config.node, prefix = %config.prefix, "cluster mode: sharing state through Redis");
         Ok(Self {
             keys,
             node: config.node.clone(),
-            url,
+            redis,
             connection,
             facts,
             health,
@@ -519,11 +290,11 @@ impl SharedState {
         match tokio::time::timeout(REQUEST_TIMEOUT, request.send(&mut connection)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(StoreError::Redis {
-                url: self.url.to_string(),
-                reason: self.url.scrub(&error.to_string()),
+                redis: self.redis.to_string(),
+                reason: self.redis.scrub(&error.to_string()),
             }),
             Err(_) => Err(StoreError::Timeout {
-                url: self.url.to_string(),
+                redis: self.redis.to_string(),
                 timeout: REQUEST_TIMEOUT,
             }),
         }
@@ -534,14 +305,14 @@ impl SharedState {
 trait Requestable {
     async fn send<T: redis::FromRedisValue>(
         &self,
-        connection: &mut ConnectionManager,
+        connection: &mut (impl ConnectionLike + Send),
     ) -> redis::RedisResult<T>;
 }
 
 impl Requestable for redis::Cmd {
     async fn send<T: redis::FromRedisValue>(
         &self,
-        connection: &mut ConnectionManager,
+        connection: &mut (impl ConnectionLike + Send),
     ) -> redis::RedisResult<T> {
         self.query_async(connection).await
     }
@@ -550,19 +321,15 @@ impl Requestable for redis::Cmd {
 impl Requestable for redis::Pipeline {
     async fn send<T: redis::FromRedisValue>(
         &self,
-        connection: &mut ConnectionManager,
+        connection: &mut (impl ConnectionLike + Send),
     ) -> redis::RedisResult<T> {
         self.query_async(connection).await
     }
 }
 
 /// Pings Redis: every second while up, backing off to [`MAX_PROBE_BACKOFF`] while down.
-/// Each ping over a broken connection is also the manager's reconnect attempt.
-async fn probe(
-    mut connection: ConnectionManager,
-    health: Arc<StoreHealth>,
-    up: watch::Sender<bool>,
-) {
+/// Each ping over a broken connection is also the client's reconnect attempt.
+async fn probe(mut connection: RedisConnection, health: Arc<StoreHealth>, up: watch::Sender<bool>) {
     let mut wait = Duration::ZERO;
     loop {
         tokio::time::sleep(wait).await;
@@ -595,14 +362,4 @@ async fn probe(
             up.send_replace(reachable);
         }
     }
-}
-
-pub(super) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-pub(super) fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, millis)
 }

@@ -9,22 +9,21 @@ use std::{
     time::Instant,
 };
 
-use redis::aio::ConnectionManager;
 use tokio::sync::{mpsc, watch};
 
 use super::{
+    clock::{millis, unix_now_ms},
+    connection::{REQUEST_TIMEOUT, RedisConnection},
+    fact::{Fact, MAX_BATCH, MAX_OWN_PLACEMENTS, MAX_OWN_RING_MEMBERS, RING_MEMBER_REWRITE},
+    health::StoreHealth,
     keys::{self, ConnectionKey, Keys, RingMember, RingSide, SharedPlacement, placement_field},
-    store::{
-        Fact, MAX_BATCH, MAX_OWN_PLACEMENTS, MAX_OWN_RING_MEMBERS, REQUEST_TIMEOUT,
-        RING_MEMBER_REWRITE, StoreHealth, millis, unix_now_ms,
-    },
 };
 
 /// Sends queued facts while Redis is up, and keeps this node's own facts fresh.
 pub(super) struct Writer {
     keys: Keys,
     node: String,
-    connection: ConnectionManager,
+    connection: RedisConnection,
     health: Arc<StoreHealth>,
     own_placements: HashMap<ConnectionKey, SharedPlacement>,
     /// Last seen and last written, per member.
@@ -35,7 +34,7 @@ impl Writer {
     pub(super) fn new(
         keys: Keys,
         node: String,
-        connection: ConnectionManager,
+        connection: RedisConnection,
         health: Arc<StoreHealth>,
     ) -> Self {
         Self {

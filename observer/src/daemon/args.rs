@@ -34,9 +34,9 @@ pub fn usage_error_line(error: &clap::Error) -> String {
 pub const ENV_PREFIX: &str = "OPENIM_OBSERVER_";
 
 /// Flags read from an environment variable of their own, named in their help, rather than
-/// from `ENV_PREFIX`'s: the Redis URL's (`cluster::REDIS_URL_ENV`, read when neither flag gives
-/// one, so it cannot conflict with `--redis-url-file`).
-const OWN_ENVIRONMENT: &[&str] = &["redis-url"];
+/// from `ENV_PREFIX`'s: the Redis URLs' (`cluster::REDIS_URL_ENV` and its siblings, read when
+/// neither flag gives one, so it cannot conflict with `--redis-url-file` and the like).
+const OWN_ENVIRONMENT: &[&str] = &["redis-url", "redis-cluster", "redis-sentinel"];
 
 /// Returns the environment variable that gives the flag `--long`.
 pub fn env_name(long: &str) -> String {
@@ -452,7 +452,7 @@ mod tests {
                 };
                 let expected = match long {
                     "node-name" => "NODE_NAME".to_owned(),
-                    "redis-url" => continue,
+                    own if OWN_ENVIRONMENT.contains(&own) => continue,
                     _ => env_name(long),
                 };
                 assert!(
