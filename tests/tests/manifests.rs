@@ -2,7 +2,9 @@
 //! - every object, and every strategic-merge patch, is the k8s-openapi type of its `kind` with no
 //!   field that type lacks. k8s-openapi silently ignores unknown fields, so each document is read
 //!   into the typed struct, written back, and compared with the original: whatever the round trip
-//!   lost was not a field of that type (a typo, or a field at the wrong level);
+//!   lost was not a field of that type (a typo, or a field at the wrong level). The Prometheus
+//!   operator's PodMonitor and PrometheusRule (components/monitoring) go through types of their
+//!   own, in `manifests/operator_kinds.rs`;
 //! - every kustomization renders (`kubectl kustomize`, which itself rejects unknown kustomization
 //!   fields, missing files, wrong `apiVersion`s and generators that clash with the base) into
 //!   objects that pass the same round trip, all in the observer's namespace, with pinned images;
@@ -25,6 +27,9 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::Value;
+
+#[path = "manifests/operator_kinds.rs"]
+mod operator_kinds;
 
 /// The base's image name, which overlays replace through `images:`.
 const IMAGE_PLACEHOLDER: &str = "openim-observer";
@@ -130,6 +135,17 @@ fn round_trip(document: &Value) -> Result<Value, String> {
         Some("Role") => through::<Role>(document),
         Some("RoleBinding") => through::<RoleBinding>(document),
         Some("NetworkPolicy") => through::<NetworkPolicy>(document),
+        Some(kind @ ("PodMonitor" | "PrometheusRule"))
+            if document["apiVersion"] != operator_kinds::API_VERSION =>
+        {
+            Err(format!(
+                "{kind} is {}, not {}",
+                document["apiVersion"],
+                operator_kinds::API_VERSION
+            ))
+        }
+        Some("PodMonitor") => through::<operator_kinds::PodMonitor>(document),
+        Some("PrometheusRule") => through::<operator_kinds::PrometheusRule>(document),
         Some(kind) => Err(format!(
             "kind {kind} has no typed check: add it to round_trip in tests/tests/manifests.rs"
         )),
@@ -909,14 +925,13 @@ fn xtask_manifests_render_rbac_and_arguments_for_each_namespace() {
             return;
         };
         let place = format!("cargo xtask manifests {}", args.join(" "));
-        // The Prometheus operator's kinds have no k8s-openapi type: their namespace is checked.
-        let operator_kinds = ["PodMonitor", "PrometheusRule"];
-        let (operator, typed): (Vec<&Value>, Vec<&Value>) = objects
-            .iter()
-            .partition(|object| operator_kinds.iter().any(|kind| object["kind"] == *kind));
-        let problems: Vec<String> = typed
+        let problems: Vec<String> = objects
             .iter()
             .flat_map(|object| type_problems(object, &place))
+            .collect();
+        let operator: Vec<&Value> = objects
+            .iter()
+            .filter(|object| object["apiVersion"] == operator_kinds::API_VERSION)
             .collect();
         assert!(problems.is_empty(), "{}", problems.join("\n"));
         assert_eq!(

@@ -60,11 +60,11 @@ fn the_prometheus_rule_holds_the_rules_file() {
         serde_norway::from_str(&text).expect("YAML")
     };
     let rules = read(&deploy().join("prometheus/rules.yaml"));
-    let resource = read(&deploy().join("prometheus/kubernetes/prometheusrule.yaml"));
+    let resource = read(&deploy().join("kubernetes/components/monitoring/prometheusrule.yaml"));
     assert_eq!(resource["kind"], "PrometheusRule");
     assert_eq!(
         resource["spec"]["groups"], rules["groups"],
-        "deploy/prometheus/kubernetes/prometheusrule.yaml's groups differ from deploy/prometheus/rules.yaml"
+        "deploy/kubernetes/components/monitoring/prometheusrule.yaml's groups differ from deploy/prometheus/rules.yaml"
     );
 }
 

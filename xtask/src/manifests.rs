@@ -34,7 +34,7 @@ pub struct ManifestsArgs {
     #[arg(long)]
     pub syscall_hook: bool,
     /// A PodMonitor and the alert rules as a PrometheusRule, for clusters that run the
-    /// Prometheus operator (deploy/prometheus/kubernetes; its CRDs must be installed).
+    /// Prometheus operator (components/monitoring; its CRDs must be installed).
     #[arg(long)]
     pub prometheus_operator: bool,
     /// The observer's image, with a tag or digest. Default: openim-observer:<version>, the
@@ -144,7 +144,7 @@ fn write_kustomization(
         ),
         (
             args.prometheus_operator,
-            PathBuf::from("../../deploy/prometheus/kubernetes"),
+            kubernetes.join("components/monitoring"),
         ),
     ]
     .into_iter()
@@ -160,13 +160,6 @@ fn write_kustomization(
         kustomization,
         "patches:\n  - path: pod-names.yaml\n    target:\n      group: apps\n      version: v1\n      kind: DaemonSet\n      name: {OBSERVER}\n"
     );
-    if args.prometheus_operator {
-        // The component's objects name no namespace: the observer's, as the base's objects.
-        let _ = write!(
-            kustomization,
-            "  - patch: |-\n      - op: add\n        path: /metadata/namespace\n        value: {OBSERVER}\n    target:\n      group: monitoring.coreos.com\n"
-        );
-    }
     let _ = write!(
         kustomization,
         "images:\n  - name: {OBSERVER}\n    newName: {image_name}\n    {image_reference}\n"
