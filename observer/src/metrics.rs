@@ -148,6 +148,7 @@ pub struct Metrics {
     misrouted: MisroutedUsers,
     push_calls: Counter,
     push_answers: Counter,
+    push_recipients_judged: Counter,
     connections_tracked: Gauge,
     users_tracked: Gauge,
     kernel_to_alert_seconds: Histogram,
@@ -250,7 +251,7 @@ impl Default for Metrics {
             misrouted_recipients: register(
                 &mut registry,
                 "misrouted_recipients",
-                "Recipients whose message missed real time: route_mismatch alerts printed, by the gateway push sent the message to",
+                "Recipients whose message missed real time, by the gateway push sent the message to: one per route_mismatch alert printed, and a fold window's summary adds the repeats it stands for",
             ),
             misrouted_users: register(
                 &mut registry,
@@ -267,6 +268,11 @@ impl Default for Metrics {
                 &mut registry,
                 "push_answers",
                 "Answers to those push calls seen",
+            ),
+            push_recipients_judged: register(
+                &mut registry,
+                "push_recipients_judged",
+                "Recipients of push calls checked against the gateways they are placed on, misrouted or not (those without a known placement are not): misrouted_recipients_total's denominator",
             ),
             connections_tracked: register(
                 &mut registry,
@@ -457,6 +463,11 @@ impl Metrics {
                 .push_answers
                 .saturating_sub(routes_before.push_answers),
         );
+        self.push_recipients_judged.inc_by(
+            routes
+                .push_recipients_judged
+                .saturating_sub(routes_before.push_recipients_judged),
+        );
         self.misrouted_users
             .set(i64::try_from(self.misrouted.count(Instant::now())).unwrap_or(i64::MAX));
         self.connections_tracked
@@ -615,12 +626,21 @@ impl Metrics {
             .observe(kernel_to_alert_seconds.max(0.0));
     }
 
-    /// Counts a printed alert as `alert` does, and a route_mismatch's recipient by gateway
+    /// Counts a printed alert as `alert` does, and a route_mismatch's recipients by gateway
     /// and among the users misrouted now.
+    ///
+    /// A window's first alert counts one recipient; its summary, whose count includes that
+    /// first one, counts the repeats it folded. So `misrouted_recipients_total` counts every
+    /// misrouted recipient, like `push_recipients_judged_total` counts every judged one.
     pub fn alert_printed(&mut self, alert: &Alert, kernel_to_alert_seconds: f64) {
         self.alert(alert.kind(), kernel_to_alert_seconds);
         let AlertBody::RouteMismatch(mismatch) = &*alert.body else {
             return;
+        };
+        let recipients = if mismatch.count < 2 {
+            1
+        } else {
+            mismatch.count - 1
         };
         let gateway = mismatch.pushed_to.gateway.gateway.ip.to_string();
         let labels = [("gateway", gateway)];
@@ -628,11 +648,11 @@ impl Metrics {
         let known = family.get(&labels).is_some();
         if known || self.misrouted.gateway_labels < MAX_GATEWAY_LABELS {
             self.misrouted.gateway_labels += usize::from(!known);
-            family.get_or_create(&labels).inc();
+            family.get_or_create(&labels).inc_by(recipients);
         } else {
             family
                 .get_or_create(&[("gateway", "other".to_owned())])
-                .inc();
+                .inc_by(recipients);
         }
         let now = Instant::now();
         let window = Duration::from_secs(mismatch.window_secs.max(1));
@@ -1005,15 +1025,25 @@ mod tests {
     #[test]
     fn route_mismatches_count_recipients_by_gateway_and_users_now() {
         let mut metrics = Metrics::default();
+        let mut engine = EngineCounters::default();
+        engine.routes.push_recipients_judged = 40;
+        metrics.update(&KernelCounters::default(), &engine);
         metrics.alert_printed(&route_mismatch("alice", [10, 0, 0, 2]), 0.001);
         metrics.alert_printed(&route_mismatch("alice", [10, 0, 0, 2]), 0.001);
         metrics.alert_printed(&route_mismatch("bob", [10, 0, 0, 3]), 0.001);
+        // Bob's window closes on 5 misses in all: the summary adds the 4 repeats.
+        let mut summary = route_mismatch("bob", [10, 0, 0, 3]);
+        if let AlertBody::RouteMismatch(body) = summary.body_mut() {
+            body.count = 5;
+        }
+        metrics.alert_printed(&summary, 0.001);
         let text = metrics.render();
         for expected in [
             "openim_observer_misrouted_recipients_total{gateway=\"10.0.0.2\"} 2",
-            "openim_observer_misrouted_recipients_total{gateway=\"10.0.0.3\"} 1",
+            "openim_observer_misrouted_recipients_total{gateway=\"10.0.0.3\"} 5",
+            "openim_observer_push_recipients_judged_total 40",
             "openim_observer_misrouted_users 2",
-            "openim_observer_alerts_total{kind=\"route_mismatch\"} 3",
+            "openim_observer_alerts_total{kind=\"route_mismatch\"} 4",
         ] {
             assert!(text.contains(expected), "{expected} missing: {text}");
         }

@@ -76,6 +76,9 @@ pub struct RouteCounters {
     pub placements: u64,
     pub push_calls: u64,
     pub push_answers: u64,
+    /// Push recipients checked against their placements, whether misrouted or not: the
+    /// denominator of the share of recipients misrouted.
+    pub push_recipients_judged: u64,
     pub users_evicted: u64,
     pub placements_evicted: u64,
     pub pending_calls_evicted: u64,
@@ -104,6 +107,8 @@ pub struct Detectors {
     /// Cluster mode only.
     pub(super) cluster: Option<ClusterSide>,
     max_tracked_connections: usize,
+    /// Push recipients checked against their placements.
+    recipients_judged: u64,
 }
 
 impl Detectors {
@@ -111,6 +116,7 @@ impl Detectors {
         Self {
             cluster: None,
             max_tracked_connections: limits.max_tracked_connections,
+            recipients_judged: 0,
             placements: Placements::new(&limits),
             push_calls: PushCalls::new(&limits),
             rings: RingVerdicts::new(limits.ring_settle_secs),
@@ -129,6 +135,7 @@ impl Detectors {
             placements: placements.placements,
             push_calls: calls.push_calls,
             push_answers: calls.push_answers,
+            push_recipients_judged: self.recipients_judged,
             users_evicted: placements.users_evicted,
             placements_evicted: placements.placements_evicted,
             pending_calls_evicted: calls.pending_calls_evicted,
@@ -169,6 +176,7 @@ impl Detectors {
                 folds: &mut self.folds,
                 mid_stream: &mut self.mid_stream,
                 cluster: self.cluster.as_mut(),
+                recipients_judged: &mut self.recipients_judged,
             },
         )
     }
@@ -657,6 +665,22 @@ mod tests {
         assert_eq!(kinds(&alerts), ["route_mismatch"]);
         assert_eq!(table.counters().fold_keys_evicted, 2);
         assert_eq!(table.folds.open_windows(), 1);
+    }
+
+    #[test]
+    fn every_placed_recipient_counts_as_judged_whether_misrouted_or_not() {
+        let mut table = Detectors::new(RouteLimits::default());
+        place(&mut table, 1, "u1", 0, SEC);
+        place(&mut table, 2, "u2", 0, SEC);
+        // u1 and u2 are misrouted; the stranger has no placement to judge against.
+        let alerts = push(&mut table, 3, &["u1", "u2", "stranger"], 3, 2 * SEC, false);
+        assert_eq!(kinds(&alerts), ["route_mismatch", "route_mismatch"]);
+        assert_eq!(table.counters().push_recipients_judged, 2);
+        // Delivered where it is placed: judged all the same.
+        assert!(push(&mut table, 4, &["u1"], 0, 3 * SEC, true).is_empty());
+        // A repeat folded into its window is judged again.
+        assert!(push(&mut table, 5, &["u2"], 3, 4 * SEC, false).is_empty());
+        assert_eq!(table.counters().push_recipients_judged, 4);
     }
 
     #[test]

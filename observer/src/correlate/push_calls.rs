@@ -52,6 +52,8 @@ pub struct Judge<'a> {
     pub mid_stream: &'a mut MidStream,
     /// Cluster mode: where recipients without a local placement are looked up.
     pub cluster: Option<&'a mut ClusterSide>,
+    /// Recipients checked against their placements so far.
+    pub recipients_judged: &'a mut u64,
 }
 
 pub struct PushCalls {
@@ -348,6 +350,7 @@ fn judge_user(
     judge: &mut Judge<'_>,
     alerts: &mut Vec<Alert>,
 ) {
+    *judge.recipients_judged += 1;
     if placements
         .iter()
         .any(|placement| placement.gateway.ip == call.gateway.ip)
