@@ -9,7 +9,7 @@ use aya_ebpf::{
     programs::{RawTracePointContext, TracePointContext},
 };
 use aya_log_ebpf::debug;
-use observer_records::{AF_INET, AF_INET6, RecordKind, SockLayout, TcpState};
+use observer_records::{AF_INET, AF_INET6, IPPROTO_TCP, RecordKind, SockLayout, TcpState};
 
 use crate::{
     maps::{
@@ -20,9 +20,9 @@ use crate::{
     ring::{header_for, output_header, stamp_current},
     scope::current_task_in_scope,
     tracepoint::{
-        EINPROGRESS, IPPROTO_TCP, SOCK_DADDR, SOCK_DADDR_V6, SOCK_DPORT, SOCK_FAMILY,
-        SOCK_NEWSTATE, SOCK_OLDSTATE, SOCK_PROTOCOL, SOCK_SADDR, SOCK_SADDR_V6, SOCK_SKADDR,
-        SOCK_SPORT, SYSCALL_ARG0, SYSCALL_ARG1, SYSCALL_RET,
+        EINPROGRESS, SOCK_DADDR, SOCK_DADDR_V6, SOCK_DPORT, SOCK_FAMILY, SOCK_NEWSTATE,
+        SOCK_OLDSTATE, SOCK_PROTOCOL, SOCK_SADDR, SOCK_SADDR_V6, SOCK_SKADDR, SOCK_SPORT,
+        SYSCALL_ARG0, SYSCALL_ARG1, SYSCALL_RET,
     },
 };
 
@@ -165,7 +165,7 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     if !wanted {
         return Ok(());
     }
-    if change.protocol()? != IPPROTO_TCP {
+    if change.protocol()? != u16::from(IPPROTO_TCP) {
         return Ok(());
     }
     // Only a socket connecting to a watched port is ever watched: one array read turns the

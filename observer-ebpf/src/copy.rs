@@ -33,6 +33,7 @@ use observer_records::{
 };
 
 use crate::{
+    copy_state::{CopyState, IOVEC_BATCH, Iovec, Walk},
     maps::{BUFFER_PLAIN, COPY, COPY_CONTINUE, COPY_PROGRAMS, ChunkBuffer, IoCall, SCRATCH, count},
     ring::output_data,
 };
@@ -46,60 +47,10 @@ const BOUNDED_PROGRAMS: u32 = 33;
 
 const _: () = assert!(STEPS_PER_PROGRAM * BOUNDED_PROGRAMS >= MAX_COPY_STEPS);
 
-/// iovec entries read from user memory at once: one helper call per batch rather than one per
-/// entry (a helper call costs as much as a small entry's copy).
-const IOVEC_BATCH: u64 = 16;
-
 /// `Walk::flags`.
 const COPY_PLAIN: u64 = 1;
 const COPY_TRUNCATED: u64 = 2;
 const COPY_UNREADABLE: u64 = 4;
-
-/// The walk's position, and the batch of iovec entries it is going through.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CopyState {
-    walk: Walk,
-    /// Entries `batch_start..batch_start + IOVEC_BATCH` of the call's array (those that exist).
-    batch: [Iovec; IOVEC_BATCH as usize],
-}
-
-/// Where the walk is: the call's buffers, the current user buffer and bytes left in it, bytes
-/// left to capture, the next iovec entry, the stream offset and fill of the record being filled.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Walk {
-    buffers: u64,
-    iovec_count: u64,
-    next_iovec: u64,
-    base: u64,
-    left: u64,
-    remaining: u64,
-    offset: u64,
-    fill: u64,
-    flags: u64,
-    /// Index of `CopyState::batch`'s first entry in the call's array.
-    batch_start: u64,
-}
-
-impl Walk {
-    fn load(&self) -> Self {
-        // SAFETY: `self` is a valid, aligned map value. Volatile: see the module's comment.
-        unsafe { core::ptr::read_volatile(self) }
-    }
-
-    fn store(&mut self, value: Self) {
-        // SAFETY: as in `load`.
-        unsafe { core::ptr::write_volatile(self, value) }
-    }
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Iovec {
-    base: u64,
-    len: u64,
-}
 
 /// This CPU's walk state and record buffer.
 fn walk_maps() -> Option<(&'static mut CopyState, &'static mut ChunkBuffer)> {

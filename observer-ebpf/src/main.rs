@@ -42,6 +42,8 @@ mod connect;
 #[cfg(target_arch = "bpf")]
 mod copy;
 #[cfg(target_arch = "bpf")]
+mod copy_state;
+#[cfg(target_arch = "bpf")]
 mod io;
 #[cfg(target_arch = "bpf")]
 mod maps;

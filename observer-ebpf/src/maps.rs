@@ -20,7 +20,7 @@ use observer_records::{
     WATCHING_SLOTS, watched_port_class, watched_port_slot, watching_slot,
 };
 
-use crate::copy::CopyState;
+use crate::copy_state::CopyState;
 
 /// Records for userspace. Size set by userspace (`--ring-bytes`); a full ring is counted in
 /// `Counter::RingFullDrops`, never silent.

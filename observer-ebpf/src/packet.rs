@@ -31,12 +31,14 @@
 //! `sendmsg` so, as do other stacks), which is how the packets tell where the first write ends.
 
 use aya_ebpf::{
-    bindings::__sk_buff, helpers::generated::bpf_skb_load_bytes, macros::cgroup_skb,
+    bindings::{__sk_buff, BPF_NOEXIST},
+    helpers::generated::bpf_skb_load_bytes,
+    macros::cgroup_skb,
     programs::SkBuffContext,
 };
 use observer_records::{
     AF_INET, AF_INET6, CHUNK_SIZE, ConnectionTuple, Counter, DataRecord, Direction, FLAG_TRUNCATED,
-    FRAMES_NOT_FOLLOWED, JOINED_STREAM_OFFSET, PortClass, RecordKind, TcpState,
+    FRAMES_NOT_FOLLOWED, IPPROTO_TCP, JOINED_STREAM_OFFSET, PortClass, RecordKind, TcpState,
     http2::{CLIENT_PREFACE, FRAME_HEADER_LEN, FRAME_SETTINGS, is_call_frame},
 };
 
@@ -55,14 +57,12 @@ use crate::{
 /// an ingress packet's softirq interrupting an egress one on the same CPU.
 static JOINED_PACKET_STREAM: PacketStream = PacketStream::JOINED;
 
-/// `bpf_map_update_elem` flag: insert only if the key is absent; refused so: -EEXIST.
-const BPF_NOEXIST: u64 = 1;
+/// What `bpf_map_update_elem` returns when `BPF_NOEXIST` refuses an insert: -EEXIST.
 const EEXIST: i64 = 17;
 
 /// `cgroup_skb` verdict: let the packet through. The programs only look.
 const PASS: i32 = 1;
 
-const IPPROTO_TCP: u8 = 6;
 const TCP_FLAG_SYN: u8 = 0x02;
 const TCP_FLAG_PSH: u8 = 0x08;
 
@@ -238,7 +238,7 @@ fn adopt(ctx: &SkBuffContext, sock: u64, direction: Direction) -> Result<*mut Pa
         clippy::needless_borrows_for_generic_args,
         reason = "BPF stack size on Linux 6.1"
     )]
-    let inserted = PACKET_STREAMS.insert(&sock, &JOINED_PACKET_STREAM, BPF_NOEXIST);
+    let inserted = PACKET_STREAMS.insert(&sock, &JOINED_PACKET_STREAM, u64::from(BPF_NOEXIST));
     if let Err(err) = inserted {
         if i64::from(err) == -EEXIST {
             return PACKET_STREAMS.get_ptr_mut(sock).ok_or(0);

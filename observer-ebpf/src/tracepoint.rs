@@ -13,5 +13,4 @@ pub use observer_records::tracepoint::{
 pub const MSGHDR_IOV: u64 = 16;
 pub const MSGHDR_IOVLEN: u64 = 24;
 
-pub const IPPROTO_TCP: u16 = 6;
 pub const EINPROGRESS: i64 = 115;

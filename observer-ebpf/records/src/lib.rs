@@ -174,6 +174,10 @@ numbered_enum! {
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
 
+/// The IP protocol number of TCP (`IPPROTO_TCP`), as IP headers and `inet_sock_set_state`
+/// carry it.
+pub const IPPROTO_TCP: u8 = 6;
+
 /// Header of every ring-buffer record. Data records are followed by `len` payload bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

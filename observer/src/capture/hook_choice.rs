@@ -6,8 +6,9 @@ use std::{fs::File, path::Path};
 
 use super::{
     cgroup_scope::{self, NoHierarchyRoot, ScopeError},
+    error::CaptureError,
     host::Capabilities,
-    kernel::{CaptureError, CaptureHook},
+    programs::CaptureHook,
 };
 
 /// What `--capture-hook` asks for.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use aya::util::KernelVersion;
 
-use super::kernel::{CaptureError, CaptureHook};
+use super::{error::CaptureError, programs::CaptureHook};
 
 pub(super) const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -93,9 +93,11 @@ pub(super) fn ensure_tracefs() -> Result<(), CaptureError> {
     match status {
         Ok(output) if output.status.success() => Ok(()),
         Ok(output) => Err(CaptureError::TracefsUnavailable {
+            path: TRACEFS,
             reason: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
         }),
         Err(err) => Err(CaptureError::TracefsUnavailable {
+            path: TRACEFS,
             reason: err.to_string(),
         }),
     }

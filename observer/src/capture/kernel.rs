@@ -8,20 +8,21 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, CgroupArray, HashMap, MapData, MapError, PerCpuArray, RingBuf},
 };
+use aya_obj::generated::BPF_NOEXIST;
 use observer_records::{
     CaptureConfig, Connection, ConnectionTuple, Counter, PacketStream, SocketKey, SocketState,
     adopted_connection_id, watching_slot,
 };
-use thiserror::Error;
 use tokio::io::unix::AsyncFd;
 
+pub use super::error::CaptureError;
 pub use super::hook_choice::HookChoice;
 pub use super::options::CaptureOptions;
 pub use super::programs::{CaptureHook, CopyWalk, program_names};
 pub use super::ring_records::Drained;
 use super::{
     adopt::{self, Adoption, FoundConnection},
-    cgroup_scope::{self, ScopeError, ScopeMembership},
+    cgroup_scope::{self, ScopeMembership},
     hook_choice,
     host::{self, TRACEFS},
     kernel_counters::KernelCounters,
@@ -31,10 +32,10 @@ use super::{
     reader_awake::ReaderAwake,
     reorder::{Reorder, ReorderCounters},
     ring_records::{RecordConverter, monotonic_now_ns},
-    sock_layout::{self, SockLayoutError, StateTracepoint, VMLINUX_BTF},
+    sock_layout::{self, StateTracepoint, VMLINUX_BTF},
     socket_tables::table_sockets,
     stale_entries::{self, EntryTuple, StaleEntries},
-    tracepoint_format::{self, LayoutError},
+    tracepoint_format,
 };
 use crate::model::{Event, EventKind, PortClass, TcpState};
 
@@ -48,61 +49,6 @@ static EBPF_OBJECT: &[u8] = &[];
 /// Whether this build embeds the eBPF programs; without them `KernelCapture::start` fails with
 /// `CaptureError::BuiltWithoutPrograms`.
 pub const PROGRAMS_EMBEDDED: bool = cfg!(ebpf_programs);
-
-/// aya-log levels (aya_log_common::Level) for the programs' `AYA_LOG_LEVEL`.
-const KERNEL_LOG_WARN: u8 = 2;
-const KERNEL_LOG_DEBUG: u8 = 4;
-
-/// `bpf_map_update_elem` flag (linux/bpf.h): insert only if the key is absent.
-const BPF_NOEXIST: u64 = 1;
-
-#[derive(Debug, Error)]
-pub enum CaptureError {
-    #[error("built without the eBPF programs: build with `cargo xtask build`")]
-    BuiltWithoutPrograms,
-    #[error(
-        "loading eBPF programs needs root or CAP_BPF + CAP_PERFMON (+ CAP_NET_ADMIN for --capture-hook packets) (missing: {missing}); run with sudo or grant them"
-    )]
-    MissingPrivileges { missing: String },
-    #[error(
-        "tracefs is not mounted at {TRACEFS} and mounting it failed ({reason}); mount it with `mount -t tracefs tracefs {TRACEFS}`"
-    )]
-    TracefsUnavailable { reason: String },
-    #[error("this kernel has no BPF ring buffer (Linux 5.8 or newer is needed): {0}")]
-    NoRingBuffer(String),
-    #[error(
-        "eBPF setup failed: {detail} (Linux before 5.11 charges BPF memory to RLIMIT_MEMLOCK, {limit_kib} KiB here, which the observer cannot lift without CAP_SYS_RESOURCE: grant it, or start it with `ulimit -l unlimited`)"
-    )]
-    MemlockTooLow { detail: String, limit_kib: u64 },
-    /// Its existence is checked before (`tracepoint_format::check`).
-    #[error("attaching tracepoint {category}/{name} failed: {reason}")]
-    TracepointAttach {
-        category: String,
-        name: String,
-        reason: String,
-    },
-    #[error(transparent)]
-    TracepointLayout(#[from] LayoutError),
-    #[error("the kernel rejected program {program}: {reason}")]
-    ProgramRejected { program: String, reason: String },
-    #[error("too many watched ports ({count}); at most {max}")]
-    TooManyPorts { count: usize, max: u32 },
-    #[error("port {0} is both a gRPC and a WebSocket port")]
-    PortInBothClasses(u16),
-    #[error("--ring-bytes must be a power of two multiple of the page size, got {0}")]
-    BadRingSize(u32),
-    #[error(transparent)]
-    Scope(#[from] ScopeError),
-    #[error(transparent)]
-    SockLayout(#[from] SockLayoutError),
-    #[error("eBPF setup failed: {0}")]
-    Setup(String),
-    /// The packet hook's programs failed to load or attach here.
-    #[error(transparent)]
-    PacketHook(Box<CaptureError>),
-    #[error("reading the ring buffer failed: {0}")]
-    Read(#[from] std::io::Error),
-}
 
 /// The loaded and attached programs. Dropping it detaches and unloads them all.
 pub struct KernelCapture {
@@ -209,86 +155,12 @@ impl KernelCapture {
         }
         validate_options(options)?;
         let memlock_in_the_way = host::raise_memlock_limit();
-
-        // The programs' own log statements are filtered in the kernel, before they cost a
-        // ring-buffer record and a reader wakeup: a debug line per watched connect cost a
-        // busy pusher a context switch per call.
-        let kernel_log_level: u8 = if tracing::enabled!(tracing::Level::DEBUG) {
-            KERNEL_LOG_DEBUG
-        } else {
-            KERNEL_LOG_WARN
-        };
-        // The tables of the hook not in use get one entry: the object declares them all, and
-        // hash maps are allocated whole, so full-size ones would cost kernel memory for nothing.
-        let (syscall_entries, packet_entries) = match capture_hook {
-            CaptureHook::Syscalls => (options.max_watched_connections, 1),
-            CaptureHook::Packets => (1, options.max_watched_connections),
-        };
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", options.ring_bytes)
-            .map_max_entries("CONNECTIONS", options.max_watched_connections)
-            .map_max_entries("SOCKETS", syscall_entries)
-            .map_max_entries("IN_FLIGHT", syscall_entries)
-            .map_max_entries("PENDING_CONNECTS", syscall_entries)
-            .map_max_entries("PACKET_STREAMS", packet_entries)
-            .map_max_entries("ADOPTABLE", packet_entries)
-            .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
-            .load(EBPF_OBJECT)
-            .map_err(|err| programs::classify_load_error(&err, memlock_in_the_way))?;
-
-        let mut watched: Array<_, u64> = take_map(&mut ebpf, "WATCHED_PORTS")?;
-        for (index, word) in watched_port_words(options) {
-            watched
-                .set(index, word, 0)
-                .map_err(|err| CaptureError::Setup(format!("WATCHED_PORTS: {err}")))?;
-        }
-        let mut config: Array<_, CaptureConfig> = take_map(&mut ebpf, "CONFIG")?;
-        let capture_config = CaptureConfig {
-            grpc_budget: options.grpc_budget,
-            grpc_budget_refill: options.grpc_budget_refill,
-            // An eighth of the ring: the reader wakes well before the ring fills.
-            wakeup_bytes: options.ring_bytes / 8,
-            // `cgroup_scope::open` allows at most MAX_CGROUP_SCOPES.
-            cgroup_scopes: scope.len() as u32,
-            // A poll a millisecond late (timer slack) wakes the reader; `read_pacing`'s
-            // longer follow-ups are stamped ahead by the difference.
-            wakeup_after_ns: 2 * READ_FOLLOW_UP.as_nanos() as u64,
-            capture_hook: capture_hook.kernel() as u32,
-            _reserved: 0,
-            sock_layout: match state {
-                StateTracepoint::Raw(layout) => layout,
-                StateTracepoint::Formatted => Default::default(),
-            },
-        };
-        let mut scope_map: CgroupArray<_> = take_map(&mut ebpf, "CGROUP_SCOPE")?;
-        for (index, directory) in (0..).zip(scope) {
-            scope_map
-                .set(index, directory.as_fd(), 0)
-                .map_err(|err| CaptureError::Setup(format!("CGROUP_SCOPE: {err}")))?;
-        }
-        config
-            .set(0, capture_config, 0)
-            .map_err(|err| CaptureError::Setup(format!("CONFIG: {err}")))?;
-        let counters: PerCpuArray<_, u64> = take_map(&mut ebpf, "COUNTERS")?;
-        let ring: RingBuf<MapData> = take_map(&mut ebpf, "EVENTS")?;
-        let connections: HashMap<_, u64, Connection> = take_map(&mut ebpf, "CONNECTIONS")?;
-        let sockets: HashMap<_, SocketKey, SocketState> = take_map(&mut ebpf, "SOCKETS")?;
-        let adoptable: HashMap<_, ConnectionTuple, Connection> = take_map(&mut ebpf, "ADOPTABLE")?;
-        let packet_streams: Option<HashMap<_, u64, PacketStream>> = match capture_hook {
-            CaptureHook::Syscalls => None,
-            CaptureHook::Packets => Some(take_map(&mut ebpf, "PACKET_STREAMS")?),
-        };
-        let watching: Array<_, u8> = take_map(&mut ebpf, "WATCHING")?;
-        let reader_awake = match ebpf.take_map("READER_AWAKE") {
-            Some(aya::maps::Map::Array(map)) => ReaderAwake::map(map, page_size() as usize)
-                .map_err(|err| CaptureError::Setup(format!("mapping READER_AWAKE: {err}")))?,
-            _ => {
-                return Err(CaptureError::Setup(
-                    "map READER_AWAKE is missing from the object".into(),
-                ));
-            }
-        };
-
+        let mut ebpf = load(options, capture_hook, memlock_in_the_way)?;
+        // Held until the programs are loaded (they load as they attach): a map taken out of the
+        // object closes its fd when dropped, and a program loaded after that is refused with
+        // "fd N is not pointing to valid bpf_map".
+        let _configured = configure(&mut ebpf, options, scope, capture_hook, state)?;
+        let maps = Maps::take(&mut ebpf, capture_hook)?;
         let copy_walk = match &cgroup_root {
             Some(root) => {
                 programs::attach_packet_hook(&mut ebpf, root, state)
@@ -303,6 +175,16 @@ impl KernelCapture {
         };
         // Last: a task spawned before a failure above would go on reading a released map.
         let log_task = programs::spawn_kernel_log_reader(&mut ebpf)?;
+        let Maps {
+            ring,
+            counters,
+            connections,
+            sockets,
+            adoptable,
+            packet_streams,
+            watching,
+            reader_awake,
+        } = maps;
         Ok(Self {
             // SAFETY: the ring owns its map fd and keeps it open while the AsyncFd holds it.
             ring: unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
@@ -494,7 +376,7 @@ impl KernelCapture {
             for key in connection.socket_keys() {
                 // BPF_NOEXIST: a descriptor the programs saw meanwhile (closed and reused for
                 // a new connection since the scan) keeps its own entry.
-                if let Err(err) = self.sockets.insert(key, state, BPF_NOEXIST) {
+                if let Err(err) = self.sockets.insert(key, state, u64::from(BPF_NOEXIST)) {
                     tracing::debug!(
                         tgid = key.tgid,
                         fd = key.fd,
@@ -684,6 +566,136 @@ impl KernelCapture {
     }
 }
 
+/// Loads the programs with their tables sized for `options` and the hook in use.
+fn load(
+    options: &CaptureOptions,
+    capture_hook: CaptureHook,
+    memlock_in_the_way: Option<u64>,
+) -> Result<Ebpf, CaptureError> {
+    // The programs' own log statements are filtered in the kernel, before they cost a
+    // ring-buffer record and a reader wakeup: a debug line per watched connect cost a
+    // busy pusher a context switch per call.
+    let kernel_log_level: u8 = if tracing::enabled!(tracing::Level::DEBUG) {
+        aya_log::Level::Debug as u8
+    } else {
+        aya_log::Level::Warn as u8
+    };
+    // The tables of the hook not in use get one entry: the object declares them all, and
+    // hash maps are allocated whole, so full-size ones would cost kernel memory for nothing.
+    let (syscall_entries, packet_entries) = match capture_hook {
+        CaptureHook::Syscalls => (options.max_watched_connections, 1),
+        CaptureHook::Packets => (1, options.max_watched_connections),
+    };
+    EbpfLoader::new()
+        .map_max_entries("EVENTS", options.ring_bytes)
+        .map_max_entries("CONNECTIONS", options.max_watched_connections)
+        .map_max_entries("SOCKETS", syscall_entries)
+        .map_max_entries("IN_FLIGHT", syscall_entries)
+        .map_max_entries("PENDING_CONNECTS", syscall_entries)
+        .map_max_entries("PACKET_STREAMS", packet_entries)
+        .map_max_entries("ADOPTABLE", packet_entries)
+        .override_global("AYA_LOG_LEVEL", &kernel_log_level, true)
+        .load(EBPF_OBJECT)
+        .map_err(|err| programs::classify_load_error(&err, memlock_in_the_way))
+}
+
+/// The maps [`configure`] wrote, which must stay open until the programs are loaded.
+struct Configured {
+    _watched: Array<MapData, u64>,
+    _scope: CgroupArray<MapData>,
+    _config: Array<MapData, CaptureConfig>,
+}
+
+/// Writes what the programs read before they run: the watched ports, the capture's
+/// configuration and the `--cgroup-scope` directories.
+fn configure(
+    ebpf: &mut Ebpf,
+    options: &CaptureOptions,
+    scope: &[std::fs::File],
+    capture_hook: CaptureHook,
+    state: StateTracepoint,
+) -> Result<Configured, CaptureError> {
+    let mut watched: Array<_, u64> = take_map(ebpf, "WATCHED_PORTS")?;
+    for (index, word) in watched_port_words(options) {
+        watched
+            .set(index, word, 0)
+            .map_err(|err| CaptureError::Setup(format!("WATCHED_PORTS: {err}")))?;
+    }
+    let mut scope_map: CgroupArray<_> = take_map(ebpf, "CGROUP_SCOPE")?;
+    for (index, directory) in (0..).zip(scope) {
+        scope_map
+            .set(index, directory.as_fd(), 0)
+            .map_err(|err| CaptureError::Setup(format!("CGROUP_SCOPE: {err}")))?;
+    }
+    let capture_config = CaptureConfig {
+        grpc_budget: options.grpc_budget,
+        grpc_budget_refill: options.grpc_budget_refill,
+        // An eighth of the ring: the reader wakes well before the ring fills.
+        wakeup_bytes: options.ring_bytes / 8,
+        // `cgroup_scope::open` allows at most MAX_CGROUP_SCOPES.
+        cgroup_scopes: scope.len() as u32,
+        // A poll a millisecond late (timer slack) wakes the reader; `read_pacing`'s
+        // longer follow-ups are stamped ahead by the difference.
+        wakeup_after_ns: 2 * READ_FOLLOW_UP.as_nanos() as u64,
+        capture_hook: capture_hook.kernel() as u32,
+        _reserved: 0,
+        sock_layout: match state {
+            StateTracepoint::Raw(layout) => layout,
+            StateTracepoint::Formatted => Default::default(),
+        },
+    };
+    let mut config: Array<_, CaptureConfig> = take_map(ebpf, "CONFIG")?;
+    config
+        .set(0, capture_config, 0)
+        .map_err(|err| CaptureError::Setup(format!("CONFIG: {err}")))?;
+    Ok(Configured {
+        _watched: watched,
+        _scope: scope_map,
+        _config: config,
+    })
+}
+
+/// The maps userspace keeps reading or writing after the start.
+struct Maps {
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    connections: HashMap<MapData, u64, Connection>,
+    sockets: HashMap<MapData, SocketKey, SocketState>,
+    adoptable: HashMap<MapData, ConnectionTuple, Connection>,
+    packet_streams: Option<HashMap<MapData, u64, PacketStream>>,
+    watching: Array<MapData, u8>,
+    reader_awake: ReaderAwake,
+}
+
+impl Maps {
+    /// Takes the maps out of the loaded object (`PACKET_STREAMS` only with the packet hook).
+    fn take(ebpf: &mut Ebpf, capture_hook: CaptureHook) -> Result<Self, CaptureError> {
+        let reader_awake = match ebpf.take_map("READER_AWAKE") {
+            Some(aya::maps::Map::Array(map)) => ReaderAwake::map(map, page_size() as usize)
+                .map_err(|err| CaptureError::Setup(format!("mapping READER_AWAKE: {err}")))?,
+            _ => {
+                return Err(CaptureError::Setup(
+                    "map READER_AWAKE is missing from the object".into(),
+                ));
+            }
+        };
+        Ok(Self {
+            ring: take_map(ebpf, "EVENTS")?,
+            counters: take_map(ebpf, "COUNTERS")?,
+            connections: take_map(ebpf, "CONNECTIONS")?,
+            sockets: take_map(ebpf, "SOCKETS")?,
+            adoptable: take_map(ebpf, "ADOPTABLE")?,
+            packet_streams: match capture_hook {
+                CaptureHook::Syscalls => None,
+                CaptureHook::Packets => Some(take_map(ebpf, "PACKET_STREAMS")?),
+            },
+            watching: take_map(ebpf, "WATCHING")?,
+            reader_awake,
+        })
+    }
+}
+
+/// Takes the map `name` out of the loaded object as the type `M`.
 fn take_map<M>(ebpf: &mut Ebpf, name: &str) -> Result<M, CaptureError>
 where
     M: TryFrom<aya::maps::Map, Error = MapError>,

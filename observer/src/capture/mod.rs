@@ -4,6 +4,7 @@
 pub mod adopt;
 mod btf;
 pub mod cgroup_scope;
+mod error;
 mod hook_choice;
 mod host;
 pub mod kernel;

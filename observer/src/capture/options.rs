@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::{hook_choice::HookChoice, kernel::CaptureError, programs::CopyWalk, sock_layout};
+use super::{error::CaptureError, hook_choice::HookChoice, programs::CopyWalk, sock_layout};
 
 /// What to watch and how much to copy.
 #[derive(Clone, Debug)]

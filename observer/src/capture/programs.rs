@@ -13,7 +13,7 @@ use aya::{
 };
 use tokio::io::unix::AsyncFd;
 
-use super::{kernel::CaptureError, sock_layout::StateTracepoint};
+use super::{error::CaptureError, sock_layout::StateTracepoint};
 
 /// Which program serves which tracepoints. One program may serve several syscalls whose
 /// arguments share a layout (write and sendto both start with fd, buf, len). Attached in this

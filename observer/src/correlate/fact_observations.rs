@@ -12,7 +12,8 @@ use crate::{
 };
 
 use super::{
-    Observation, blindness::BlindSpots, connections::ConnectionCounters, shared_texts::SharedTexts,
+    Observation, blindness::BlindSpots, connection_counters::ConnectionCounters,
+    shared_texts::SharedTexts,
 };
 
 /// A decoder that stopped seeing its connection is a blind spot. Joining mid-stream is not

@@ -8,6 +8,7 @@
 
 pub mod blindness;
 mod churn;
+mod connection_counters;
 pub mod connections;
 mod detectors;
 mod fact_observations;
@@ -17,6 +18,7 @@ mod memory_tests;
 mod message_routes;
 mod mid_stream;
 mod observation;
+mod pending_call;
 mod placements;
 mod push_calls;
 mod ring_verdicts;

@@ -1,19 +1,17 @@
 //! Push calls waiting for the gateway's answer, and the judgment once it comes (or cannot):
 //! every recipient whose WebSocket is placed on another gateway is a `route_mismatch`.
 
-use std::{collections::HashMap as StdHashMap, net::IpAddr, sync::Arc};
+use std::{collections::HashMap as StdHashMap, net::IpAddr};
 
 use hashbrown::HashMap;
 
 use crate::{
     alert::{Alert, AlertBody, FoldWindows, PushInfo, RouteMismatch},
     budget,
-    model::{
-        ConnectionId, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, PlatformResult, Process,
-        UserId, UserResult,
-    },
+    model::{ConnectionId, GatewayAnswer, NANOS_PER_SEC, PlatformResult, UserId, UserResult},
 };
 
+pub use super::pending_call::PendingCall;
 use super::{
     FoldKey, MismatchKey, RouteLimits,
     message_routes::{Judgment, MessageRoutes},
@@ -22,16 +20,6 @@ use super::{
     ring_verdicts::RingVerdicts,
     shared::{AwaitingJoin, ClusterSide, SharedFact},
 };
-
-#[derive(Clone, Debug)]
-pub struct PendingCall {
-    pub ts_ns: u64,
-    pub method: Arc<str>,
-    pub gateway: Gateway,
-    pub pusher: Process,
-    pub message: MessageIds,
-    pub recipients: Vec<UserId>,
-}
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CallCounters {

@@ -14,7 +14,7 @@ use crate::model::{
     UserResult,
 };
 
-use super::push_calls::PendingCall;
+use super::pending_call::PendingCall;
 
 /// Judgments parked for a lookup at most; more are judged with local placements only (counted).
 const MAX_AWAITING_JOINS: usize = 16_384;

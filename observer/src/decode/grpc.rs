@@ -6,13 +6,14 @@
 
 use bytes::Bytes;
 
-use crate::model::{Direction, UserResult};
+use crate::model::Direction;
 
+pub use super::grpc_fact::{BodyError, GrpcFact, RequestBody, ResponseBody};
 use super::grpc_stream::{ReadMessage, StreamState, request_body_for_flag, response_body_for_flag};
 use super::open_streams::OpenStreams;
 
 use super::http2::{Http2Direction, MidStreamCounts, StreamEvent, Undecodable};
-use super::protobuf::{self, ProtobufError, PushCall, PushMethod};
+use super::protobuf::{self, PushCall, PushMethod};
 use super::{DecodeCounters, HeaderText, Limits};
 use crate::hpack::HeaderField;
 
@@ -21,68 +22,6 @@ use crate::hpack::HeaderField;
 /// (`OnlineBatchPushOneMsgReq`: `msgData` and recipients; `OnlinePushMsg`'s one recipient has
 /// the same wire shape). It names no service: the package differs between releases.
 pub const BATCH_PUSH_BY_SHAPE: &str = "(method unseen: a batch push by its shape)";
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GrpcFact {
-    /// A call and its request body. Reported once per stream, when its first message is
-    /// complete or the capture lost it.
-    Request {
-        stream_id: u32,
-        method: HeaderText,
-        authority: Option<HeaderText>,
-        body: RequestBody,
-    },
-    /// The first response message of a push call.
-    Response {
-        stream_id: u32,
-        http_status: Option<u16>,
-        body: ResponseBody,
-    },
-    Trailers {
-        stream_id: u32,
-        grpc_status: Option<i32>,
-        grpc_message: Option<String>,
-    },
-    /// The connection (send side cut or not HTTP/2 from its start) or one direction stops
-    /// decoding here; facts reported before stay valid.
-    Undecodable(Undecodable),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RequestBody {
-    /// A push method's request: complete, or what the captured prefix says for sure (see
-    /// `PushCall::recipients_truncated`).
-    Push(PushCall),
-    /// Not a push method: the body is not read.
-    OtherMethod,
-    /// The message has the compressed flag: it can't be read without the codec.
-    Compressed,
-    /// The request stream ended without a message.
-    Missing,
-    Malformed(BodyError),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ResponseBody {
-    /// Per-user results; `truncated` when the capture ended inside the message and only the
-    /// users whose entries are complete are listed.
-    Push {
-        results: Vec<UserResult>,
-        truncated: bool,
-    },
-    Compressed,
-    Malformed(BodyError),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BodyError {
-    #[error("protobuf: {0}")]
-    Protobuf(#[from] ProtobufError),
-    #[error("gRPC compressed flag {0} is neither 0 nor 1")]
-    InvalidCompressedFlag(u8),
-    #[error("stream ended inside a gRPC message")]
-    EndedInsideMessage,
-}
 
 /// Decodes one push → gateway connection. Feed every `Data` event of the connection in order,
 /// then call `finish` when the connection closes. A `Data` event marked `truncated` needs no

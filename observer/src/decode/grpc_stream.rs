@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use super::grpc::{BodyError, GrpcFact, RequestBody, ResponseBody};
+use super::grpc_fact::{BodyError, GrpcFact, RequestBody, ResponseBody};
 use super::protobuf::{self, PathKind, PushMethod};
 use super::{DecodeCounters, HeaderText};
 

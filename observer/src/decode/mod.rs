@@ -12,6 +12,7 @@
 //! guessed.
 
 pub mod grpc;
+mod grpc_fact;
 mod grpc_stream;
 #[cfg(test)]
 mod grpc_tests;

@@ -19,6 +19,7 @@
 
 use prost::Message;
 
+pub use super::protobuf_wire::ProtobufError;
 use super::protobuf_wire::{Fields, split_complete_fields};
 use crate::model::{MessageIds, PlatformResult, UserId, UserResult, wire};
 
@@ -122,20 +123,6 @@ pub struct PushCall {
     pub recipients: Vec<UserId>,
     /// The capture ended inside the request: more recipients may have followed those listed.
     pub recipients_truncated: bool,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ProtobufError {
-    #[error("{0}")]
-    Decode(#[from] prost::DecodeError),
-    #[error("invalid protobuf wire format")]
-    InvalidWire,
-    #[error("field {0} has another wire type than its declaration")]
-    WrongWireType(u32),
-    #[error("a protobuf group (proto2 only; OpenIM's messages are proto3)")]
-    Group,
-    #[error("a user id is not UTF-8")]
-    UserIdNotUtf8,
 }
 
 /// A user id from the wire: checked as UTF-8 (as prost checks a `string`), held inline when

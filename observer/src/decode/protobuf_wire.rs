@@ -3,7 +3,20 @@
 //! cut (`split_complete_fields`). Read as prost reads it, so that `protobuf`'s decoders agree
 //! with prost on every input but groups (the `protobuf` fuzz target checks it).
 
-use super::protobuf::ProtobufError;
+/// Says why a message could not be read: the wire itself, or a field the decoders need.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtobufError {
+    #[error("{0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("invalid protobuf wire format")]
+    InvalidWire,
+    #[error("field {0} has another wire type than its declaration")]
+    WrongWireType(u32),
+    #[error("a protobuf group (proto2 only; OpenIM's messages are proto3)")]
+    Group,
+    #[error("a user id is not UTF-8")]
+    UserIdNotUtf8,
+}
 
 /// A field's value on the wire.
 #[derive(Clone, Copy)]
