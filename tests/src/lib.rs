@@ -16,7 +16,9 @@
 //! [`releases`] checks them per OpenIM release and routing;
 //! [`demo`] is `cargo xtask demo`; [`bench`](mod@bench) is `cargo xtask bench` (what watching
 //! costs); [`cluster_node`] is one cluster-mode observer at the engine, without a kernel, for the
-//! cluster tests and `benches/cluster.rs`.
+//! cluster tests and `benches/cluster.rs`; [`redis_topology`] starts a Redis Cluster or
+//! Sentinel-managed Redis, and [`redis_lab`] runs the lab with one observer per node on any of
+//! them.
 
 pub mod alert_latency;
 pub mod bench;
@@ -26,7 +28,9 @@ pub mod lab;
 pub mod memory_load;
 pub mod observed;
 pub mod privileges;
+pub mod redis_lab;
 pub mod redis_server;
+pub mod redis_topology;
 pub mod releases;
 pub mod watching_cost;
 

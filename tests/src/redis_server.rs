@@ -31,6 +31,10 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     acl: Option<AclUser>,
+    /// Arguments after the common ones: a Redis Cluster node's or a replica's settings.
+    extra: Vec<String>,
+    /// A configuration file (in `dir`) the server starts from and may rewrite: a sentinel's.
+    config: Option<String>,
 }
 
 impl RedisServer {
@@ -39,6 +43,31 @@ impl RedisServer {
     }
 
     pub fn start_with(acl: Option<AclUser>) -> Result<Self> {
+        Self::launch(acl, Vec::new(), None)
+    }
+
+    /// A server with `extra` arguments (e.g. `--replicaof`, `--cluster-enabled yes`), on a
+    /// free port, or on `port` when given.
+    pub fn start_args(extra: Vec<String>, port: Option<u16>) -> Result<Self> {
+        Self::launch_on(None, extra, None, port)
+    }
+
+    /// A sentinel (`redis-server FILE --sentinel`) whose configuration file holds `config`
+    /// after its `port` line.
+    pub fn start_sentinel(config: &str) -> Result<Self> {
+        Self::launch(None, vec!["--sentinel".to_owned()], Some(config.to_owned()))
+    }
+
+    fn launch(acl: Option<AclUser>, extra: Vec<String>, config: Option<String>) -> Result<Self> {
+        Self::launch_on(acl, extra, config, None)
+    }
+
+    fn launch_on(
+        acl: Option<AclUser>,
+        extra: Vec<String>,
+        config: Option<String>,
+        port: Option<u16>,
+    ) -> Result<Self> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "openim-lab-redis-{}-{}",
@@ -46,12 +75,21 @@ impl RedisServer {
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let port = free_port()?;
+        let port = match port {
+            Some(port) => port,
+            None => free_port()?,
+        };
+        if let Some(config) = &config {
+            std::fs::write(dir.join("redis.conf"), format!("port {port}\n{config}\n"))
+                .context("writing the server's configuration")?;
+        }
         let mut server = Self {
             child: None,
             port,
             dir,
             acl,
+            extra,
+            config,
         };
         server.restart()?;
         Ok(server)
@@ -84,6 +122,9 @@ impl RedisServer {
     pub fn restart(&mut self) -> Result<()> {
         self.kill();
         let mut command = Command::new("redis-server");
+        if self.config.is_some() {
+            command.arg(self.dir.join("redis.conf"));
+        }
         command
             .args(["--bind", "127.0.0.1", "--port"])
             .arg(self.port.to_string())
@@ -100,7 +141,8 @@ impl RedisServer {
                 "warning",
                 "--logfile",
                 "redis.log",
-            ]);
+            ])
+            .args(&self.extra);
         if let Some(user) = &self.acl {
             command.args(["--user", "default", "off"]).args([
                 "--user",

@@ -1,248 +1,28 @@
 //! Cluster mode end to end: the lab spread over three simulated nodes (proxy on the first, push
 //! on the second, gateways over all three), one unmodified `observer run` per node scoped by
 //! `--cgroup-scope` to its node's processes, all sharing one real `redis-server`. No node sees
-//! both halves of a join, so every `route_mismatch` needs Redis.
+//! both halves of a join, so every `route_mismatch` needs Redis (`tests::redis_lab`; the other
+//! topologies are in redis_topologies.rs).
 //!
 //! Needs root, eBPF programs and `redis-server`; without them the tests skip (see
 //! `tests::privileges`). Tests take `SERIAL`: every observer sees every lab's traffic.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use serde_json::Value;
-use tests::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary};
+use tests::ProxyMode;
 use tests::privileges::{Needs, can_run};
+use tests::redis_lab::{
+    assert_exact, assert_nothing_secret_in_redis, assert_one_ring_divergence, lab, observe_cluster,
+    wait_degraded_state,
+};
 use tests::redis_server::RedisServer;
-use tests::{GroundTruth, Lab, LabConfig, ProxyMode};
+use tests::redis_topology::SharedRedis;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const NODES: usize = 3;
-/// The lab's message content (`lab message {seq}`): none of it may reach Redis.
-const CONTENT_CANARY: &str = "lab message";
-/// Redis loss and return are noticed within a few seconds (reconnects back off).
-const DEGRADED_PATIENCE: Duration = Duration::from_secs(30);
-/// Ring evidence merged every second, rings settled after 3 s: a cluster-wide verdict's time.
-const VERDICT_SETTLE: Duration = Duration::from_secs(6);
-
-fn lab(mode: ProxyMode) -> LabConfig {
-    LabConfig {
-        mode,
-        replicas_initial: 5,
-        replicas_final: 5,
-        users: 60,
-        messages_per_user: 2,
-        realtime_timeout: Duration::from_secs(2),
-        nodes: NODES,
-        ..LabConfig::default()
-    }
-}
-
-/// What a cluster run left: the truth, each node's output (a restarted node's runs in order),
-/// the client tokens and Redis's whole content at the end.
-struct ClusterRun {
-    truth: GroundTruth,
-    outputs: Vec<ObserverOutput>,
-    tokens: Vec<String>,
-    redis_dump: String,
-}
-
-impl ClusterRun {
-    fn alerts(&self) -> Vec<&Value> {
-        self.outputs
-            .iter()
-            .flat_map(|output| &output.alerts)
-            .collect()
-    }
-
-    fn of_kind(&self, kind: &str) -> Vec<&Value> {
-        self.alerts()
-            .into_iter()
-            .filter(|alert| alert["kind"] == kind)
-            .collect()
-    }
-}
-
-/// Redis, the node scopes and one observer per node, as a scenario's pause sees them.
-struct Cluster {
-    binary: PathBuf,
-    redis: RedisServer,
-    /// Each node's cgroup directory, which its observer is scoped to.
-    scopes: Vec<PathBuf>,
-    observers: Vec<ObserverProcess>,
-    /// Outputs of observers stopped before the end (restarted nodes).
-    stopped: Vec<ObserverOutput>,
-}
-
-impl Cluster {
-    fn start_observer(&self, node: usize) -> ObserverProcess {
-        let scope = self.scopes[node].to_string_lossy().into_owned();
-        let name = Lab::node_name(node);
-        let url = self.redis.url();
-        ObserverProcess::start(
-            &self.binary,
-            &[
-                "--grpc-port",
-                "88",
-                "--ws-port",
-                "80",
-                "--cgroup-scope",
-                &scope,
-                "--node-name",
-                &name,
-                "--redis-url",
-                &url,
-            ],
-        )
-        .unwrap_or_else(|error| panic!("{name}'s observer attaches: {error:#}"))
-    }
-}
-
-/// Starts Redis and one observer per node, runs the lab's scenario with `between` called after
-/// the users connected, and stops everything.
-fn observe_cluster(config: LabConfig, between: impl FnOnce(&mut Cluster)) -> ClusterRun {
-    let binary = find_observer_binary().expect("observer binary");
-    let redis = RedisServer::start().expect("redis-server starts");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let (truth, tokens, mut cluster) = runtime.block_on(async {
-        // The lab makes each node's cgroup; its pods are idle until users connect.
-        let mut lab = Lab::start(config).await.expect("lab starts");
-        let scopes = (0..NODES)
-            .map(|node| lab.node_cgroup(node).expect("a cgroup per node").to_owned())
-            .collect();
-        let mut cluster = Cluster {
-            binary,
-            redis,
-            scopes,
-            observers: Vec::new(),
-            stopped: Vec::new(),
-        };
-        cluster.observers = (0..NODES)
-            .map(|node| cluster.start_observer(node))
-            .collect();
-        let truth = lab
-            .run_scenario_with(|_| {
-                tokio::task::block_in_place(|| between(&mut cluster));
-                Ok(())
-            })
-            .await
-            .expect("scenario runs");
-        // Cluster-wide verdicts wait for the shared ring evidence to be merged (every second)
-        // and the rings to settle (3 s), as on a cluster that keeps running.
-        tokio::time::sleep(VERDICT_SETTLE).await;
-        (truth, lab.client_tokens(), cluster)
-    });
-    for (node, observer) in cluster.observers.iter_mut().enumerate() {
-        assert!(observer.is_running(), "node-{}'s observer exited", node + 1);
-    }
-    let mut outputs = std::mem::take(&mut cluster.stopped);
-    for observer in cluster.observers.drain(..) {
-        outputs.push(observer.stop().expect("observer stops cleanly"));
-    }
-    let redis_dump = cluster
-        .redis
-        .dump()
-        .expect("Redis dump")
-        .iter()
-        .map(|stored| format!("{} {}", stored.key, stored.content))
-        .collect::<Vec<_>>()
-        .join("\n");
-    ClusterRun {
-        truth,
-        outputs,
-        tokens,
-        redis_dump,
-    }
-}
-
-/// Precision and recall 100%, each mismatch printed once cluster-wide by a node that did not
-/// see both halves.
-fn assert_exact(run: &ClusterRun) {
-    let alerts: Vec<Value> = run.alerts().into_iter().cloned().collect();
-    let score = Score::new(&run.truth, &alerts);
-    assert!(
-        score.missed.len() > 20,
-        "the lab should lose most users with 5 replicas: {:?}",
-        run.truth.summary
-    );
-    assert!(
-        score.false_negatives.is_empty(),
-        "missed but not alerted: {:?}\nwhat the observers said about recovery: {:#?}\ntheir truth: {:#?}",
-        score.false_negatives,
-        run.outputs
-            .iter()
-            .flat_map(|output| output.stderr.lines())
-            .filter(|line| line.contains("recover"))
-            .collect::<Vec<_>>(),
-        run.truth
-            .users
-            .iter()
-            .filter(|user| score.false_negatives.contains(&user.user_id))
-            .collect::<Vec<_>>()
-    );
-    assert!(
-        score.false_positives.is_empty(),
-        "alerted but fine: {:?}",
-        score.false_positives
-    );
-    // As on one node: a user's first mismatch at once, then at most one summary of its
-    // repeats when the window ends (`count` > 1), each printed by one node only.
-    let mut printed: BTreeMap<(&str, bool), usize> = BTreeMap::new();
-    for alert in run.of_kind("route_mismatch") {
-        let summary = alert["count"].as_u64().unwrap_or(1) > 1;
-        *printed
-            .entry((alert["user"].as_str().unwrap(), summary))
-            .or_default() += 1;
-        assert!(alert["node"].is_string(), "{alert}");
-    }
-    let repeated: Vec<_> = printed.iter().filter(|(_, count)| **count != 1).collect();
-    assert!(repeated.is_empty(), "printed more than once: {repeated:?}");
-    let firsts = printed.keys().filter(|(_, summary)| !summary).count();
-    assert_eq!(
-        firsts,
-        score.alerted.len(),
-        "one first alert per alerted user"
-    );
-}
-
-/// One `ring_divergence` cluster-wide, with the right diagnosis.
-fn assert_one_ring_divergence(run: &ClusterRun) {
-    let divergences = run.of_kind("ring_divergence");
-    assert_eq!(divergences.len(), 1, "{divergences:#?}");
-    assert_eq!(
-        divergences[0]["difference"],
-        "push members carry ':88', proxy members do not"
-    );
-    assert_eq!(divergences[0]["proxy_members"].as_array().unwrap().len(), 5);
-}
-
-fn assert_nothing_secret_in_redis(run: &ClusterRun) {
-    assert!(!run.redis_dump.is_empty(), "the observers shared something");
-    assert!(!run.tokens.is_empty());
-    for token in &run.tokens {
-        assert!(!run.redis_dump.contains(token.as_str()), "a token in Redis");
-    }
-    assert!(
-        !run.redis_dump.contains(CONTENT_CANARY),
-        "message content in Redis"
-    );
-}
-
-fn wait_degraded_state(observer: &mut ObserverProcess, node: usize, state: &str) {
-    observer
-        .wait_for_line(DEGRADED_PATIENCE, |line| {
-            serde_json::from_str::<Value>(line).is_ok_and(|alert| {
-                alert["kind"] == "capture_degraded"
-                    && alert["reason"] == "shared_state_unreachable"
-                    && alert["state"] == state
-            })
-        })
-        .unwrap_or_else(|error| panic!("node-{}: no capture_degraded {state}: {error}", node + 1));
+fn one_server() -> SharedRedis {
+    SharedRedis::Single(RedisServer::start().expect("redis-server starts"))
 }
 
 #[test]
@@ -251,7 +31,7 @@ fn three_nodes_alert_every_misrouted_user_once_and_store_no_secret() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let run = observe_cluster(lab(ProxyMode::V351), |_| {});
+    let run = observe_cluster(one_server(), lab(ProxyMode::V351), |_| {});
     assert_exact(&run);
     // The proxy's and push's halves were seen on different nodes and joined through Redis.
     let mismatch = run.of_kind("route_mismatch")[0];
@@ -266,7 +46,7 @@ fn three_nodes_with_the_correct_fix_raise_no_routing_alert() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let run = observe_cluster(lab(ProxyMode::Correct), |_| {});
+    let run = observe_cluster(one_server(), lab(ProxyMode::Correct), |_| {});
     assert_eq!(
         run.truth.summary.users_missing, 0,
         "{:?}",
@@ -288,7 +68,7 @@ fn the_proxy_nodes_observer_restarted_after_users_connected_keeps_alerts_exact()
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let run = observe_cluster(lab(ProxyMode::V351), |cluster| {
+    let run = observe_cluster(one_server(), lab(ProxyMode::V351), |cluster| {
         // Node 1 holds the proxy: every placement was seen there, before this restart.
         let before = cluster.observers.remove(0);
         let output = before.stop().expect("node-1's observer stops cleanly");
@@ -305,13 +85,14 @@ fn redis_killed_and_restarted_mid_run_degrades_recovers_and_alerts_stay_exact() 
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let run = observe_cluster(lab(ProxyMode::V351), |cluster| {
-        cluster.redis.kill();
+    let run = observe_cluster(one_server(), lab(ProxyMode::V351), |cluster| {
+        cluster.redis.single().kill();
         for (node, observer) in cluster.observers.iter_mut().enumerate() {
             wait_degraded_state(observer, node, "degraded");
         }
         cluster
             .redis
+            .single()
             .restart()
             .expect("redis-server restarts, empty");
         for (node, observer) in cluster.observers.iter_mut().enumerate() {
@@ -328,6 +109,6 @@ fn three_nodes_raise_one_ring_divergence() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|poison| poison.into_inner());
-    let run = observe_cluster(lab(ProxyMode::V351), |_| {});
+    let run = observe_cluster(one_server(), lab(ProxyMode::V351), |_| {});
     assert_one_ring_divergence(&run);
 }

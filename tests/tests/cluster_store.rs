@@ -17,6 +17,7 @@ use observer::{
 };
 use tests::privileges::{Needs, can_run};
 use tests::redis_server::{AclUser, RedisServer, free_port};
+use tests::redis_topology::RedisCluster;
 
 /// Probe and writer act within seconds; this bounds every wait.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -385,7 +386,7 @@ async fn an_acl_user_limited_to_the_prefix_is_enough() {
     }
     let redis = RedisServer::start_with(Some(acl.clone())).unwrap();
     let cluster = config(&redis.url(), "node-a", 64);
-    assert!(!cluster.url.to_string().contains(&acl.password));
+    assert!(!cluster.redis.to_string().contains(&acl.password));
     assert!(!format!("{cluster:?}").contains(&acl.password));
     let state = SharedState::start(&cluster).unwrap();
     let placed = placement("5001", "node-a", 44000, "10.244.0.11");
@@ -488,4 +489,77 @@ async fn measure_memory_per_placed_user() {
             node.health().counters().round_trips - round_trips
         );
     }
+}
+
+/// On a Redis Cluster (three primaries, three replicas): a user's keys share one slot, the
+/// users spread over every primary, and what one node writes in pipelines spanning many slots
+/// another reads back in one, whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_spread_over_a_redis_cluster_by_hash_tag() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
+    let cluster = tokio::task::block_in_place(RedisCluster::start).expect("a Redis Cluster forms");
+    let config = |node: &str| {
+        ClusterArgs {
+            redis_cluster: Some(cluster.seeds()),
+            redis_prefix: DEFAULT_PREFIX.to_owned(),
+            node_name: Some(node.to_owned()),
+            redis_queue: 4096,
+            ..ClusterArgs::default()
+        }
+        .resolve()
+        .expect("valid cluster flags")
+        .expect("cluster mode")
+    };
+    let proxy_node = SharedState::start(&config("node-a")).unwrap();
+    let push_node = SharedState::start(&config("node-b")).unwrap();
+    seen_up(&proxy_node, "the cluster up").await;
+    let users: Vec<String> = (0..40).map(|user| format!("{}", 2000 + user)).collect();
+    let mut placed = Vec::new();
+    for (index, user) in users.iter().enumerate() {
+        let port = 41_000 + u16::try_from(index).unwrap();
+        let placement = placement(user, "node-a", port, "10.244.0.11");
+        proxy_node.record(Fact::Placed(placement.clone()));
+        placed.push(placement);
+        push_node.record(Fact::PushOutcome(PushOutcome {
+            user: user.clone(),
+            node: "node-b".to_owned(),
+            gateway_ip: "10.244.0.12".parse().unwrap(),
+            gateway_port: 88,
+            gateway_name: None,
+            answer: GatewayAnswer::EmptyEntry,
+            message: MessageIds::default(),
+            ts_ns: 9,
+        }));
+    }
+    written(&proxy_node, users.len() as u64).await;
+    written(&push_node, users.len() as u64).await;
+    assert_eq!(proxy_node.health().counters().facts_lost, 0);
+    assert_eq!(push_node.health().counters().facts_lost, 0);
+
+    let found = push_node.placements_of(&users).await.unwrap();
+    for placement in &placed {
+        assert_eq!(found[&placement.user], vec![placement.clone()]);
+    }
+    let outcomes = proxy_node.push_outcomes(&users).await.unwrap();
+    assert_eq!(outcomes.len(), users.len());
+
+    let keys = tokio::task::block_in_place(|| cluster.keys()).unwrap();
+    let mut primaries_used = std::collections::BTreeSet::new();
+    for user in &users {
+        let tag = format!("{{u:{user}}}");
+        let own: Vec<&(u16, u16, String)> = keys
+            .iter()
+            .filter(|(_, _, key)| key.contains(&tag))
+            .collect();
+        assert!(own.len() >= 2, "{user}'s placement and pushes: {own:?}");
+        assert!(
+            own.iter()
+                .all(|(slot, port, _)| (*slot, *port) == (own[0].0, own[0].1)),
+            "{user}'s keys on one slot: {own:?}"
+        );
+        primaries_used.insert(own[0].1);
+    }
+    assert_eq!(primaries_used.len(), 3, "40 users over the three primaries");
 }

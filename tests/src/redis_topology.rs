@@ -1,0 +1,398 @@
+//! The Redis topologies cluster mode supports, from real `redis-server` processes on free
+//! loopback ports: a Redis Cluster of three primaries and three replicas made by
+//! `redis-cli --cluster create`, and a primary with one replica watched by three sentinels
+//! (`redis-server FILE --sentinel`). Tests kill a primary and wait for its replica's promotion.
+//! [`SharedRedis`] is any of them (or one server) as the observers' flags name it.
+
+use std::{
+    collections::BTreeSet,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::redis_server::{RedisServer, free_port};
+
+/// How long a cluster may take to form or a failover to complete.
+const FORM_TIMEOUT: Duration = Duration::from_secs(30);
+/// A node unreachable this long is failed over: small, so tests stay short.
+const NODE_TIMEOUT_MS: u32 = 1_000;
+/// The master name the sentinels monitor.
+pub const SENTINEL_MASTER: &str = "observer";
+
+/// A Redis Cluster: three primaries, one replica each.
+pub struct RedisCluster {
+    /// In creation order: the first three are the primaries `redis-cli` made.
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, makes them a cluster and waits until every slot is served and every
+    /// primary has a replica in sync.
+    pub fn start() -> Result<Self> {
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            let bus = free_port()?;
+            nodes.push(RedisServer::start_args(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    &NODE_TIMEOUT_MS.to_string(),
+                    "--cluster-port",
+                    &bus.to_string(),
+                ]
+                .map(str::to_owned)
+                .to_vec(),
+                None,
+            )?);
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port()));
+        }
+        let output = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .context("running redis-cli --cluster create")?;
+        if !output.status.success() {
+            bail!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&output.stdout)
+            );
+        }
+        let cluster = Self { nodes };
+        cluster.wait_until(|cluster| {
+            Ok(cluster.state_ok()?
+                && cluster.primaries()?.len() == 3
+                && cluster.replicas_in_sync()? == 3)
+        })?;
+        Ok(cluster)
+    }
+
+    /// The seed nodes as `--redis-cluster` takes them: every node's URL, comma-separated.
+    pub fn seeds(&self) -> String {
+        self.nodes
+            .iter()
+            .map(RedisServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A node still running, to ask about the cluster.
+    fn any(&self) -> Result<&RedisServer> {
+        self.nodes
+            .iter()
+            .find(|node| node.client().is_ok())
+            .context("no cluster node answers")
+    }
+
+    fn state_ok(&self) -> Result<bool> {
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut self.any()?.client()?)?;
+        Ok(info.contains("cluster_state:ok"))
+    }
+
+    /// The ports of the nodes serving slots now (`CLUSTER SLOTS`).
+    pub fn primaries(&self) -> Result<BTreeSet<u16>> {
+        Ok(self.slots()?.into_iter().map(|(_, _, port)| port).collect())
+    }
+
+    /// `(first slot, last slot, primary's port)` per range.
+    fn slots(&self) -> Result<Vec<(u16, u16, u16)>> {
+        let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut self.any()?.client()?)?;
+        let mut slots = Vec::new();
+        for range in ranges {
+            let redis::Value::Array(parts) = range else {
+                bail!("CLUSTER SLOTS: not an array");
+            };
+            let number = |value: &redis::Value| -> Result<u16> {
+                Ok(u16::try_from(redis::from_redis_value_ref::<i64>(value)?)?)
+            };
+            let (Some(first), Some(last), Some(redis::Value::Array(primary))) =
+                (parts.first(), parts.get(1), parts.get(2))
+            else {
+                bail!("CLUSTER SLOTS: an unexpected range");
+            };
+            let port = primary.get(1).context("CLUSTER SLOTS: no port")?;
+            slots.push((number(first)?, number(last)?, number(port)?));
+        }
+        Ok(slots)
+    }
+
+    /// The slot of `key` (`CLUSTER KEYSLOT`).
+    pub fn slot_of(&self, key: &str) -> Result<u16> {
+        Ok(redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut self.any()?.client()?)?)
+    }
+
+    /// The port of the primary serving `slot`.
+    pub fn primary_of(&self, slot: u16) -> Result<u16> {
+        self.slots()?
+            .into_iter()
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .map(|(_, _, port)| port)
+            .context("slot not served")
+    }
+
+    /// Replicas whose link to their primary is up.
+    fn replicas_in_sync(&self) -> Result<usize> {
+        let mut count = 0;
+        for node in &self.nodes {
+            if let Ok(info) = node.info("replication")
+                && info.get("role").map(String::as_str) == Some("slave")
+                && info.get("master_link_status").map(String::as_str) == Some("up")
+            {
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    /// Kills the primary serving `slot` (SIGKILL) and waits until its replica serves the slot
+    /// and the cluster is whole again. Returns the killed node's port.
+    pub fn fail_over(&mut self, slot: u16) -> Result<u16> {
+        let port = self.primary_of(slot)?;
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|node| node.port() == port)
+            .context("the primary is not one of the nodes")?;
+        node.kill();
+        self.wait_until(|cluster| {
+            Ok(cluster.primary_of(slot).is_ok_and(|now| now != port) && cluster.state_ok()?)
+        })?;
+        Ok(port)
+    }
+
+    /// Every key on every primary, and its slot, as `(slot, primary's port, key)`.
+    pub fn keys(&self) -> Result<Vec<(u16, u16, String)>> {
+        let primaries = self.primaries()?;
+        let mut keys = Vec::new();
+        for node in self
+            .nodes
+            .iter()
+            .filter(|node| primaries.contains(&node.port()))
+        {
+            let mut client = node.client()?;
+            let names: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut client)?;
+            for key in names {
+                let slot: u16 = redis::cmd("CLUSTER")
+                    .arg("KEYSLOT")
+                    .arg(&key)
+                    .query(&mut client)?;
+                keys.push((slot, node.port(), key));
+            }
+        }
+        keys.sort();
+        Ok(keys)
+    }
+
+    /// Every key's content on every primary, for the checks that no secret was stored.
+    pub fn dump(&self) -> Result<String> {
+        let primaries = self.primaries()?;
+        let mut dump = Vec::new();
+        for node in self
+            .nodes
+            .iter()
+            .filter(|node| primaries.contains(&node.port()))
+        {
+            for stored in node.dump()? {
+                dump.push(format!("{} {}", stored.key, stored.content));
+            }
+        }
+        Ok(dump.join("\n"))
+    }
+
+    fn wait_until(&self, done: impl Fn(&Self) -> Result<bool>) -> Result<()> {
+        wait(|| done(self), "the Redis Cluster")
+    }
+}
+
+/// A primary, its replica and three sentinels monitoring it as [`SENTINEL_MASTER`].
+pub struct RedisSentinels {
+    /// The first primary, then its replica.
+    servers: Vec<RedisServer>,
+    sentinels: Vec<RedisServer>,
+}
+
+impl RedisSentinels {
+    /// Starts them and waits until every sentinel knows the replica and the other sentinels.
+    pub fn start() -> Result<Self> {
+        let primary = RedisServer::start()?;
+        let replica = RedisServer::start_args(
+            vec![
+                "--replicaof".to_owned(),
+                "127.0.0.1".to_owned(),
+                primary.port().to_string(),
+            ],
+            None,
+        )?;
+        let config = format!(
+            "sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
+             sentinel down-after-milliseconds {SENTINEL_MASTER} {NODE_TIMEOUT_MS}\n\
+             sentinel failover-timeout {SENTINEL_MASTER} 5000",
+            primary.port()
+        );
+        let sentinels = (0..3)
+            .map(|_| RedisServer::start_sentinel(&config))
+            .collect::<Result<Vec<_>>>()?;
+        let topology = Self {
+            servers: vec![primary, replica],
+            sentinels,
+        };
+        wait(
+            || {
+                let mut ready = true;
+                for sentinel in &topology.sentinels {
+                    let mut client = sentinel.client()?;
+                    let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                        .arg("REPLICAS")
+                        .arg(SENTINEL_MASTER)
+                        .query(&mut client)?;
+                    let others: Vec<redis::Value> = redis::cmd("SENTINEL")
+                        .arg("SENTINELS")
+                        .arg(SENTINEL_MASTER)
+                        .query(&mut client)?;
+                    ready &= replicas.len() == 1 && others.len() == 2;
+                }
+                Ok(ready)
+            },
+            "the sentinels",
+        )?;
+        Ok(topology)
+    }
+
+    /// The sentinels as `--redis-sentinel` takes them, comma-separated.
+    pub fn urls(&self) -> String {
+        self.sentinels
+            .iter()
+            .map(RedisServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The port of the primary the sentinels name now.
+    pub fn primary(&self) -> Result<u16> {
+        let sentinel = self
+            .sentinels
+            .iter()
+            .find(|sentinel| sentinel.client().is_ok())
+            .context("no sentinel answers")?;
+        let (_, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(SENTINEL_MASTER)
+            .query(&mut sentinel.client()?)?;
+        Ok(port)
+    }
+
+    /// The server the sentinels name primary now.
+    pub fn primary_server(&self) -> Result<&RedisServer> {
+        let port = self.primary()?;
+        self.servers
+            .iter()
+            .find(|server| server.port() == port)
+            .context("the primary is not one of the servers")
+    }
+
+    /// Kills the primary (SIGKILL) and waits until the sentinels promoted its replica and it
+    /// says it is a primary. Returns the killed server's port.
+    pub fn fail_over(&mut self) -> Result<u16> {
+        let port = self.primary()?;
+        if let Some(server) = self.servers.iter_mut().find(|server| server.port() == port) {
+            server.kill();
+        }
+        wait(
+            || {
+                let now = self.primary()?;
+                let promoted = self.servers.iter().find(|server| server.port() == now);
+                Ok(now != port
+                    && promoted.is_some_and(|server| {
+                        server.info("replication").is_ok_and(|info| {
+                            info.get("role").map(String::as_str) == Some("master")
+                        })
+                    }))
+            },
+            "the sentinels' failover",
+        )?;
+        Ok(port)
+    }
+}
+
+/// Polls `done` until it says true (errors count as not yet) within [`FORM_TIMEOUT`].
+fn wait(mut done: impl FnMut() -> Result<bool>, what: &str) -> Result<()> {
+    let started = Instant::now();
+    let mut last = None;
+    while started.elapsed() < FORM_TIMEOUT {
+        match done() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(error) => last = Some(error),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("{what} not ready within {FORM_TIMEOUT:?} (last error: {last:?})")
+}
+
+/// The Redis the observers of a test share.
+pub enum SharedRedis {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+    Sentinel(RedisSentinels),
+}
+
+impl SharedRedis {
+    /// The observer's flags naming this Redis.
+    pub fn observer_args(&self) -> Vec<String> {
+        let args: [&str; 2] = match self {
+            Self::Single(_) => ["--redis-url", ""],
+            Self::Cluster(_) => ["--redis-cluster", ""],
+            Self::Sentinel(_) => ["--redis-sentinel", ""],
+        };
+        let value = match self {
+            Self::Single(server) => server.url(),
+            Self::Cluster(cluster) => cluster.seeds(),
+            Self::Sentinel(sentinels) => sentinels.urls(),
+        };
+        let mut flags = vec![args[0].to_owned(), value];
+        if let Self::Sentinel(_) = self {
+            flags.extend([
+                "--redis-sentinel-master".to_owned(),
+                SENTINEL_MASTER.to_owned(),
+            ]);
+        }
+        flags
+    }
+
+    /// The one server, for tests that kill and restart it.
+    pub fn single(&mut self) -> &mut RedisServer {
+        match self {
+            Self::Single(server) => server,
+            _ => panic!("not a single redis-server"),
+        }
+    }
+
+    /// Every key and its content, one line each.
+    pub fn dump(&self) -> Result<String> {
+        let server = match self {
+            Self::Single(server) => server,
+            Self::Cluster(cluster) => return cluster.dump(),
+            Self::Sentinel(sentinels) => sentinels.primary_server()?,
+        };
+        Ok(server
+            .dump()?
+            .iter()
+            .map(|stored| format!("{} {}", stored.key, stored.content))
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
+}
