@@ -503,6 +503,46 @@ impl Lab {
         ));
     }
 
+    /// Closes the WebSockets of `users` (the lab's own clients; a client program's users stay)
+    /// and waits (bounded) until their gateways report the sessions closed, so a reconnect
+    /// that lands on the same gateway is not mistaken for the closed one.
+    pub async fn disconnect_users(&mut self, users: &[String]) {
+        let leaving: HashSet<&str> = users.iter().map(String::as_str).collect();
+        let before = self.clients.len();
+        self.clients
+            .retain(|client| !leaving.contains(client.user_id.as_str()));
+        if self.clients.len() == before {
+            return;
+        }
+        let deadline = Instant::now() + SESSION_SETTLE_TIMEOUT;
+        while Instant::now() < deadline {
+            let open = self.observations.lock().map_or(0, |observed| {
+                users
+                    .iter()
+                    .filter(|user| observed.sessions.contains_key(user.as_str()))
+                    .count()
+            });
+            if open == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Whether `user_id` holds an open WebSocket that its gateway registered.
+    pub fn is_connected(&self, user_id: &str) -> bool {
+        self.clients.iter().any(|client| client.user_id == user_id)
+            && self
+                .observations
+                .lock()
+                .is_ok_and(|observed| observed.sessions.contains_key(user_id))
+    }
+
+    /// Users with an open WebSocket, as the lab's clients hold them.
+    pub fn connected_users(&self) -> usize {
+        self.clients.len()
+    }
+
     /// Connects users through the client program (Go or Python stack).
     async fn connect_external(&mut self, batch: &[usize]) -> Vec<(String, anyhow::Result<Client>)> {
         let proxy = self.proxy_addr();

@@ -32,6 +32,7 @@ pub mod redis_lab;
 pub mod redis_server;
 pub mod redis_topology;
 pub mod releases;
+pub mod soak;
 pub mod watching_cost;
 
 pub use lab::release::{Discovery, OpenImRelease, PushRouting};

@@ -5,6 +5,7 @@
 //! `openim-lab demo --openim 3.7` (any of 3.5, 3.6, 3.7, 3.8, main; `--discovery etcd` too)
 //! `openim-lab push-loop --duration 10 [--replicas 5] [--users 20]`
 //! `openim-lab bench --observer target/release/observer [--rounds 3] [--seconds 8]`
+//! `openim-lab soak --minutes 60 [--interval-secs 60]` (what `cargo xtask soak` runs)
 //! The `gateway`, `proxy` and `push` subcommands are the pod roles the lab starts itself.
 
 use std::path::PathBuf;
@@ -42,6 +43,11 @@ enum Command {
     /// Measure what watching costs: push throughput and latency, and nanoseconds per write(2),
     /// with no observer, the real observer, and a bpftrace peer (what `cargo xtask bench` runs).
     Bench(BenchArgs),
+    /// Run the lab at a steady mixed load in cluster mode (three nodes, three observers, one
+    /// redis-server restarted halfway), print per interval what each observer and Redis hold,
+    /// and end with a verdict: exit 0 on a pass, 1 naming the failing criterion (what
+    /// `cargo xtask soak` runs; needs root).
+    Soak(SoakArgs),
     #[command(hide = true)]
     Gateway(GatewayArgs),
     /// Place users for the memory bench: print how many once placed, hold them until
@@ -191,6 +197,31 @@ struct BenchArgs {
     watching_only: bool,
 }
 
+#[derive(clap::Args, Debug)]
+struct SoakArgs {
+    /// Minutes of load (the setup and the drain after it come on top).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    minutes: u64,
+    /// Seconds between two rows of the table.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    interval_secs: u64,
+    /// Users connected throughout (a multiple of twice --batch).
+    #[arg(long, default_value_t = 480)]
+    users: usize,
+    /// Users reconnected, and recipients of one group message, every second.
+    #[arg(long, default_value_t = 16)]
+    batch: usize,
+    /// Minutes between scale-outs (the first at a tenth of the run).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    scale_every_mins: u64,
+    /// The observer binary [default: `observer` beside this one, or $OBSERVER_BIN].
+    #[arg(long)]
+    observer: Option<PathBuf>,
+    /// Where the observers' stderr is written.
+    #[arg(long, default_value = "target/soak")]
+    out: PathBuf,
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -212,6 +243,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => run_lab(demo(args)),
         Command::PushLoop(args) => run_lab(push_loop(args)),
         Command::Bench(args) => run_lab(bench(args)),
+        Command::Soak(args) => run_lab(soak(args)),
         Command::PlaceUsers(args) => run_lab(place_users(args)),
     };
     match outcome {
@@ -381,4 +413,25 @@ async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     .await?;
     println!("{text}");
     Ok(())
+}
+
+async fn soak(args: SoakArgs) -> anyhow::Result<()> {
+    let observer = match args.observer {
+        Some(path) => path,
+        None => tests::observed::find_observer_binary()?,
+    };
+    let failure = tests::soak::run(tests::soak::SoakConfig {
+        observer,
+        load: Duration::from_secs(args.minutes * 60),
+        interval: Duration::from_secs(args.interval_secs),
+        users: args.users,
+        batch: args.batch,
+        scale_every: Duration::from_secs(args.scale_every_mins * 60),
+        out_dir: args.out,
+    })
+    .await?;
+    match failure {
+        None => Ok(()),
+        Some(criterion) => anyhow::bail!("soak verdict: {criterion}"),
+    }
 }
