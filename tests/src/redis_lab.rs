@@ -255,6 +255,12 @@ pub fn wait_not_degraded(cluster: &mut Cluster) {
                 .then(|| alert["state"].as_str().map(str::to_owned))
                 .flatten()
         });
+        // Shown in the test's output: whether this fault was noticed.
+        eprintln!(
+            "node-{}: shared state last said {}",
+            node + 1,
+            last.as_deref().unwrap_or("nothing")
+        );
         if last.as_deref() == Some("degraded") {
             wait_degraded_state(observer, node, "recovered");
         }
