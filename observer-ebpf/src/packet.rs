@@ -45,7 +45,7 @@ use observer_records::{
 use crate::{
     io::draw_grpc_budget,
     maps::{
-        ADOPTABLE, NO_HOLE, PACKET_COPY, PACKET_NESTING, PACKET_STREAMS, PacketCopy,
+        ADOPTABLE, Connection, NO_HOLE, PACKET_COPY, PACKET_NESTING, PACKET_STREAMS, PacketCopy,
         PacketDirection, PacketStream, SCRATCH, SCRATCH_SLOTS, STREAM_HEAD_TAKEN, STREAM_JOINED,
         STREAM_SEQ_KNOWN, count, watched_port,
     },
@@ -135,32 +135,9 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     } else {
         &mut stream.recv
     };
-    if segment.syn {
-        // The first payload byte follows the SYN's own sequence number.
-        half.first_seq = segment.seq.wrapping_add(1);
-        half.flags |= STREAM_SEQ_KNOWN;
-    }
-    if segment.payload_len == 0 {
+    let Some(segment_start) = payload_offset(half, &segment) else {
         return Ok(());
-    }
-    let payload_seq = if segment.syn {
-        segment.seq.wrapping_add(1)
-    } else {
-        segment.seq
     };
-    if half.flags & STREAM_SEQ_KNOWN == 0 {
-        if half.flags & STREAM_JOINED == 0 {
-            // Its SYN passed before the socket was watched: nowhere to place the bytes.
-            count(Counter::BytesNotCaptured, u64::from(segment.payload_len));
-            return Ok(());
-        }
-        // Adopted established: the stream, as far as it is seen, starts here, at an offset
-        // that says it is not the stream's start.
-        half.first_seq = payload_seq;
-        half.seen_end = JOINED_STREAM_OFFSET;
-        half.flags |= STREAM_SEQ_KNOWN;
-    }
-    let segment_start = stream_offset(half, payload_seq);
     let end = segment_start + u64::from(segment.payload_len);
     if stream.conn.port_class == PortClass::Grpc as u8
         && end > half.seen_end
@@ -185,8 +162,71 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     if capture == 0 {
         return Ok(());
     }
+    let copy = SegmentCopy {
+        payload_start: segment.payload_start + skip as u32,
+        stream_offset: start - half.left_out,
+        len,
+        capture,
+    };
+    output_segment(ctx, sock, conn, direction, time.now(), &copy);
+    Ok(())
+}
+
+/// Places a segment's payload in its direction's stream (a SYN sets where the stream starts):
+/// returns the stream offset of its first byte, or `None` when it has no payload or the
+/// stream's start was never seen (its bytes counted as not captured).
+#[inline(always)]
+fn payload_offset(half: &mut PacketDirection, segment: &Segment) -> Option<u64> {
+    if segment.syn {
+        // The first payload byte follows the SYN's own sequence number.
+        half.first_seq = segment.seq.wrapping_add(1);
+        half.flags |= STREAM_SEQ_KNOWN;
+    }
+    if segment.payload_len == 0 {
+        return None;
+    }
+    let payload_seq = if segment.syn {
+        segment.seq.wrapping_add(1)
+    } else {
+        segment.seq
+    };
+    if half.flags & STREAM_SEQ_KNOWN == 0 {
+        if half.flags & STREAM_JOINED == 0 {
+            // Its SYN passed before the socket was watched: nowhere to place the bytes.
+            count(Counter::BytesNotCaptured, u64::from(segment.payload_len));
+            return None;
+        }
+        // Adopted established: the stream, as far as it is seen, starts here, at an offset
+        // that says it is not the stream's start.
+        half.first_seq = payload_seq;
+        half.seen_end = JOINED_STREAM_OFFSET;
+        half.flags |= STREAM_SEQ_KNOWN;
+    }
+    Some(stream_offset(half, payload_seq))
+}
+
+/// What of a segment goes to the ring: where its new bytes start in the packet and in the
+/// stream (less what was left out before), how many are new and how many of them are copied.
+struct SegmentCopy {
+    payload_start: u32,
+    stream_offset: u64,
+    len: u64,
+    capture: u64,
+}
+
+/// Copies a segment's new bytes into a data record through this CPU's scratch slot of the
+/// current nesting level (an ingress softirq may interrupt an egress run on the same CPU).
+#[inline(always)]
+fn output_segment(
+    ctx: &SkBuffContext,
+    sock: u64,
+    conn: &Connection,
+    direction: Direction,
+    now: u64,
+    copy: &SegmentCopy,
+) {
     let Some(nesting) = PACKET_NESTING.get_ptr_mut(0) else {
-        return Ok(());
+        return;
     };
     // SAFETY: this CPU's counter. Volatile: the compiler knows nothing of interrupts, and must
     // not drop the writes that take and give back the level. (No fence: the BPF backend cannot
@@ -195,8 +235,8 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
     // the compiler moves no write to `nesting` across a helper that might read it.)
     let level = unsafe { core::ptr::read_volatile(nesting) };
     if level >= SCRATCH_SLOTS {
-        count(Counter::BytesNotCaptured, capture);
-        return Ok(());
+        count(Counter::BytesNotCaptured, copy.capture);
+        return;
     }
     unsafe { core::ptr::write_volatile(nesting, level + 1) };
     if let (Some(buffer), Some(progress)) =
@@ -205,22 +245,21 @@ fn try_packet(ctx: &SkBuffContext, direction: Direction) -> Result<(), i64> {
         // SAFETY: this CPU's slots of this nesting level: no other run touches them until
         // this one gives the level back.
         let (record, progress) = unsafe { (&mut (*buffer).record, &mut *progress) };
-        record.header = header_at(RecordKind::Data, sock, conn, time.now());
+        record.header = header_at(RecordKind::Data, sock, conn, now);
         record.header.direction = direction as u8;
-        record.header.call_len = len;
+        record.header.call_len = copy.len;
         copy_payload(
             ctx,
             record,
             progress,
-            segment.payload_start + skip as u32,
-            start - half.left_out,
-            capture as u32,
-            capture < len,
+            copy.payload_start,
+            copy.stream_offset,
+            copy.capture as u32,
+            copy.capture < copy.len,
         );
     }
     // SAFETY: as above.
     unsafe { core::ptr::write_volatile(nesting, level) };
-    Ok(())
 }
 
 /// A socket to a watched port that `PACKET_STREAMS` does not hold: if userspace named its
