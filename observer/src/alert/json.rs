@@ -454,5 +454,4 @@ impl std::fmt::Write for EscapedText<'_> {
 }
 
 #[cfg(test)]
-#[path = "json_tests.rs"]
 mod tests;

@@ -10,6 +10,7 @@ mod host;
 pub mod kernel;
 pub mod kernel_counters;
 mod kernel_features;
+mod loading;
 mod options;
 mod program_runs;
 mod programs;

@@ -469,3 +469,6 @@ fn header_text(fields: &[HeaderField], name: &str) -> Option<HeaderText> {
     let field = fields.iter().find(|field| field.name == name.as_bytes())?;
     Some(HeaderText::new(&field.value))
 }
+
+#[cfg(test)]
+mod tests;

@@ -14,8 +14,6 @@
 pub mod grpc;
 mod grpc_fact;
 mod grpc_stream;
-#[cfg(test)]
-mod grpc_tests;
 mod header_text;
 pub mod http1;
 pub mod http2;

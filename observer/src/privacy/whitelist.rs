@@ -505,5 +505,4 @@ impl Side {
 }
 
 #[cfg(test)]
-#[path = "whitelist_tests.rs"]
 mod tests;

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 
-use super::{Engine, EngineConfig};
+use crate::correlate::{Engine, EngineConfig};
 use crate::{
     budget::MemoryBudget,
     model::{Direction, Event, EventKind, PortClass, wire::CLIENT_PREFACE},

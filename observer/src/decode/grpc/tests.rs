@@ -6,14 +6,14 @@ use prost::Message;
 
 use crate::model::{Direction, MessageIds};
 
-use super::grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
-use super::http2::{FrameError, Undecodable};
-use super::protobuf::PushCall;
-use super::protobuf::tests::{sample_ids, sample_request};
-use super::{DecodeCounters, Limits};
+use crate::decode::grpc::{BodyError, GrpcConnectionDecoder, GrpcFact, RequestBody, ResponseBody};
+use crate::decode::http2::{FrameError, Undecodable};
+use crate::decode::protobuf::PushCall;
+use crate::decode::protobuf::tests::{sample_ids, sample_request};
+use crate::decode::{DecodeCounters, Limits};
 use crate::model::wire::{CLIENT_PREFACE, FRAME_HEADER_LEN, is_call_frame};
 
-use super::test_streams::*;
+use crate::decode::test_streams::*;
 
 #[test]
 fn decodes_a_push_call_and_its_answer() {
@@ -695,7 +695,7 @@ fn adopted_connection_resyncs_and_recognises_pushes_by_shape() {
         vec![
             GrpcFact::Request {
                 stream_id: 3,
-                method: super::grpc::BATCH_PUSH_BY_SHAPE.into(),
+                method: crate::decode::grpc::BATCH_PUSH_BY_SHAPE.into(),
                 authority: None,
                 body: RequestBody::Push(complete_call(&["erin", "frank"])),
             },
