@@ -107,6 +107,9 @@ fn only_the_upgrade_and_its_answer_are_captured(port: u16, hook_args: &[String])
 /// together with the first chat frame, and an upgrade to the gRPC port in two `send`s cut right
 /// after `token=`. Nothing of the canaries reaches `--events`, `--record`, `observer replay` of
 /// the recording, or the observer's own logs at trace level.
+///
+/// Longer than 100 lines on purpose: one scenario told in order, start to end; its steps
+/// depend on the ones before.
 #[test]
 fn split_and_encoded_tokens_reach_no_output_through_the_kernel() {
     if !can_run() {

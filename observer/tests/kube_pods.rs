@@ -244,6 +244,11 @@ fn route_mismatch(proxy_cgroup: u64, pusher_cgroup: u64) -> Alert {
     )
 }
 
+/// Pods added, moved to another IP and deleted in the fake API server name the alerts' pods
+/// as the watch delivers them.
+///
+/// Longer than 100 lines on purpose: one scenario told in order, start to end; its steps
+/// depend on the ones before.
 #[tokio::test]
 async fn pod_names_follow_the_watch_and_reach_the_alerts() {
     let (watch_events, watch_lines) = mpsc::unbounded_channel();

@@ -135,6 +135,9 @@ fn the_packet_hook_captures_both_directions_byte_exact_with_no_syscall_hooked() 
 /// frames the decoder does not read are left out, and the offsets of the bytes copied close up
 /// over them, so the stream received is the connection's without them. A frame larger than a
 /// segment is followed across its segments.
+///
+/// Longer than 100 lines on purpose: one scenario told in order, start to end; its steps
+/// depend on the ones before.
 #[test]
 fn the_packet_hook_leaves_out_segments_of_http2_control_frames_only() {
     use observer_records::http2::{

@@ -30,6 +30,11 @@ fn alert_time(alert: &Value) -> SystemTime {
     humantime::parse_rfc3339(ts).expect("RFC 3339 ts")
 }
 
+/// A ring too small for a push flood: `capture_degraded` `ring_full` is raised while the flood
+/// lasts and `recovered` after it.
+///
+/// Longer than 100 lines on purpose: one scenario told in order, start to end; its steps
+/// depend on the ones before.
 #[test]
 fn a_tiny_ring_under_a_push_flood_raises_ring_full_then_recovers() {
     if !can_run(Needs::RootAndPrograms) {

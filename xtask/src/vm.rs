@@ -586,6 +586,9 @@ impl Drop for Reaped {
 }
 
 /// Boots the guest, passes its console through, and returns the test runner's summary.
+///
+/// Longer than 100 lines on purpose: qemu's and virtiofsd's command lines, started and
+/// stopped in order, read best as one sequence.
 fn boot(scratch: &Path, kernel: &Kernel, initramfs: &Path) -> Result<String> {
     let socket = scratch.join("virtiofs.sock");
     let virtiofsd = virtiofsd().context("virtiofsd is missing")?;

@@ -188,8 +188,8 @@ impl CaptureHealth {
         }
     }
 
-    /// One read (the daemon's clock, once a second): the counters now and what the decoders
-    /// lost since the last read.
+    /// Takes one read (the daemon's clock, once a second): the counters now and what the
+    /// decoders lost since the last read. Raises, repeats or ends `capture_degraded` episodes.
     pub fn tick(
         &mut self,
         now_ns: u64,
@@ -200,98 +200,8 @@ impl CaptureHealth {
     ) {
         let totals = Totals::of(kernel, engine);
         let last = std::mem::replace(&mut self.last, totals);
-        let grew = |now: u64, before: u64| now.saturating_sub(before);
-        let ring_drops = grew(totals.ring_full_drops, last.ring_full_drops);
-        let runs_skipped = grew(totals.runs_skipped, last.runs_skipped);
-        let table = (
-            grew(totals.connections_dropped, last.connections_dropped),
-            grew(totals.users_dropped, last.users_dropped),
-            grew(totals.calls_dropped, last.calls_dropped),
-        );
-        let mut growth: BTreeMap<DegradedReason, (u64, Affected, Vec<AffectedProcess>)> =
-            BTreeMap::new();
-        if ring_drops > 0 {
-            let affected = Affected {
-                records: Some(ring_drops),
-                ..Affected::default()
-            };
-            growth.insert(DegradedReason::RingFull, (ring_drops, affected, Vec::new()));
-        }
-        if runs_skipped > 0 {
-            let affected = Affected {
-                runs: Some(runs_skipped),
-                ..Affected::default()
-            };
-            growth.insert(
-                DegradedReason::RunsSkipped,
-                (runs_skipped, affected, Vec::new()),
-            );
-        }
-        let table_events = table.0 + table.1 + table.2;
-        if table_events > 0 {
-            let affected = Affected {
-                connections: Some(table.0),
-                users: Some(table.1),
-                calls: Some(table.2),
-                ..Affected::default()
-            };
-            growth.insert(
-                DegradedReason::TableFull,
-                (table_events, affected, Vec::new()),
-            );
-        }
-        for (reason, spots) in spots.by_reason {
-            let affected = Affected {
-                connections: Some(spots.connections.len() as u64),
-                bytes: (spots.bytes > 0).then_some(spots.bytes),
-                ..Affected::default()
-            };
-            let processes = spots
-                .processes
-                .into_values()
-                .map(|tally| AffectedProcess {
-                    process: tally.process.into(),
-                    connections: tally.connections,
-                    bytes: tally.bytes,
-                })
-                .collect();
-            growth.insert(reason, (spots.events, affected, processes));
-        }
-        for (reason, (events, affected, processes)) in growth {
-            *self.events.entry(reason).or_default() += events;
-            if events < self.limits.min_events && !self.episodes.contains_key(&reason) {
-                continue;
-            }
-            let episode = self.episodes.entry(reason).or_insert_with(|| Episode {
-                since_ns: now_ns,
-                last_growth_ns: now_ns,
-                last_summary_ns: 0,
-                affected: Affected::default(),
-                processes: BTreeMap::new(),
-            });
-            episode.last_growth_ns = now_ns;
-            add(&mut episode.affected, &affected);
-            for process in processes {
-                episode
-                    .processes
-                    .entry(process.process.process.pid)
-                    .and_modify(|known| {
-                        known.connections += process.connections;
-                        known.bytes += process.bytes;
-                    })
-                    .or_insert(process);
-            }
-            let first = episode.last_summary_ns == 0;
-            if first
-                || now_ns.saturating_sub(episode.last_summary_ns)
-                    >= self.limits.summary_secs * NANOS_PER_SEC
-            {
-                episode.last_summary_ns = now_ns;
-                if first {
-                    *self.raised.entry(reason).or_default() += 1;
-                }
-                alerts.push(self.alert(reason, now_ns, DegradedState::Degraded));
-            }
+        for (reason, growth) in growth_since(&last, &totals, spots) {
+            self.grow(reason, growth, now_ns, alerts);
         }
         let quiet = self.limits.quiet_secs * NANOS_PER_SEC;
         let over: Vec<DegradedReason> = self
@@ -303,6 +213,51 @@ impl CaptureHealth {
         for reason in over {
             alerts.push(self.alert(reason, now_ns, DegradedState::Recovered));
             self.episodes.remove(&reason);
+        }
+    }
+
+    /// Adds one reason's losses of the last second: opens its episode once they reach
+    /// `min_events`, and prints it when it opens and every summary period while it lasts.
+    fn grow(
+        &mut self,
+        reason: DegradedReason,
+        (events, affected, processes): Growth,
+        now_ns: u64,
+        alerts: &mut Vec<Alert>,
+    ) {
+        *self.events.entry(reason).or_default() += events;
+        if events < self.limits.min_events && !self.episodes.contains_key(&reason) {
+            return;
+        }
+        let episode = self.episodes.entry(reason).or_insert_with(|| Episode {
+            since_ns: now_ns,
+            last_growth_ns: now_ns,
+            last_summary_ns: 0,
+            affected: Affected::default(),
+            processes: BTreeMap::new(),
+        });
+        episode.last_growth_ns = now_ns;
+        add(&mut episode.affected, &affected);
+        for process in processes {
+            episode
+                .processes
+                .entry(process.process.process.pid)
+                .and_modify(|known| {
+                    known.connections += process.connections;
+                    known.bytes += process.bytes;
+                })
+                .or_insert(process);
+        }
+        let first = episode.last_summary_ns == 0;
+        if first
+            || now_ns.saturating_sub(episode.last_summary_ns)
+                >= self.limits.summary_secs * NANOS_PER_SEC
+        {
+            episode.last_summary_ns = now_ns;
+            if first {
+                *self.raised.entry(reason).or_default() += 1;
+            }
+            alerts.push(self.alert(reason, now_ns, DegradedState::Degraded));
         }
     }
 
@@ -380,6 +335,75 @@ fn affects(reason: DegradedReason) -> &'static str {
             "pushes to users whose placement was made before the observer watched"
         }
     }
+}
+
+/// What one reason lost in a second: events, what they affected, and the processes.
+type Growth = (u64, Affected, Vec<AffectedProcess>);
+
+/// Sorts what was lost between two reads by reason: ring drops, skipped runs and full tables
+/// from the counters, the decoders' blind spots as they reported them.
+fn growth_since(
+    last: &Totals,
+    totals: &Totals,
+    spots: BlindSpots,
+) -> BTreeMap<DegradedReason, Growth> {
+    let grew = |now: u64, before: u64| now.saturating_sub(before);
+    let ring_drops = grew(totals.ring_full_drops, last.ring_full_drops);
+    let runs_skipped = grew(totals.runs_skipped, last.runs_skipped);
+    let table = (
+        grew(totals.connections_dropped, last.connections_dropped),
+        grew(totals.users_dropped, last.users_dropped),
+        grew(totals.calls_dropped, last.calls_dropped),
+    );
+    let mut growth = BTreeMap::new();
+    if ring_drops > 0 {
+        let affected = Affected {
+            records: Some(ring_drops),
+            ..Affected::default()
+        };
+        growth.insert(DegradedReason::RingFull, (ring_drops, affected, Vec::new()));
+    }
+    if runs_skipped > 0 {
+        let affected = Affected {
+            runs: Some(runs_skipped),
+            ..Affected::default()
+        };
+        growth.insert(
+            DegradedReason::RunsSkipped,
+            (runs_skipped, affected, Vec::new()),
+        );
+    }
+    let table_events = table.0 + table.1 + table.2;
+    if table_events > 0 {
+        let affected = Affected {
+            connections: Some(table.0),
+            users: Some(table.1),
+            calls: Some(table.2),
+            ..Affected::default()
+        };
+        growth.insert(
+            DegradedReason::TableFull,
+            (table_events, affected, Vec::new()),
+        );
+    }
+    for (reason, spots) in spots.by_reason {
+        let affected = Affected {
+            connections: Some(spots.connections.len() as u64),
+            bytes: (spots.bytes > 0).then_some(spots.bytes),
+            ..Affected::default()
+        };
+        let processes = spots
+            .processes
+            .into_values()
+            .map(|tally| AffectedProcess {
+                process: tally.process.into(),
+                connections: tally.connections,
+                bytes: tally.bytes,
+            })
+            .collect();
+        growth.insert(reason, (spots.events, affected, processes));
+    }
+    growth
 }
 
 #[cfg(test)]

@@ -250,6 +250,10 @@ fn user_id(rng: &mut SplitMix64) -> String {
     (1_000_000_000 + rng.next_u64() % 9_000_000_000).to_string()
 }
 
+/// Generates a scenario's traffic and the truth it implies.
+///
+/// Longer than 100 lines on purpose: the scenario's timeline (rings, placements, scale-out,
+/// pushes) written in the order it happens.
 pub fn generate(scenario: &Scenario) -> Traffic {
     let members = |template: &str| match MemberTemplate::parse(template) {
         Ok(template) => template.members(INSTANCE, NAMESPACE, scenario.gateways.max(1)),

@@ -98,6 +98,9 @@ pub(super) async fn measure_pushes(
     Ok((floods, Some(cost?)))
 }
 
+/// Writes the push-flood report.
+///
+/// Longer than 100 lines on purpose: a report written line after line, in the order it prints.
 pub(super) fn render_floods(
     out: &mut String,
     config: &BenchConfig,
