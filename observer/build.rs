@@ -33,7 +33,8 @@ fn main() {
             // No rerun-if-changed on the missing file (cargo would rerun this script on every
             // build): `cargo xtask build` sets OBSERVER_REQUIRE_EBPF, which reruns it.
             println!(
-                "cargo:warning=building the observer without its eBPF programs ({wanted}): `observer run` will refuse to start; build with `cargo xtask build`"
+                "cargo:warning=building the observer without its eBPF programs ({wanted}): \
+                `observer run` will refuse to start; build with `cargo xtask build`"
             );
         }
     }

@@ -86,7 +86,8 @@ fn main() {
         _ => 0.0,
     };
     println!(
-        "synthetic capture: {} events ({:.1} MB of payload), {} users ({} misrouted), {} gRPC push requests, generated in {:.2?}",
+        "synthetic capture: {} events ({:.1} MB of payload), {} users ({} misrouted), {} gRPC push \
+        requests, generated in {:.2?}",
         events.len(),
         payload_bytes as f64 / 1e6,
         traffic.users.len(),
@@ -115,7 +116,8 @@ fn main() {
     }
     per_core.sort_by(f64::total_cmp);
     println!(
-        "engine:            {:>6.2} M events/s per core (median of {rounds} rounds, {:.2}–{:.2}), {} alerts per round, each rendered as its JSON line",
+        "engine:            {:>6.2} M events/s per core (median of {rounds} rounds, {:.2}–{:.2}), \
+        {} alerts per round, each rendered as its JSON line",
         per_core[per_core.len() / 2],
         per_core[0],
         per_core[per_core.len() - 1],
@@ -146,7 +148,8 @@ fn main() {
     }
     let p99 = histogram.value_at_quantile(0.99);
     println!(
-        "per-event latency: p50 {} ns, p99 {p99} ns, p99.9 {} ns, max {} ns ({} events over {rounds} rounds, one histogram, alert lines included)",
+        "per-event latency: p50 {} ns, p99 {p99} ns, p99.9 {} ns, max {} ns ({} events over \
+        {rounds} rounds, one histogram, alert lines included)",
         histogram.value_at_quantile(0.50),
         histogram.value_at_quantile(0.999),
         histogram.max(),
@@ -190,7 +193,8 @@ fn main() {
     let replay_cpu = thread_cpu_time().saturating_sub(cpu_started);
     let replay = started.elapsed();
     println!(
-        "replay:            {:>6.2} M events/s per core ({:.0} MB of JSON lines), {:.2?} total, {} alerts; writing the lines took {:.2?}",
+        "replay:            {:>6.2} M events/s per core ({:.0} MB of JSON lines), {:.2?} total, {} \
+        alerts; writing the lines took {:.2?}",
         lines.len() as f64 / replay_cpu.as_secs_f64() / 1e6,
         line_bytes as f64 / 1e6,
         replay,

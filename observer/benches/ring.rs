@@ -46,7 +46,8 @@ fn main() {
         let nanos_per_pick = best.as_nanos() as f64 / KEY_COUNT as f64;
         let picks_per_second = KEY_COUNT as f64 / best.as_secs_f64();
         println!(
-            "{member_count:>3} members: {nanos_per_pick:>6.1} ns/pick, {:>6.1} M picks/s, build {:>7.2} µs",
+            "{member_count:>3} members: {nanos_per_pick:>6.1} ns/pick, {:>6.1} M picks/s, build \
+            {:>7.2} µs",
             picks_per_second / 1e6,
             build.as_nanos() as f64 / 1e3
         );

@@ -16,7 +16,14 @@ use observer::{
 struct Cli {
     /// How logs on stderr are written: `text` (one line a person reads) or `json` (one object
     /// per line, for a log pipeline).
-    #[arg(long, global = true, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text, env = "OPENIM_OBSERVER_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "FORMAT",
+        default_value_t = LogFormat::Text,
+        env = "OPENIM_OBSERVER_LOG_FORMAT",
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,

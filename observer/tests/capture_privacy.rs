@@ -63,7 +63,8 @@ fn only_the_upgrade_and_its_answer_are_captured(port: u16, hook_args: &[String])
     args.extend(hook_args.iter().map(String::as_str));
     let mut observer = Observer::start(OBSERVER, &args);
     let request = format!(
-        "GET /?sendID=3355700821&token={secret}&platformID=2 HTTP/1.1\r\nHost: gw-0:80\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        "GET /?sendID=3355700821&token={secret}&platformID=2 HTTP/1.1\r\nHost: gw-0:80\r\nUpgrade: \
+        websocket\r\nConnection: Upgrade\r\n\r\n"
     );
     let answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n";
     let server = thread::spawn(move || {
@@ -136,7 +137,8 @@ fn split_and_encoded_tokens_reach_no_output_through_the_kernel() {
         &[("RUST_LOG", "observer=trace")],
     );
     let answer = format!(
-        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\u{81}\u{19}{CHAT}"
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: \
+        Upgrade\r\n\r\n\u{81}\u{19}{CHAT}"
     );
     let ws_server = thread::spawn(move || {
         let (mut socket, _) = ws_listener.accept().unwrap();

@@ -64,7 +64,8 @@ fn without_cap_sys_admin() -> Command {
 }
 
 /// `auto`, the default, takes the packet hook at the root of a cgroup v2 hierarchy, with
-/// CAP_SYS_ADMIN or without (as the DaemonSet runs it), and where `--cgroup-root` holds none (a cgroup v1 node) at the root of one it mounts itself; the
+/// CAP_SYS_ADMIN or without (as the DaemonSet runs it), and where `--cgroup-root` holds none (a
+/// cgroup v1 node) at the root of one it mounts itself; the
 /// syscall hook below a root (a container's own cgroup namespace shows its cgroup as the root),
 /// or without a hierarchy and CAP_SYS_ADMIN to mount one; saying why each time. Whichever it
 /// takes, the bytes written are captured.
@@ -100,7 +101,9 @@ fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsew
             true,
             "syscalls",
             format!(
-                "auto: --cgroup-root {below_root} is a cgroup below its hierarchy's root (a container's own /sys/fs/cgroup is its cgroup), so programs there would see only its sockets; mount the node's /sys/fs/cgroup and pass it"
+                "auto: --cgroup-root {below_root} is a cgroup below its hierarchy's root (a \
+                container's own /sys/fs/cgroup is its cgroup), so programs there would see only \
+                its sockets; mount the node's /sys/fs/cgroup and pass it"
             ),
         ),
         (
@@ -108,7 +111,8 @@ fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsew
             true,
             "packets",
             format!(
-                "auto: CAP_NET_ADMIN held and --cgroup-root {not_cgroup2} holds no cgroup v2 hierarchy, as on a cgroup v1 node, so attached at the root of one mounted privately"
+                "auto: CAP_NET_ADMIN held and --cgroup-root {not_cgroup2} holds no cgroup v2 \
+                hierarchy, as on a cgroup v1 node, so attached at the root of one mounted privately"
             ),
         ),
         (
@@ -116,7 +120,8 @@ fn auto_takes_the_packet_hook_at_a_cgroup2_root_and_says_why_it_falls_back_elsew
             false,
             "syscalls",
             format!(
-                "auto: --cgroup-root {not_cgroup2}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`); mounting one privately needs CAP_SYS_ADMIN"
+                "auto: --cgroup-root {not_cgroup2}: not a cgroup v2 directory (mount one with \
+                `mount -t cgroup2 none DIR`); mounting one privately needs CAP_SYS_ADMIN"
             ),
         ),
     ];
@@ -363,7 +368,8 @@ fn auto_hooks_the_syscalls_where_the_kernel_refuses_the_packet_hook() {
     );
     assert!(
         stderr.trim_end().ends_with(
-            "Operation not permitted (os error 1) (a program attached there without BPF_F_ALLOW_MULTI admits no other)"
+            "Operation not permitted (os error 1) (a program attached there without \
+            BPF_F_ALLOW_MULTI admits no other)"
         ),
         "{stderr}"
     );

@@ -95,7 +95,8 @@ fn check_every_pick(file: &str) {
                 .unwrap_or_else(|error| panic!("line {line_number}, user {user}: {error}"));
             if actual != expected {
                 mismatches.push(format!(
-                    "line {line_number} ({} members), user {user}: Go picks {expected}, Ring picks {actual}",
+                    "line {line_number} ({} members), user {user}: Go picks {expected}, Ring picks \
+                    {actual}",
                     vector.members.len()
                 ));
             }

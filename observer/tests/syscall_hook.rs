@@ -388,7 +388,8 @@ fn what_is_written_and_read_around_a_peer_reset_and_the_close_are_recorded_every
     let mut runs = Vec::new();
     for run in 0..RUNS {
         let request = format!(
-            "GET /?sendID={}&platformID=5 HTTP/1.1\r\nHost: gw-0:88\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n",
+            "GET /?sendID={}&platformID=5 HTTP/1.1\r\nHost: gw-0:88\r\nUpgrade: \
+            websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\r\n",
             3_000_000_000u64 + run as u64
         );
         let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();

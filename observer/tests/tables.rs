@@ -493,7 +493,8 @@ fn connections_made_while_a_reconciliation_reads_the_tables_stay_watched() {
     let (_, stderr) = observer.stop();
     let missed: Vec<&String> = tags.iter().filter(|tag| !captured.contains(*tag)).collect();
     report(&format!(
-        "reconciliation over {ORPHANS} orphans ran by connection {reconciled_at} of {}; {} tags missed",
+        "reconciliation over {ORPHANS} orphans ran by connection {reconciled_at} of {}; {} tags \
+        missed",
         tags.len(),
         missed.len()
     ));

@@ -76,7 +76,8 @@ fn mismatch_latency_us(read_at: SystemTime, line: &str) -> Option<f64> {
 fn render(latencies_us: &mut [f64], hook: &str) -> String {
     if latencies_us.is_empty() {
         return format!(
-            "alert latency at low load: no route_mismatch alert in {PUSHES} pushes (is the lab misrouting?)\n"
+            "alert latency at low load: no route_mismatch alert in {PUSHES} pushes (is the lab \
+            misrouting?)\n"
         );
     }
     latencies_us.sort_by(f64::total_cmp);
@@ -85,7 +86,9 @@ fn render(latencies_us: &mut [f64], hook: &str) -> String {
         latencies_us[index.min(latencies_us.len() - 1)] / 1e3
     };
     format!(
-        "alert latency at low load (capture hook {hook}; one push every {} ms, {} route_mismatch alerts, from the answer's kernel timestamp to the line read from stdout): p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
+        "alert latency at low load (capture hook {hook}; one push every {} ms, {} route_mismatch \
+        alerts, from the answer's kernel timestamp to the line read from stdout): p50 {:.2} ms, \
+        p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
         PACE.as_millis(),
         latencies_us.len(),
         at(0.50),

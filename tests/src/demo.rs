@@ -60,7 +60,8 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
     } else {
         writeln!(
             text,
-            "\nFiles: {} (alerts), {} (the observer's capture: `observer replay` reads it without root), {} (ground truth).",
+            "\nFiles: {} (alerts), {} (the observer's capture: `observer replay` reads it without \
+            root), {} (ground truth).",
             alerts_path.display(),
             capture.display(),
             truth_path.display()
@@ -68,7 +69,8 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
     }
     writeln!(
         text,
-        "Try `--mode report-fix` (the incident report's fix as written), `--mode correct`, `--openim 3.5|3.6|3.7|3.8|main` and `--discovery etcd`."
+        "Try `--mode report-fix` (the incident report's fix as written), `--mode correct`, \
+        `--openim 3.5|3.6|3.7|3.8|main` and `--discovery etcd`."
     )?;
     Ok(text)
 }
@@ -99,7 +101,8 @@ fn what_happened(
     };
     writeln!(
         text,
-        "\nOpenIM {} in the lab ({} discovery: {routing}; service {}): proxy mode {}, {scale}{spread}, {} users on mixed platforms\n",
+        "\nOpenIM {} in the lab ({} discovery: {routing}; service {}): proxy mode {}, \
+        {scale}{spread}, {} users on mixed platforms\n",
         lab.openim.as_str(),
         lab.discovery.as_str(),
         lab.openim.service(),
@@ -110,13 +113,15 @@ fn what_happened(
     if lab.replicas_initial != lab.replicas_final {
         writeln!(
             text,
-            "  {} users connected to {} gateway(s); the cluster scaled out to {} (new pods; proxy and push restarted with {} members); {} more users connected.",
+            "  {} users connected to {} gateway(s); the cluster scaled out to {} (new pods; proxy \
+            and push restarted with {} members); {} more users connected.",
             lab.users, lab.replicas_initial, lab.replicas_final, lab.replicas_final, lab.late_users
         )?;
     }
     writeln!(
         text,
-        "  {} group messages pushed; {} of {} connected users silently missed real-time delivery (push sent their message to a gateway that does not hold their WebSocket).",
+        "  {} group messages pushed; {} of {} connected users silently missed real-time delivery \
+        (push sent their message to a gateway that does not hold their WebSocket).",
         truth.summary.messages,
         score.missed.len(),
         truth.summary.connected
@@ -155,7 +160,8 @@ fn what_was_reported(
     if nodes.len() > 1 {
         writeln!(
             text,
-            "\nWhat the {} node observers reported ({} JSON alert lines on their stdout, saved in {}):",
+            "\nWhat the {} node observers reported ({} JSON alert lines on their stdout, saved in \
+            {}):",
             nodes.len(),
             output.alerts.len(),
             alerts_path.display()
@@ -219,7 +225,8 @@ fn accuracy(
 ) -> anyhow::Result<()> {
     writeln!(
         text,
-        "\nAccuracy against the ground truth: precision {:.1}% ({} of {} alerted users really missed a message), recall {:.1}% ({} of {} users who missed one were alerted).",
+        "\nAccuracy against the ground truth: precision {:.1}% ({} of {} alerted users really \
+        missed a message), recall {:.1}% ({} of {} users who missed one were alerted).",
         score.precision() * 100.0,
         score.alerted.len() - score.false_positives.len(),
         score.alerted.len(),

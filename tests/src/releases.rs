@@ -170,7 +170,8 @@ fn exactness(score: &Score) -> Check {
     Check::new(
         score.false_positives.is_empty() && score.false_negatives.is_empty(),
         format!(
-            "route_mismatch: precision {:.1}%, recall {:.1}% ({} alerted, {} missed; false alarms {:?}, unalerted {:?})",
+            "route_mismatch: precision {:.1}%, recall {:.1}% ({} alerted, {} missed; false alarms \
+            {:?}, unalerted {:?})",
             score.precision() * 100.0,
             score.recall() * 100.0,
             score.alerted.len(),

@@ -169,7 +169,8 @@ impl PhaseCpu {
         let (program_us, runs, daemon_us) = self.per_push();
         let run_ns = self.program_ns as f64 / self.program_runs.max(1) as f64;
         format!(
-            "{label}: programs {program_us:.1} µs ({runs:.1} runs of {run_ns:.0} ns), daemon {daemon_us:.1} µs, together {:.1} ms per 1,000 pushes",
+            "{label}: programs {program_us:.1} µs ({runs:.1} runs of {run_ns:.0} ns), daemon \
+            {daemon_us:.1} µs, together {:.1} ms per 1,000 pushes",
             program_us + daemon_us
         )
     }
@@ -447,7 +448,9 @@ impl WatchingCost {
             .collect();
         let _ = writeln!(
             out,
-            "\nwatching within one flood: the observer (packet hook) attached throughout, its ports watched and not in alternate phases of {:.1} s, {} pairs; not watching {:.0} pushes/s (median)",
+            "\nwatching within one flood: the observer (packet hook) attached throughout, its \
+            ports watched and not in alternate phases of {:.1} s, {} pairs; not watching {:.0} \
+            pushes/s (median)",
             PHASE.as_secs_f64(),
             self.pairs.len(),
             median(&not_watching)
@@ -473,19 +476,23 @@ impl WatchingCost {
         };
         let _ = writeln!(
             out,
-            "throughput watched / not: ×{ratio:.3} (95% interval ×{low:.3}–×{high:.3}, geometric mean of the pairs; {below} of {} pairs below ×1); p99 ×{:.3} (median of the pairs)",
+            "throughput watched / not: ×{ratio:.3} (95% interval ×{low:.3}–×{high:.3}, geometric \
+            mean of the pairs; {below} of {} pairs below ×1); p99 ×{:.3} (median of the pairs)",
             self.pairs.len(),
             median(&p99)
         );
         let _ = writeln!(
             out,
-            "target: throughput within noise: {noise}; at most {target_loss_percent}% throughput loss: {loss}"
+            "target: throughput within noise: {noise}; at most {target_loss_percent}% throughput \
+            loss: {loss}"
         );
         match &self.cpu {
             Ok(cpu) => {
                 let _ = writeln!(
                     out,
-                    "the observer's CPU a push ({TIMED_PHASES} phases; programs as the kernel accounts them, paid inside the lab's syscalls and softirqs; daemon from /proc):\n  {}\n  {}",
+                    "the observer's CPU a push ({TIMED_PHASES} phases; programs as the kernel \
+                    accounts them, paid inside the lab's syscalls and softirqs; daemon from \
+                    /proc):\n  {}\n  {}",
                     cpu.watching.render("watching"),
                     cpu.not_watching.render("not watching")
                 );
@@ -520,7 +527,8 @@ impl SameCpu {
         let (throughput, p99) = ratios(&self.pairs);
         let _ = write!(
             out,
-            "the same CPU burned by a thread of the bench instead ({:.1}% of one CPU, bursts every {} ms), the observer watching nothing, {} pairs: ",
+            "the same CPU burned by a thread of the bench instead ({:.1}% of one CPU, bursts every \
+            {} ms), the observer watching nothing, {} pairs: ",
             100.0 * self.share,
             BURN_PERIOD.as_millis(),
             self.pairs.len()

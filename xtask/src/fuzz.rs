@@ -109,7 +109,8 @@ pub fn smoke(toolchain: &Toolchain) -> Result<()> {
         )
         .with_context(|| {
             format!(
-                "fuzz target {target} failed its smoke run; reproduce with `cd {FUZZ_DIR} && cargo +{} fuzz run {target} <artifact>`",
+                "fuzz target {target} failed its smoke run; reproduce with `cd {FUZZ_DIR} && cargo \
+                +{} fuzz run {target} <artifact>`",
                 toolchain.nightly
             )
         })?;

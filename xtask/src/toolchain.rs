@@ -145,7 +145,8 @@ fn install(pin: &str) -> Result<()> {
     ]))
     .with_context(|| {
         format!(
-            "{pin} (pinned in {TOOLCHAIN_FILE}) is not installed and `rustup toolchain install {pin}` failed"
+            "{pin} (pinned in {TOOLCHAIN_FILE}) is not installed and `rustup toolchain install \
+            {pin}` failed"
         )
     })
 }

@@ -195,7 +195,8 @@ impl PrivateApt {
 
     fn update(&self) -> Result<()> {
         step(
-            "fetching Debian 11's and 12's package lists for the kernels (apt-get update, private lists)",
+            "fetching Debian 11's and 12's package lists for the kernels (apt-get update, private \
+            lists)",
             self.command("apt-get").args(["update", "-qq"]),
         )?;
         let fetched_for = self.root.join(LISTS_SOURCES);

@@ -423,7 +423,8 @@ fn push_escaped_byte_by_byte(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// What `value` displays as a JSON string, escaped piece by piece as it is written, as
-/// serde_json's `collect_str` does: no string is built first. Fails only where the `Display` itself reports an error.
+/// serde_json's `collect_str` does: no string is built first. Fails only where the `Display` itself
+/// reports an error.
 fn write_display_escaped(
     out: &mut Vec<u8>,
     value: &(impl std::fmt::Display + ?Sized),

@@ -342,7 +342,8 @@ pub fn schema() -> Value {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": format!("https://github.com/openim-observer/observer/docs/schema/{}", file_name(SCHEMA_VERSION)),
         "title": format!("openim-observer alert lines, schema_version {SCHEMA_VERSION}"),
-        "description": "One JSON object per line on the observer's stdout; `kind` says which. docs/alerts/ documents every field.",
+        "description": "One JSON object per line on the observer's stdout; `kind` says which. \
+        docs/alerts/ documents every field.",
         "oneOf": branches,
         "$defs": definitions,
     })

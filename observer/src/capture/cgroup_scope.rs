@@ -128,7 +128,9 @@ pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), NoHierarchyRo
     // namespace's, has it, since it shows the container's cgroup as its root.
     if path.join("cgroup.type").exists() {
         return Err(NoHierarchyRoot::BelowRoot(format!(
-            "{} is a cgroup below its hierarchy's root (a container's own /sys/fs/cgroup is its cgroup), so programs there would see only its sockets; mount the node's /sys/fs/cgroup and pass it",
+            "{} is a cgroup below its hierarchy's root (a container's own /sys/fs/cgroup is its \
+            cgroup), so programs there would see only its sockets; mount the node's /sys/fs/cgroup \
+            and pass it",
             path.display()
         )));
     }
@@ -186,7 +188,8 @@ pub fn mount_private_hierarchy() -> Result<File, String> {
     // SAFETY: a directory descriptor we own and a NUL-terminated relative path.
     if unsafe { libc::faccessat(root.as_raw_fd(), c"cgroup.type".as_ptr(), libc::F_OK, 0) } == 0 {
         return Err(
-            "the cgroup v2 hierarchy mounted shows this observer's cgroup namespace, not the node's root"
+            "the cgroup v2 hierarchy mounted shows this observer's cgroup namespace, not the \
+            node's root"
                 .to_owned(),
         );
     }

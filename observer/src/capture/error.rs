@@ -12,17 +12,21 @@ pub enum CaptureError {
     #[error("built without the eBPF programs: build with `cargo xtask build`")]
     BuiltWithoutPrograms,
     #[error(
-        "loading eBPF programs needs root or CAP_BPF + CAP_PERFMON (+ CAP_NET_ADMIN for --capture-hook packets) (missing: {missing}); run with sudo or grant them"
+        "loading eBPF programs needs root or CAP_BPF + CAP_PERFMON (+ CAP_NET_ADMIN for \
+        --capture-hook packets) (missing: {missing}); run with sudo or grant them"
     )]
     MissingPrivileges { missing: String },
     #[error(
-        "tracefs is not mounted at {path} and mounting it failed ({reason}); mount it with `mount -t tracefs tracefs {path}`"
+        "tracefs is not mounted at {path} and mounting it failed ({reason}); mount it with `mount \
+        -t tracefs tracefs {path}`"
     )]
     TracefsUnavailable { path: &'static str, reason: String },
     #[error("this kernel has no BPF ring buffer (Linux 5.8 or newer is needed): {0}")]
     NoRingBuffer(String),
     #[error(
-        "eBPF setup failed: {detail} (Linux before 5.11 charges BPF memory to RLIMIT_MEMLOCK, {limit_kib} KiB here, which the observer cannot lift without CAP_SYS_RESOURCE: grant it, or start it with `ulimit -l unlimited`)"
+        "eBPF setup failed: {detail} (Linux before 5.11 charges BPF memory to RLIMIT_MEMLOCK, \
+        {limit_kib} KiB here, which the observer cannot lift without CAP_SYS_RESOURCE: grant it, \
+        or start it with `ulimit -l unlimited`)"
     )]
     MemlockTooLow { detail: String, limit_kib: u64 },
     /// Its existence is checked before (`tracepoint_format::check`).

@@ -66,7 +66,8 @@ pub(super) fn choose(
                     hook: CaptureHook::Packets,
                     cgroup_root: Some(directory),
                     reason: format!(
-                        "--capture-hook packets, attached at the root of the cgroup v2 hierarchy, mounted privately ({} holds none)",
+                        "--capture-hook packets, attached at the root of the cgroup v2 hierarchy, \
+                        mounted privately ({} holds none)",
                         cgroup_root.display()
                     ),
                 }
@@ -108,7 +109,8 @@ fn choose_automatically(cgroup_root: &Path, capabilities: Capabilities) -> Chose
             Ok(directory) => packets(
                 directory,
                 format!(
-                    "--cgroup-root {} holds no cgroup v2 hierarchy, as on a cgroup v1 node, so attached at the root of one mounted privately",
+                    "--cgroup-root {} holds no cgroup v2 hierarchy, as on a cgroup v1 node, so \
+                    attached at the root of one mounted privately",
                     cgroup_root.display()
                 ),
             ),

@@ -1,5 +1,6 @@
 //! Starts the kernel programs (`host` checks what they need, `loading` loads them and
-//! configures their maps, `programs` attaches them), reads their ring buffer (`ring_records` turns its records into
+//! configures their maps, `programs` attaches them), reads their ring buffer (`ring_records` turns
+//! its records into
 //! `Event`s) and keeps their tables in line with the kernel's sockets.
 
 use std::{collections::HashSet, path::Path};

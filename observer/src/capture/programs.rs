@@ -345,9 +345,13 @@ const PERF_EVENT_PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
 fn perf_paranoia_hint(paranoid: Option<&str>) -> String {
     match paranoid.and_then(|text| text.trim().parse::<i32>().ok()) {
         Some(level) if level > 2 => format!(
-            " (kernel.perf_event_paranoid is {level}, which kernels with Debian's patch read as CAP_SYS_ADMIN only: set it to 2 on the node, `sysctl kernel.perf_event_paranoid=2`, or run with CAP_SYS_ADMIN)"
+            " (kernel.perf_event_paranoid is {level}, which kernels with Debian's patch read as \
+            CAP_SYS_ADMIN only: set it to 2 on the node, `sysctl kernel.perf_event_paranoid=2`, or \
+            run with CAP_SYS_ADMIN)"
         ),
-        _ => " (perf_event_open needs CAP_PERFMON or CAP_SYS_ADMIN; a seccomp profile or LSM may refuse it too)".to_owned(),
+        _ => " (perf_event_open needs CAP_PERFMON or CAP_SYS_ADMIN; a seccomp profile or LSM may \
+            refuse it too)"
+            .to_owned(),
     }
 }
 

@@ -35,7 +35,8 @@ pub enum RecordingError {
     BadLine { line: usize, reason: String },
     #[error("{}: already exists (pass --overwrite to replace it)", path.display())]
     Exists { path: PathBuf },
-    #[error("{}: is a symbolic link or not a regular file; a recording is never written through one", path.display())]
+    #[error("{}: is a symbolic link or not a regular file; a recording is never written through \
+        one", path.display())]
     NotARegularFile { path: PathBuf },
     #[error("cannot create {}: {source}", path.display())]
     Create { path: PathBuf, source: io::Error },

@@ -105,7 +105,8 @@ pub enum LayoutError {
     #[error("tracepoint {tracepoint} has no {field}, which the programs read")]
     MissingField { tracepoint: String, field: String },
     #[error(
-        "tracepoint {tracepoint}: {field} is at offset {found_offset} (size {found_size}) on this kernel, the programs read offset {offset} (size {size})"
+        "tracepoint {tracepoint}: {field} is at offset {found_offset} (size {found_size}) on this \
+        kernel, the programs read offset {offset} (size {size})"
     )]
     Moved {
         tracepoint: String,

@@ -319,7 +319,8 @@ impl RingVerdicts {
         let (_, push_members) = self.rings.members().unwrap_or_default();
         let difference = match (verdict, self.rings.spelling_difference()) {
             (Verdict::Agree, Some((proxy_example, push_example))) => format!(
-                "the proxy hashes push's member strings while addressing gateways as '{proxy_example}' (push: '{push_example}')"
+                "the proxy hashes push's member strings while addressing gateways as \
+                '{proxy_example}' (push: '{push_example}')"
             ),
             _ => {
                 let example = push_members.first().map_or("", String::as_str);
@@ -368,7 +369,10 @@ impl RingVerdicts {
 /// What a `resolved` line says. (Kept here until `openim::diagnosis` holds it with the rest.)
 fn resolved_diagnosis(incident: &Incident, lasted_secs: u64) -> String {
     format!(
-        "Resolved: msggateway-proxy now places users where push's ring sends them. The divergence lasted {lasted_secs}s; {} placements and {} push calls were checked since it was raised. WebSockets placed while it lasted stay where the old ring put them until they reconnect (route_mismatch names them)",
+        "Resolved: msggateway-proxy now places users where push's ring sends them. The divergence \
+        lasted {lasted_secs}s; {} placements and {} push calls were checked since it was raised. \
+        WebSockets placed while it lasted stay where the old ring put them until they reconnect \
+        (route_mismatch names them)",
         incident.placements_checked, incident.pushes_checked
     )
 }

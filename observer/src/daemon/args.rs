@@ -112,11 +112,19 @@ impl OutputArgs {
 pub struct RunArgs {
     /// Remote port of the gateways' gRPC server (push → gateway). Repeat for several.
     /// Default: 88.
-    #[arg(long = "grpc-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(
+        long = "grpc-port",
+        value_name = "PORT",
+        value_parser = clap::value_parser!(u16).range(1..),
+    )]
     pub grpc_ports: Vec<u16>,
     /// Remote port of the gateways' WebSocket server (proxy → gateway). Repeat for several.
     /// Default: 80.
-    #[arg(long = "ws-port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(
+        long = "ws-port",
+        value_name = "PORT",
+        value_parser = clap::value_parser!(u16).range(1..),
+    )]
     pub websocket_ports: Vec<u16>,
     /// Bytes captured per direction of each gRPC connection in a burst; the budget refills
     /// at --grpc-budget-refill, and what it cuts is counted (`bytes_over_budget`), not copied.
@@ -125,7 +133,12 @@ pub struct RunArgs {
     /// Bytes per second each direction's --grpc-budget regains, so long-lived connections stay
     /// watched while bulk transfers are copied at this rate at most; 0: never (the budget then
     /// counts from a connection's first byte).
-    #[arg(long, value_name = "BYTES_PER_SEC", default_value_t = observer_records::DEFAULT_GRPC_BUDGET_REFILL, value_parser = clap::value_parser!(u32).range(0..=i64::from(observer_records::MAX_GRPC_BUDGET_REFILL)))]
+    #[arg(
+        long,
+        value_name = "BYTES_PER_SEC",
+        default_value_t = observer_records::DEFAULT_GRPC_BUDGET_REFILL,
+        value_parser = clap::value_parser!(u32).range(0..=i64::from(observer_records::MAX_GRPC_BUDGET_REFILL)),
+    )]
     pub grpc_budget_refill: u32,
     /// Where the kernel copies watched connections' bytes. `packets`: `cgroup_skb` programs at
     /// --cgroup-root on the packets of watched connections only, so no syscall pays; needs the
@@ -152,10 +165,16 @@ pub struct RunArgs {
     /// Watched connections (and their descriptors, and the connects, reads and writes in
     /// progress on them) the kernel's tables hold at once: at least the WebSockets of the
     /// busiest proxy node (one per online user there) plus push's connections. Each costs about
-    /// 540 bytes of kernel memory (about 580 with the packet hook), charged to the pod. A full table
+    /// 540 bytes of kernel memory (about 580 with the packet hook), charged to the pod. A full
+    /// table
     /// leaves new connections (or calls) unwatched and says so (`capture_degraded`,
     /// `table_full`).
-    #[arg(long, value_name = "COUNT", default_value_t = observer_records::DEFAULT_MAX_WATCHED_CONNECTIONS, value_parser = clap::value_parser!(u32).range(64..=(1 << 22)))]
+    #[arg(
+        long,
+        value_name = "COUNT",
+        default_value_t = observer_records::DEFAULT_MAX_WATCHED_CONNECTIONS,
+        value_parser = clap::value_parser!(u32).range(64..=(1 << 22)),
+    )]
     pub max_watched_connections: u32,
     /// Print every captured record as one JSON object per line (credentials scrubbed).
     #[arg(long)]
@@ -204,10 +223,20 @@ pub struct RunArgs {
     pub pod_labels: Vec<String>,
     /// `capture_degraded`: how much a loss (dropped records, lost or undecodable connections,
     /// evictions, bytes past the capture budget) must grow within one second to be raised.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u64).range(1..),
+    )]
     pub degraded_min_events: u64,
     /// `capture_degraded`: seconds without further loss before it is `recovered`.
-    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..=86_400),
+    )]
     pub degraded_quiet_secs: u64,
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -234,27 +263,57 @@ pub struct EngineArgs {
     /// Bytes every table and buffer together may hold (estimated: decoder buffers, connections,
     /// users, pending calls, fold windows). Past it the least useful state is shed and counted.
     /// The default fits the shipped 256 MiB pod limit; docs/install.md gives the sizing rule.
-    #[arg(long, value_name = "BYTES", default_value_t = crate::budget::DEFAULT_MEMORY_BUDGET, value_parser = in_range(1 << 20, 1 << 40))]
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = crate::budget::DEFAULT_MEMORY_BUDGET,
+        value_parser = in_range(1 << 20, 1 << 40),
+    )]
     pub memory_budget: usize,
     /// Users with a live WebSocket placement tracked at once (also bounded by
     /// --memory-budget); a full table evicts the users placed longest ago, counted.
-    #[arg(long, value_name = "N", default_value_t = 1_000_000, value_parser = in_range(1, 100_000_000))]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1_000_000,
+        value_parser = in_range(1, 100_000_000),
+    )]
     pub max_users: usize,
     /// Connections decoded at once (also bounded by --memory-budget); a full table evicts the
     /// connections idle longest, counted.
     #[arg(long, value_name = "N", default_value_t = 65_536, value_parser = in_range(1, 1 << 24))]
     pub max_connections: usize,
     /// Bytes one connection's decoder buffers per direction at most.
-    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20, value_parser = in_range(1 << 10, 1 << 30))]
+    #[arg(
+        long,
+        value_name = "BYTES",
+        default_value_t = 1 << 20,
+        value_parser = in_range(1 << 10, 1 << 30),
+    )]
     pub max_buffered_bytes: usize,
     /// Repeats of one alert (same user and gateways) within this window fold into a count.
-    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=86_400),
+    )]
     pub fold_window: u64,
     /// Learned ring membership must hold this long before a divergence is reported.
-    #[arg(long, value_name = "SECS", default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 3,
+        value_parser = clap::value_parser!(u64).range(0..=86_400),
+    )]
     pub ring_settle: u64,
     /// New gRPC connections by one pusher within 10 s that count as churn.
-    #[arg(long, value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 20,
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000),
+    )]
     pub churn_min_connections: u64,
 }
 

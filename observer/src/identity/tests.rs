@@ -33,7 +33,8 @@ async fn serve_no_pods(listener: tokio::net::TcpListener) {
                 }
                 let body = r#"{"apiVersion":"v1","kind":"PodList","metadata":{"resourceVersion":"1"},"items":[]}"#;
                 let response = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \
+                    {}\r\n\r\n{body}",
                     body.len()
                 );
                 if stream.write_all(response.as_bytes()).await.is_err() {

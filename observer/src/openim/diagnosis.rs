@@ -66,14 +66,17 @@ where
         use DiagnosisPart::{Gateway, Quoted, Words};
         let consequence = match self.answer {
             GatewayAnswer::EmptyEntry => {
-                "that gateway listed no delivery for the user, so the message missed real time on that WebSocket (offline push instead)"
+                "that gateway listed no delivery for the user, so the message missed real time on \
+                that WebSocket (offline push instead)"
             }
             GatewayAnswer::Delivered => {
-                "that gateway still reported a delivery (the user also has a connection there the observer did not see)"
+                "that gateway still reported a delivery (the user also has a connection there the \
+                observer did not see)"
             }
             GatewayAnswer::DeliveryFailed => "that gateway failed to deliver it",
             GatewayAnswer::Unknown => {
-                "the gateway's answer was not seen; the user's connection is not on that gateway, so real-time delivery most likely failed"
+                "the gateway's answer was not seen; the user's connection is not on that gateway, \
+                so real-time delivery most likely failed"
             }
         };
         write(Words("user "))?;
@@ -98,20 +101,28 @@ where
                 write(Words("), so they hash user "))?;
                 write(Quoted(self.user))?;
                 write(Words(
-                    " to different gateways. Make both hash the same member strings while the proxy keeps dialling the WebSocket port",
+                    " to different gateways. Make both hash the same member strings while the \
+                    proxy keeps dialling the WebSocket port",
                 ))?;
             }
             (MismatchCause::RingSpelling, None) => write(Words(
-                "; the proxy's and push's rings hash the user to different gateways. Make both hash the same member strings while the proxy keeps dialling the WebSocket port",
+                "; the proxy's and push's rings hash the user to different gateways. Make both \
+                hash the same member strings while the proxy keeps dialling the WebSocket port",
             ))?,
             (MismatchCause::StalePlacement, _) => write(Words(
-                "; both rings agree on the current gateways, but this WebSocket was placed under an older membership (a scale-out or scale-in), and OpenIM never moves a live WebSocket when the ring changes. Reconnect the moved users, or have the gateways drop connections that no longer hash to them",
+                "; both rings agree on the current gateways, but this WebSocket was placed under \
+                an older membership (a scale-out or scale-in), and OpenIM never moves a live \
+                WebSocket when the ring changes. Reconnect the moved users, or have the gateways \
+                drop connections that no longer hash to them",
             ))?,
             (MismatchCause::PushRingLags, _) => write(Words(
-                "; push's ring does not hold every gateway the proxy's does (push has not caught up with the membership). Restart push, or fix its replica count, so it builds its ring over every gateway",
+                "; push's ring does not hold every gateway the proxy's does (push has not caught \
+                up with the membership). Restart push, or fix its replica count, so it builds its \
+                ring over every gateway",
             ))?,
             (MismatchCause::ProxyRingLags, _) => write(Words(
-                "; the proxy's ring does not hold every gateway push's does (the proxy has not caught up with the membership). Restart msggateway-proxy, or fix its replica count",
+                "; the proxy's ring does not hold every gateway push's does (the proxy has not \
+                caught up with the membership). Restart msggateway-proxy, or fix its replica count",
             ))?,
             (MismatchCause::Undetermined, Some(difference)) => {
                 write(Words(
@@ -119,7 +130,8 @@ where
                 ))?;
                 write(Quoted(difference))?;
                 write(Words(
-                    "), but too little is seen yet to say whether that or an older membership put the user there",
+                    "), but too little is seen yet to say whether that or an older membership put \
+                    the user there",
                 ))?;
             }
             (MismatchCause::Undetermined, None) => {}
@@ -160,7 +172,10 @@ impl Display for GatewayInWords<'_> {
 /// The proxy sent a WebSocket upgrade (for `user`, when it named one) to a gRPC port.
 pub fn ws_upgrade_on_grpc_port(user: Option<&str>, ip: IpAddr, port: u16) -> String {
     format!(
-        "a WebSocket upgrade{} was sent to {ip}:{port}, a gRPC port: the proxy dials its ring member literally, so members carrying the gRPC port (the incident report's fix as written) send WebSockets to the gRPC server, which rejects them. Hash on the ':88' spelling but dial the WebSocket port",
+        "a WebSocket upgrade{} was sent to {ip}:{port}, a gRPC port: the proxy dials its ring \
+        member literally, so members carrying the gRPC port (the incident report's fix as written) \
+        send WebSockets to the gRPC server, which rejects them. Hash on the ':88' spelling but \
+        dial the WebSocket port",
         user.map(|user| format!(" for user {user}"))
             .unwrap_or_default(),
     )
@@ -169,7 +184,11 @@ pub fn ws_upgrade_on_grpc_port(user: Option<&str>, ip: IpAddr, port: u16) -> Str
 /// The proxy's and push's rings, as learnt from the wire, send users to different gateways.
 pub fn ring_divergence(divergence: &Divergence) -> String {
     format!(
-        "msggateway-proxy places users with a ring over {} members like '{}', push delivers with a ring over {} members like '{}' ({}); the two rings send {:.0}% of user ids to different gateways ({} of the {} placements seen), and every such online user misses real-time messages. Make both hash the same member strings while the proxy keeps dialling the WebSocket port",
+        "msggateway-proxy places users with a ring over {} members like '{}', push delivers with a \
+        ring over {} members like '{}' ({}); the two rings send {:.0}% of user ids to different \
+        gateways ({} of the {} placements seen), and every such online user misses real-time \
+        messages. Make both hash the same member strings while the proxy keeps dialling the \
+        WebSocket port",
         divergence.proxy_members.len(),
         divergence.proxy_example,
         divergence.push_members.len(),
@@ -185,10 +204,16 @@ pub fn ring_divergence(divergence: &Divergence) -> String {
 pub fn push_routing(service: &str, mode: PushRoutingMode) -> String {
     match mode {
         PushRoutingMode::Ring => format!(
-            "push calls {service} and sends each recipient of a message to one gateway, the one its consistent-hash ring picks (OpenIM 3.5 to 3.8.3 with Kubernetes discovery): a recipient whose WebSocket the proxy placed on another gateway misses real time, so route mismatches are judged per call"
+            "push calls {service} and sends each recipient of a message to one gateway, the one \
+            its consistent-hash ring picks (OpenIM 3.5 to 3.8.3 with Kubernetes discovery): a \
+            recipient whose WebSocket the proxy placed on another gateway misses real time, so \
+            route mismatches are judged per call"
         ),
         PushRoutingMode::Broadcast => format!(
-            "push calls {service} and sends every recipient of a message to every gateway (zookeeper or etcd discovery, OpenIM 3.8.4 and later): no push ring exists to diverge from, and a recipient misses real time only when no gateway that received the message holds its WebSocket"
+            "push calls {service} and sends every recipient of a message to every gateway \
+            (zookeeper or etcd discovery, OpenIM 3.8.4 and later): no push ring exists to diverge \
+            from, and a recipient misses real time only when no gateway that received the message \
+            holds its WebSocket"
         ),
     }
 }
@@ -214,7 +239,11 @@ pub fn push_connection_churn(churn: &Churn<'_>) -> String {
         open_connections,
     } = churn;
     format!(
-        "{comm} (pid {pid}) opened {new_connections} gRPC connections to gateways in {window_secs}s, about {calls_per_connection:.1} call per connection, and holds {open_connections} open: a new client connection per push call that is never closed, as OpenIM 3.5.1 push does in Kubernetes mode. It leaks sockets and memory in push and in every gateway until restart"
+        "{comm} (pid {pid}) opened {new_connections} gRPC connections to gateways in \
+        {window_secs}s, about {calls_per_connection:.1} call per connection, and holds \
+        {open_connections} open: a new client connection per push call that is never closed, as \
+        OpenIM 3.5.1 push does in Kubernetes mode. It leaks sockets and memory in push and in \
+        every gateway until restart"
     )
 }
 
@@ -270,20 +299,46 @@ pub fn capture_degraded(reason: &str, recovered: bool, settings: &CaptureSetting
     } = *settings;
     let cause = match reason {
         "ring_full" => format!(
-            "The kernel's ring buffer ({ring_bytes} bytes) was full, so the kernel dropped records: connections, upgrades and push calls in them were not seen, whichever process made them. Raise --ring-bytes (a power of two, e.g. {}) and the pod's memory limit with it; a busy node may also need more CPU for the observer.",
+            "The kernel's ring buffer ({ring_bytes} bytes) was full, so the kernel dropped \
+            records: connections, upgrades and push calls in them were not seen, whichever process \
+            made them. Raise --ring-bytes (a power of two, e.g. {}) and the pod's memory limit \
+            with it; a busy node may also need more CPU for the observer.",
             u64::from(ring_bytes).saturating_mul(4).next_power_of_two()
         ),
-        "lost_sync" => "Bytes of a connection were not captured (a dropped record or the capture budget), so its decoder lost the stream from there: later push calls on those connections are not seen until they reconnect. If ring_full is raised too, fix that first; otherwise raise --grpc-budget."
+        "lost_sync" => "Bytes of a connection were not captured (a dropped record or the capture \
+        budget), so its decoder lost the stream from there: later push calls on those connections \
+        are not seen until they reconnect. If ring_full is raised too, fix that first; otherwise \
+        raise --grpc-budget."
             .to_owned(),
-        "undecodable" => "Traffic on a watched port is not what OpenIM sends there (not HTTP/2 from its start on a gRPC port, not an HTTP/1.1 upgrade on a WebSocket port, or a protocol error): those connections are not judged. Check that --grpc-port and --ws-port name the gateways' ports and nothing else; the processes listed are the ones writing it."
+        "undecodable" => "Traffic on a watched port is not what OpenIM sends there (not HTTP/2 \
+        from its start on a gRPC port, not an HTTP/1.1 upgrade on a WebSocket port, or a protocol \
+        error): those connections are not judged. Check that --grpc-port and --ws-port name the \
+        gateways' ports and nothing else; the processes listed are the ones writing it."
             .to_owned(),
         "table_full" => format!(
-            "A full table or the memory budget ({memory_budget} bytes) dropped state: the connections idle longest, then the users placed longest ago, or a kernel table of watched connections or of the connects, reads and writes in progress on them ({max_watched_connections} each) was full and new ones went unwatched. Pushes for dropped or unwatched users are not judged. Raise --memory-budget and the pod's memory limit with it (docs/install.md gives the sizing rule), --max-connections/--max-users if they are what bounds, or --max-watched-connections if the kernel counts map_insert_failures (stop line, /metrics)."
+            "A full table or the memory budget ({memory_budget} bytes) dropped state: the \
+            connections idle longest, then the users placed longest ago, or a kernel table of \
+            watched connections or of the connects, reads and writes in progress on them \
+            ({max_watched_connections} each) was full and new ones went unwatched. Pushes for \
+            dropped or unwatched users are not judged. Raise --memory-budget and the pod's memory \
+            limit with it (docs/install.md gives the sizing rule), --max-connections/--max-users \
+            if they are what bounds, or --max-watched-connections if the kernel counts \
+            map_insert_failures (stop line, /metrics)."
         ),
-        "runs_skipped" => "The kernel skipped runs of the observer's programs: a tracepoint fired on a CPU where one of them (or, for the syscall hook's tracepoints, any kprobe or tracepoint program of any tool) was already running, as when an interrupt's TCP state change lands inside the state program's run. Connections whose start was skipped are not watched, those whose end was skipped keep their kernel table entry until a later connection's socket reuses its memory, and with the syscall hook a skipped read or write is not copied. A few under heavy load are expected; if they keep growing, look for other BPF tracing tools on the node (`bpftool prog show` lists every program and its recursion_misses)."
+        "runs_skipped" => "The kernel skipped runs of the observer's programs: a tracepoint fired \
+        on a CPU where one of them (or, for the syscall hook's tracepoints, any kprobe or \
+        tracepoint program of any tool) was already running, as when an interrupt's TCP state \
+        change lands inside the state program's run. Connections whose start was skipped are not \
+        watched, those whose end was skipped keep their kernel table entry until a later \
+        connection's socket reuses its memory, and with the syscall hook a skipped read or write \
+        is not copied. A few under heavy load are expected; if they keep growing, look for other \
+        BPF tracing tools on the node (`bpftool prog show` lists every program and its \
+        recursion_misses)."
             .to_owned(),
         "budget_exhausted" => format!(
-            "gRPC connections wrote more than the capture budget ({grpc_budget} bytes per direction): the bytes past it were counted, not copied, so push calls there are not seen. Raise --grpc-budget; long-lived pooled connections need the most."
+            "gRPC connections wrote more than the capture budget ({grpc_budget} bytes per \
+            direction): the bytes past it were counted, not copied, so push calls there are not \
+            seen. Raise --grpc-budget; long-lived pooled connections need the most."
         ),
         other => format!("Capture is degraded ({other})."),
     };

@@ -421,7 +421,8 @@ fn upgrade_request(
 
 fn upgrade_answer(index: usize) -> Vec<u8> {
     format!(
-        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+{:03}=\r\n\r\n",
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: \
+        Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+{:03}=\r\n\r\n",
         index % 1000
     )
     .into_bytes()

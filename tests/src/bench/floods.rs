@@ -108,7 +108,8 @@ pub(super) fn render_floods(
 ) {
     let _ = writeln!(
         out,
-        "\npush flood: {} s per round, {} gateways, {} users, a new gRPC connection per push (all on watched port 88)",
+        "\npush flood: {} s per round, {} gateways, {} users, a new gRPC connection per push (all \
+        on watched port 88)",
         config.seconds, config.replicas, config.users
     );
     for round in 0..config.rounds {
@@ -168,7 +169,12 @@ pub(super) fn render_floods(
     }
     let _ = writeln!(
         out,
-        "clean: segments that started on a quiet machine; figures are medians over them (NaN: none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: the watcher process's CPU per 1,000 pushes, its threads' time on a CPU (not its programs', paid inside the lab's syscalls and softirqs: the observer's are timed in the watching section below);\nwakeups/push: the watcher's voluntary context switches per push (the kernel waking it to consume records)"
+        "clean: segments that started on a quiet machine; figures are medians over them (NaN: \
+        none). p50/p99: each round's hdrhistogram percentile (connect + call);\nCPU ms/1k push: \
+        the watcher process's CPU per 1,000 pushes, its threads' time on a CPU (not its programs', \
+        paid inside the lab's syscalls and softirqs: the observer's are timed in the watching \
+        section below);\nwakeups/push: the watcher's voluntary context switches per push (the \
+        kernel waking it to consume records)"
     );
     let Some(baseline) = floods.get(&Watcher::Nothing) else {
         return;
@@ -194,7 +200,8 @@ pub(super) fn render_floods(
         if matches!(watcher, Watcher::SyscallHook | Watcher::PacketHook) {
             let _ = writeln!(
                 out,
-                "target: throughput within noise: {}; at most {TARGET_LOSS_PERCENT}% throughput loss: {}; p99 at most +{TARGET_P99_PERCENT}%: {}",
+                "target: throughput within noise: {}; at most {TARGET_LOSS_PERCENT}% throughput \
+                loss: {}; p99 at most +{TARGET_P99_PERCENT}%: {}",
                 noise_verdict(&ratios.throughput, &noise),
                 verdict(&ratios.throughput, |ratio| ratio
                     >= 1.0 - TARGET_LOSS_PERCENT / 100.0),

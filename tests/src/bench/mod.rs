@@ -120,12 +120,14 @@ impl Tools {
         };
         if tools.bpftrace.is_none() {
             eprintln!(
-                "bench: bpftrace not found (`apt-get install -y bpftrace`): its segments are skipped"
+                "bench: bpftrace not found (`apt-get install -y bpftrace`): its segments are \
+                skipped"
             );
         }
         if tools.cgroup2_root.is_none() {
             eprintln!(
-                "bench: no cgroup v2 hierarchy mounted (`mount -t cgroup2 none DIR`): the packet hook's segments are skipped"
+                "bench: no cgroup v2 hierarchy mounted (`mount -t cgroup2 none DIR`): the packet \
+                hook's segments are skipped"
             );
         }
         tools
@@ -184,7 +186,8 @@ pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
         };
         ensure!(
             tools.cgroup2_root.is_some(),
-            "--watching-only needs a mounted cgroup v2 hierarchy (`mount -t cgroup2 none DIR`) for the packet hook"
+            "--watching-only needs a mounted cgroup v2 hierarchy (`mount -t cgroup2 none DIR`) for \
+            the packet hook"
         );
         let (_, watching) = measure_pushes(&config, &tools, 0).await?;
         return Ok(watching.map_or_else(String::new, |cost| cost.render(TARGET_LOSS_PERCENT)));
@@ -220,7 +223,8 @@ fn render(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "overhead of watching: {} rounds, watchers interleaved; {cpus} CPUs, load average before: {load_before}",
+        "overhead of watching: {} rounds, watchers interleaved; {cpus} CPUs, load average before: \
+        {load_before}",
         config.rounds
     );
     render_floods(&mut out, config, floods);

@@ -46,7 +46,8 @@ pub(super) fn verdict(ratios: &[f64], within: impl Fn(f64) -> bool) -> String {
 pub(super) fn noise_verdict(ratios: &[f64], noise: &[f64]) -> String {
     if ratios.len() < MIN_PAIRS_FOR_VERDICT || noise.len() < MIN_PAIRS_FOR_VERDICT {
         return format!(
-            "inconclusive: {} clean pairs and {} control pairs, a verdict needs {MIN_PAIRS_FOR_VERDICT} of each",
+            "inconclusive: {} clean pairs and {} control pairs, a verdict needs \
+            {MIN_PAIRS_FOR_VERDICT} of each",
             ratios.len(),
             noise.len()
         );

@@ -19,8 +19,12 @@ const WRITE_SIZE: usize = 64;
 
 /// The timing program, shipped as source and built with the system's `cc` at run time.
 const SYSCALL_COST_SOURCE: &str = include_str!("../../bench/syscall_cost.c");
-/// The observer's hooks, as the syscall table names them (`ATTACHMENTS` in observer/src/capture/programs.rs).
-const HOOK_STRATEGY: &str = "syscall hook: per-syscall tracepoints (syscalls:sys_enter_*/sys_exit_* of connect, close and the read/write family), perf tracepoint path; array filters (WATCHING, CLAIMS) ahead of the hash lookups. packet hook: cgroup_skb egress/ingress at the cgroup v2 root, sock:inet_sock_set_state; no syscall hooked";
+/// The observer's hooks, as the syscall table names them (`ATTACHMENTS` in
+/// observer/src/capture/programs.rs).
+const HOOK_STRATEGY: &str = "syscall hook: per-syscall tracepoints \
+    (syscalls:sys_enter_*/sys_exit_* of connect, close and the read/write family), perf tracepoint \
+    path; array filters (WATCHING, CLAIMS) ahead of the hash lookups. packet hook: cgroup_skb \
+    egress/ingress at the cgroup v2 root, sock:inet_sock_set_state; no syscall hooked";
 /// The cheap syscalls run this many times more calls than a TCP loop, for a similar duration.
 const CHEAP_CALLS_FACTOR: usize = 5;
 
@@ -212,7 +216,9 @@ pub(super) fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &Sy
         .collect();
     let _ = writeln!(
         out,
-        "\nsyscalls: ns per call, median (min–max) over {} clean of {} rounds; {} TCP writes, {} other calls per loop; ratio: median of per-round ratios to no observer (min–max)\nhooks in use: {HOOK_STRATEGY}",
+        "\nsyscalls: ns per call, median (min–max) over {} clean of {} rounds; {} TCP writes, {} \
+        other calls per loop; ratio: median of per-round ratios to no observer (min–max)\nhooks in \
+        use: {HOOK_STRATEGY}",
         clean.len(),
         config.rounds,
         config.writes,
@@ -262,7 +268,8 @@ pub(super) fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &Sy
     }
     let _ = writeln!(
         out,
-        "observer ring-full drops during syscall loops (both hooks): {} (a dropped record still paid the copy)",
+        "observer ring-full drops during syscall loops (both hooks): {} (a dropped record still \
+        paid the copy)",
         costs.observer_drops
     );
 }

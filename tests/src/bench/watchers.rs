@@ -364,20 +364,23 @@ tracepoint:sock:inet_sock_set_state /@watched[args->dport]/ {{
     for (syscall, buffer) in plain {
         let _ = writeln!(
             script,
-            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ @inflight[tid] = (uint64)args->{buffer}; }}"
+            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ @inflight[tid] = \
+            (uint64)args->{buffer}; }}"
         );
     }
     for syscall in ["writev", "readv"] {
         let _ = writeln!(
             script,
-            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ @inflight[tid] = *uptr((uint64 *)args->vec); }}"
+            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ @inflight[tid] = \
+            *uptr((uint64 *)args->vec); }}"
         );
     }
     for syscall in ["sendmsg", "recvmsg"] {
         // msg_iov sits at offset 16 of struct user_msghdr on 64-bit.
         let _ = writeln!(
             script,
-            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ $iov = *uptr((uint64 *)((uint64)args->msg + 16)); @inflight[tid] = *uptr((uint64 *)$iov); }}"
+            "tracepoint:syscalls:sys_enter_{syscall} /@sockets[pid, args->fd]/ {{ $iov = \
+            *uptr((uint64 *)((uint64)args->msg + 16)); @inflight[tid] = *uptr((uint64 *)$iov); }}"
         );
     }
     let exits: Vec<String> = [

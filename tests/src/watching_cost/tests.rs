@@ -81,7 +81,8 @@ fn the_observer_cpu_is_told_per_push_or_why_not() {
     };
     assert_eq!(
         watching.render("watching"),
-        "watching: programs 12.0 µs (50.0 runs of 240 ns), daemon 12.5 µs, together 24.5 ms per 1,000 pushes"
+        "watching: programs 12.0 µs (50.0 runs of 240 ns), daemon 12.5 µs, together 24.5 ms per \
+        1,000 pushes"
     );
     let measured = WatchingCost {
         pairs: vec![pair(1900.0, 2000.0), pair(1900.0, 2000.0)],
@@ -152,9 +153,12 @@ fn the_yardstick_says_whether_watching_costs_more_than_its_cpu() {
     };
     let text = line((0.95, 0.98));
     assert!(
-            text.contains("(4.2% of one CPU, bursts every 3 ms), the observer watching nothing, 2 pairs: throughput ×0.970 (95% interval ×0.970–×0.970), p99 ×1.000"),
-            "{text}"
-        );
+        text.contains(
+            "(4.2% of one CPU, bursts every 3 ms), the observer watching nothing, 2 \
+                pairs: throughput ×0.970 (95% interval ×0.970–×0.970), p99 ×1.000"
+        ),
+        "{text}"
+    );
     assert!(
         text.contains("what its CPU costs it (the intervals overlap)"),
         "{text}"

@@ -22,7 +22,8 @@ fn without_a_cgroup2_root_or_cap_sys_admin_auto_takes_the_syscall_hook_and_says_
     assert_eq!(
         chosen.reason,
         format!(
-            "auto: --cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`); mounting one privately needs CAP_SYS_ADMIN",
+            "auto: --cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 \
+            none DIR`); mounting one privately needs CAP_SYS_ADMIN",
             plain.path().display()
         )
     );
@@ -43,7 +44,8 @@ fn without_a_cgroup2_root_auto_as_root_mounts_one_privately() {
     assert_eq!(
         chosen.reason,
         format!(
-            "auto: CAP_NET_ADMIN held and --cgroup-root {} holds no cgroup v2 hierarchy, as on a cgroup v1 node, so attached at the root of one mounted privately",
+            "auto: CAP_NET_ADMIN held and --cgroup-root {} holds no cgroup v2 hierarchy, as on a \
+            cgroup v1 node, so attached at the root of one mounted privately",
             plain.path().display()
         )
     );
@@ -71,7 +73,8 @@ fn asked_for_packets_without_a_cgroup2_hierarchy_or_cap_sys_admin_refuses_in_one
     assert_eq!(
         refusal,
         format!(
-            "--cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none DIR`); mounting one privately needs CAP_SYS_ADMIN",
+            "--cgroup-root {}: not a cgroup v2 directory (mount one with `mount -t cgroup2 none \
+            DIR`); mounting one privately needs CAP_SYS_ADMIN",
             plain.path().display()
         )
     );
@@ -91,7 +94,8 @@ fn asked_for_packets_without_a_cgroup2_hierarchy_as_root_mounts_one_privately() 
     assert_eq!(
         chosen.reason,
         format!(
-            "--capture-hook packets, attached at the root of the cgroup v2 hierarchy, mounted privately ({} holds none)",
+            "--capture-hook packets, attached at the root of the cgroup v2 hierarchy, mounted \
+            privately ({} holds none)",
             plain.path().display()
         )
     );

@@ -2,7 +2,8 @@ use super::*;
 
 #[test]
 fn an_unknown_helper_is_named() {
-    let log = "0: (85) call bpf_get_current_pid_tgid#14\n; ...\n45: (85) call unknown#134\nunknown func bpf_ringbuf_query#134\nprocessed 45 insns";
+    let log = "0: (85) call bpf_get_current_pid_tgid#14\n; ...\n45: (85) call unknown#134\nunknown \
+        func bpf_ringbuf_query#134\nprocessed 45 insns";
     assert_eq!(
         missing_feature(log).as_deref(),
         Some("this kernel lacks the BPF helper bpf_ringbuf_query (Linux 5.8 or newer is needed)")

@@ -14,7 +14,10 @@ fn a_memlock_limit_in_the_way_is_named_with_its_fix() {
     let error = classify_load_error(&refused_ring_buffer(), Some(64 << 10)).to_string();
     assert_eq!(
         error,
-        "eBPF setup failed: map error: failed to create map `EVENTS`: Operation not permitted (os error 1) (Linux before 5.11 charges BPF memory to RLIMIT_MEMLOCK, 64 KiB here, which the observer cannot lift without CAP_SYS_RESOURCE: grant it, or start it with `ulimit -l unlimited`)"
+        "eBPF setup failed: map error: failed to create map `EVENTS`: Operation not permitted (os \
+        error 1) (Linux before 5.11 charges BPF memory to RLIMIT_MEMLOCK, 64 KiB here, which the \
+        observer cannot lift without CAP_SYS_RESOURCE: grant it, or start it with `ulimit -l \
+        unlimited`)"
     );
     assert!(matches!(
         classify_load_error(&refused_ring_buffer(), None),

@@ -69,7 +69,8 @@ fn a_moved_field_is_named_in_one_line() {
         .to_string();
     assert_eq!(
         err,
-        "tracepoint sock/inet_sock_set_state: field dport is at offset 28 (size 2) on this kernel, the programs read offset 26 (size 2)"
+        "tracepoint sock/inet_sock_set_state: field dport is at offset 28 (size 2) on this kernel, \
+        the programs read offset 26 (size 2)"
     );
 }
 
