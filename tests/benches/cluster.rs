@@ -428,9 +428,18 @@ fn report(pace: Pace, single: &Run, cluster: &Run, workload: &Workload) {
         .commands
         .iter()
         .filter(|(command, _)| *command != "ping")
-        .map(|(command, calls)| format!("{} {calls}", command.to_uppercase()))
+        .map(|(command, calls)| {
+            format!(
+                "{} {calls} ({:.3})",
+                command.to_uppercase(),
+                per_call(*calls)
+            )
+        })
         .collect();
-    println!("  commands by name:  {}", by_command.join(", "));
+    println!(
+        "  commands by name (per push call): {}",
+        by_command.join(", ")
+    );
     if redis.unanswered > 0 {
         eprintln!(
             "  warning: {} lookups or claims went unanswered",

@@ -335,3 +335,91 @@ async fn a_restarted_observer_adopts_the_placements_still_established() {
     let left = after.link.state().own_placements().await.unwrap();
     assert_eq!(left.len(), established.len() - 1);
 }
+
+/// Events that close every connection `events` opened, one second after the last of them.
+fn closing(events: &[&Event]) -> Vec<Event> {
+    let end_ns = events.iter().map(|event| event.ts_ns).max().unwrap_or(0) + 1_000_000_000;
+    let mut closed = HashSet::new();
+    events
+        .iter()
+        .filter(|event| closed.insert(event.connection))
+        .map(|event| {
+            let mut close = (*event).clone();
+            close.ts_ns = end_ns;
+            close.kind = EventKind::TcpState {
+                old: TcpState::Established,
+                new: TcpState::Close,
+            };
+            close
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_cached_lookup_follows_the_users_closing_on_another_node() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
+    let redis = RedisServer::start().unwrap();
+    let traffic = traffic();
+    let expected = oracle(&traffic);
+    let mut proxy_node = Node::start(&redis.url(), "node-a").await;
+    let mut push_node = Node::start(&redis.url(), "node-b").await;
+    let placements: Vec<&Event> = websocket(&traffic).collect();
+    proxy_node.feed(placements.iter().copied());
+    proxy_node.written().await;
+    // The first lookup round anchors the change log; the later ones fill the cache.
+    let pushes: Vec<Event> = grpc(&traffic).cloned().collect();
+    push_node.feed(&pushes);
+    push_node.settle().await;
+    push_node.pass(2).await;
+    assert_eq!(
+        mismatches(&push_node.printed)
+            .into_keys()
+            .collect::<Vec<_>>(),
+        expected
+    );
+
+    // Every user's WebSocket closes on the proxy's node: the push node's cached placements
+    // are stale, and the change log says so.
+    proxy_node.feed(&closing(&placements));
+    proxy_node.written().await;
+    let users_left = redis
+        .dump()
+        .unwrap()
+        .into_iter()
+        .filter(|stored| stored.key.ends_with(":placements") && stored.key.contains("{u:"))
+        .count();
+    assert_eq!(users_left, 0, "every placement left Redis");
+
+    // The same calls again, two fold windows later: nobody is placed, nothing is judged.
+    let printed_before = push_node.printed.len();
+    let lookups_before = push_node.engine.counters().cluster.unwrap().lookups;
+    let later = 130 * 1_000_000_000;
+    let again: Vec<Event> = pushes
+        .iter()
+        .map(|event| {
+            let mut event = event.clone();
+            event.ts_ns += later;
+            event
+        })
+        .collect();
+    push_node.tick(push_node.now_ns + later);
+    push_node.feed(&again);
+    push_node.settle().await;
+    push_node.pass(2).await;
+    assert!(
+        push_node.engine.counters().cluster.unwrap().lookups > lookups_before,
+        "the calls were looked up again"
+    );
+    let mismatches_after = mismatches(&push_node.printed[printed_before..]);
+    assert!(
+        mismatches_after.is_empty(),
+        "judged with stale placements: {mismatches_after:?}"
+    );
+    let counters = push_node.link.state().health().counters();
+    assert_eq!(
+        counters.mismatches_deduplicated, 0,
+        "no mismatch was even raised"
+    );
+}

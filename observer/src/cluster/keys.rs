@@ -8,12 +8,14 @@
 //! |---|---|---|---|
 //! | `P{u:USER}:placements` | hash | `NODE\|CONNECTION` → placement | deleted field on close; key TTL [`PLACEMENT_TTL`], refreshed by the owning node every [`PLACEMENT_REFRESH`] |
 //! | `P{n:NODE}:connections` | hash | `CONNECTION` → user | same, so a restarted observer finds its node's users |
-//! | `P{u:USER}:pushes` | list | the last [`MAX_PUSH_OUTCOMES`] push outcomes | [`PUSH_OUTCOME_TTL`] |
+//! | `P{u:USER}:pushes` | list | the latest push outcomes, newest first: each writing node trims it to [`MAX_PUSH_OUTCOMES`] after every [`MAX_PUSH_OUTCOMES`] of its own | at least [`PUSH_OUTCOME_TTL`] after the latest, at most [`PUSH_OUTCOME_REFRESH`] more |
 //! | `P{u:USER}:claim:mismatch:PLACED>PUSHED` | string | the node that printed | one fold window |
 //! | `P{ring}:members:proxy`, `…:push` | hash | member string → gateway IP, node, last seen | [`RING_TTL`], refreshed while seen |
 //! | `P{ring}:placements` | list | the last [`MAX_RING_PLACEMENTS`] `USER IP` placements | [`RING_TTL`] |
 //! | `P{ring}:claim:divergence:CHANGE` | string | the node that printed | [`DIVERGENCE_CLAIM_TTL`] |
 //! | `P{ring}:claim:divergence-resolved:CHANGE` | string | the node that printed | [`DIVERGENCE_CLAIM_TTL`] |
+//! | `P{changes}:placements` | list | the placement change log, newest first: one entry per write batch that placed or unplaced users, naming them, so readers that cache placements know whom to read again | the last [`PLACEMENT_CHANGES_LEN`] entries; [`RING_TTL`] |
+//! | `P{changes}:count` | string | entries ever added to the change log (readers compare it, then read the log only when it moved) | [`RING_TTL`] |
 //!
 //! Values hold only what the engine joins on (user ids, gateways, processes, message ids,
 //! answers): never a token, a header beyond those, or message content.
@@ -38,6 +40,12 @@ pub const PLACEMENT_REFRESH: Duration = Duration::from_secs(5 * 60);
 pub const RING_TTL: Duration = Duration::from_secs(15 * 60);
 /// A push outcome matters while a placement for the same user may still arrive late.
 pub const PUSH_OUTCOME_TTL: Duration = Duration::from_secs(120);
+/// A node writing push outcomes sets their list's TTL to [`PUSH_OUTCOME_TTL`] plus this, and
+/// again only once this much has passed: one `PEXPIRE` per user and period, not per outcome.
+pub const PUSH_OUTCOME_REFRESH: Duration = Duration::from_secs(60);
+/// Entries the placement change log keeps; a reader that finds more new entries than it reads
+/// at once forgets what it cached.
+pub const PLACEMENT_CHANGES_LEN: usize = 10_000;
 /// A divergence (one pair of member lists) is printed once per this period cluster-wide.
 pub const DIVERGENCE_CLAIM_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Push outcomes kept per user.
@@ -108,10 +116,17 @@ impl SharedPlacement {
 
     /// Reads one field of `user`'s hash back; `None` when malformed or expired at `now_ms`.
     pub(crate) fn from_stored(user: &str, field: &str, value: &str, now_ms: u64) -> Option<Self> {
+        Self::from_stored_until(user, field, value)
+            .and_then(|(placement, expires_ms)| (expires_ms > now_ms).then_some(placement))
+    }
+
+    /// Reads one field of `user`'s hash back with the Unix millisecond it expires at; `None`
+    /// when malformed.
+    pub(crate) fn from_stored_until(user: &str, field: &str, value: &str) -> Option<(Self, u64)> {
         let (node, connection) = field.split_once('|')?;
         let value: PlacementValue = serde_json::from_str(value).ok()?;
         let connection = connection.parse().ok()?;
-        (value.expires_ms > now_ms).then(|| Self {
+        let placement = Self {
             user: user.to_owned(),
             node: node.to_owned(),
             connection,
@@ -122,7 +137,8 @@ impl SharedPlacement {
             since_ns: value.since_ns,
             proxy_pid: value.proxy_pid,
             proxy_comm: value.proxy_comm,
-        })
+        };
+        Some((placement, value.expires_ms))
     }
 }
 
@@ -207,6 +223,16 @@ impl Keys {
 
     pub fn ring_placements(&self) -> String {
         format!("{}{{ring}}:placements", self.prefix)
+    }
+
+    /// The placement change log: which users' placements each write batch changed.
+    pub fn placement_changes(&self) -> String {
+        format!("{}{{changes}}:placements", self.prefix)
+    }
+
+    /// How many entries the change log was ever given (same slot as the log).
+    pub fn placement_changes_count(&self) -> String {
+        format!("{}{{changes}}:count", self.prefix)
     }
 
     /// One claim per pair of member lists (the change a divergence describes).

@@ -3,7 +3,7 @@
 //! everything it owns when Redis comes back, possibly restarted empty).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,
     sync::{Arc, atomic::Ordering},
     time::Instant,
@@ -28,6 +28,46 @@ pub(super) struct Writer {
     own_placements: HashMap<ConnectionKey, SharedPlacement>,
     /// Last seen and last written, per member.
     own_ring_members: BTreeMap<(RingSide, String), (IpAddr, u64, Option<Instant>)>,
+    /// The push outcome lists this node wrote to, by user.
+    outcome_lists: HashMap<String, OutcomeList>,
+    /// Users whose placement changes the change log has not been told yet.
+    unannounced: BTreeSet<String>,
+    /// This writer's start (Unix nanoseconds) and the change log entries it added.
+    writer_id: u64,
+    announced: u64,
+}
+
+/// One entry of the placement change log (`keys::Keys::placement_changes`).
+#[derive(serde::Serialize)]
+struct ChangeEntry<'a> {
+    node: &'a str,
+    /// This writer's start time (Unix nanoseconds), with `entry` unique in the log.
+    writer: u64,
+    entry: u64,
+    users: &'a BTreeSet<String>,
+}
+
+/// What this node did to one user's push outcome list.
+struct OutcomeList {
+    /// Outcomes pushed since this node last trimmed it.
+    since_trim: usize,
+    /// When this node last set its TTL.
+    expiry_set: Option<Instant>,
+}
+
+/// What the facts of one batch share, written once each at the end of its pipeline.
+#[derive(Default)]
+struct Staged {
+    /// `USER IP` per placement, oldest first.
+    ring_placements: Vec<String>,
+    /// Placement hashes written to.
+    placement_keys: HashSet<String>,
+    ring_touched: [bool; 2],
+    /// Push outcome values per user, in the order first seen.
+    outcomes: Vec<(String, Vec<String>)>,
+    outcome_index: HashMap<String, usize>,
+    /// Users placed or unplaced.
+    changed_users: BTreeSet<String>,
 }
 
 impl Writer {
@@ -44,6 +84,12 @@ impl Writer {
             health,
             own_placements: HashMap::new(),
             own_ring_members: BTreeMap::new(),
+            outcome_lists: HashMap::new(),
+            unannounced: BTreeSet::new(),
+            writer_id: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_nanos() as u64),
+            announced: 0,
         }
     }
 
@@ -85,92 +131,181 @@ impl Writer {
     }
 
     /// Writes one batch in one pipeline; a failed batch is counted as lost (own placements
-    /// come back with the next rewrite).
+    /// come back with the next rewrite). The users whose placements it changed are then told
+    /// in the change log.
     async fn write(&mut self, batch: &mut Vec<Fact>) {
         let now_ms = unix_now_ms();
         let mut pipe = redis::pipe();
-        let mut placed_any = false;
-        let mut node_index_touched = false;
-        let mut ring_touched = [false; 2];
+        let mut staged = Staged::default();
         let written = batch.len() as u64;
         for fact in batch.drain(..) {
-            match fact {
-                Fact::Placed(placement) => {
-                    pipe.lpush(
-                        self.keys.ring_placements(),
-                        format!("{} {}", placement.user, placement.gateway_ip),
-                    )
-                    .ignore();
-                    placed_any = true;
-                    node_index_touched = true;
-                    self.write_placement(&mut pipe, &placement, now_ms);
-                    self.remember(placement);
+            self.stage(fact, &mut pipe, &mut staged, now_ms);
+        }
+        self.finish(&mut pipe, &mut staged);
+        if self.send(&pipe).await {
+            self.health
+                .facts_written
+                .fetch_add(written, Ordering::Relaxed);
+        } else {
+            // What Redis holds of the push lists is unknown now: set their TTLs again.
+            self.outcome_lists.clear();
+            self.health.facts_lost.fetch_add(written, Ordering::Relaxed);
+        }
+        // Told even when the batch failed: part of it may have been applied.
+        self.unannounced.append(&mut staged.changed_users);
+        self.announce().await;
+    }
+
+    /// Adds one fact's commands to `pipe`; what several facts share goes to `staged`.
+    fn stage(&mut self, fact: Fact, pipe: &mut redis::Pipeline, staged: &mut Staged, now_ms: u64) {
+        match fact {
+            Fact::Placed(placement) => {
+                staged
+                    .ring_placements
+                    .push(format!("{} {}", placement.user, placement.gateway_ip));
+                staged.changed_users.insert(placement.user.clone());
+                self.write_placement(pipe, &placement, now_ms);
+                staged
+                    .placement_keys
+                    .insert(self.keys.user_placements(&placement.user));
+                self.remember(placement);
+            }
+            Fact::Adopted(placement) => {
+                self.write_placement(pipe, &placement, now_ms);
+                staged
+                    .placement_keys
+                    .insert(self.keys.user_placements(&placement.user));
+                self.remember(placement);
+            }
+            Fact::Unplaced { user, connection } => {
+                self.own_placements.remove(&connection);
+                pipe.hdel(
+                    self.keys.user_placements(&user),
+                    placement_field(&self.node, &connection),
+                )
+                .ignore()
+                .hdel(
+                    self.keys.node_connections(&self.node),
+                    connection.to_string(),
+                )
+                .ignore();
+                staged.changed_users.insert(user);
+            }
+            Fact::RingMember { side, member, ip } => {
+                if self.ring_member_due(side, &member, ip, now_ms) {
+                    staged.ring_touched[usize::from(side == RingSide::Push)] = true;
+                    self.write_ring_member(pipe, side, &member, ip, now_ms);
                 }
-                Fact::Adopted(placement) => {
-                    node_index_touched = true;
-                    self.write_placement(&mut pipe, &placement, now_ms);
-                    self.remember(placement);
-                }
-                Fact::Unplaced { user, connection } => {
-                    self.own_placements.remove(&connection);
-                    pipe.hdel(
-                        self.keys.user_placements(&user),
-                        placement_field(&self.node, &connection),
-                    )
-                    .ignore()
-                    .hdel(
-                        self.keys.node_connections(&self.node),
-                        connection.to_string(),
-                    )
-                    .ignore();
-                }
-                Fact::RingMember { side, member, ip } => {
-                    if self.ring_member_due(side, &member, ip, now_ms) {
-                        ring_touched[usize::from(side == RingSide::Push)] = true;
-                        self.write_ring_member(&mut pipe, side, &member, ip, now_ms);
+            }
+            Fact::PushOutcome(outcome) => {
+                let value = serde_json::to_string(&outcome).unwrap_or_default();
+                match staged.outcome_index.get(&outcome.user) {
+                    Some(&index) => staged.outcomes[index].1.push(value),
+                    None => {
+                        staged
+                            .outcome_index
+                            .insert(outcome.user.clone(), staged.outcomes.len());
+                        staged.outcomes.push((outcome.user, vec![value]));
                     }
-                }
-                Fact::PushOutcome(outcome) => {
-                    let key = self.keys.user_pushes(&outcome.user);
-                    let value = serde_json::to_string(&outcome).unwrap_or_default();
-                    pipe.lpush(&key, value)
-                        .ignore()
-                        .ltrim(&key, 0, keys::MAX_PUSH_OUTCOMES as isize - 1)
-                        .ignore()
-                        .pexpire(&key, millis(keys::PUSH_OUTCOME_TTL) as i64)
-                        .ignore();
                 }
             }
         }
-        if placed_any {
+    }
+
+    /// Adds what the batch's facts share, once per key: each user's push outcomes in one
+    /// `LPUSH` (trimmed and given a TTL only when due), the ring placements in one `LPUSH`, and
+    /// one `PEXPIRE` per placement hash, node index and ring.
+    fn finish(&mut self, pipe: &mut redis::Pipeline, staged: &mut Staged) {
+        for (user, values) in staged.outcomes.drain(..) {
+            let key = self.keys.user_pushes(&user);
+            pipe.lpush(&key, &values).ignore();
+            if self.outcome_lists.len() >= MAX_OWN_PLACEMENTS
+                && !self.outcome_lists.contains_key(&user)
+            {
+                self.outcome_lists.clear();
+            }
+            let list = self.outcome_lists.entry(user).or_insert(OutcomeList {
+                since_trim: 0,
+                expiry_set: None,
+            });
+            list.since_trim += values.len();
+            if list.since_trim >= keys::MAX_PUSH_OUTCOMES {
+                pipe.ltrim(&key, 0, keys::MAX_PUSH_OUTCOMES as isize - 1)
+                    .ignore();
+                list.since_trim = 0;
+            }
+            if list
+                .expiry_set
+                .is_none_or(|at| at.elapsed() >= keys::PUSH_OUTCOME_REFRESH)
+            {
+                let ttl = keys::PUSH_OUTCOME_TTL + keys::PUSH_OUTCOME_REFRESH;
+                pipe.pexpire(&key, millis(ttl) as i64).ignore();
+                list.expiry_set = Some(Instant::now());
+            }
+        }
+        if !staged.ring_placements.is_empty() {
             let key = self.keys.ring_placements();
-            pipe.ltrim(&key, 0, keys::MAX_RING_PLACEMENTS as isize - 1)
+            pipe.lpush(&key, &staged.ring_placements)
+                .ignore()
+                .ltrim(&key, 0, keys::MAX_RING_PLACEMENTS as isize - 1)
                 .ignore()
                 .pexpire(&key, millis(keys::RING_TTL) as i64)
                 .ignore();
         }
-        if node_index_touched {
-            pipe.pexpire(
-                self.keys.node_connections(&self.node),
-                millis(keys::PLACEMENT_TTL) as i64,
-            )
-            .ignore();
+        let placement_ttl = millis(keys::PLACEMENT_TTL) as i64;
+        for key in &staged.placement_keys {
+            pipe.pexpire(key, placement_ttl).ignore();
+        }
+        if !staged.placement_keys.is_empty() {
+            pipe.pexpire(self.keys.node_connections(&self.node), placement_ttl)
+                .ignore();
         }
         for (side, touched) in [RingSide::Proxy, RingSide::Push]
             .into_iter()
-            .zip(ring_touched)
+            .zip(staged.ring_touched)
         {
             if touched {
                 pipe.pexpire(self.keys.ring_members(side), millis(keys::RING_TTL) as i64)
                     .ignore();
             }
         }
+    }
+
+    /// Tells the change log which users' placements changed, after their writes (in a Redis
+    /// Cluster the two may live on different shards: a reader must not see the change before
+    /// the placement), then counts the entry. Kept for the next batch when Redis does not take
+    /// it.
+    async fn announce(&mut self) {
+        if self.unannounced.is_empty() {
+            return;
+        }
+        let (log, count) = (
+            self.keys.placement_changes(),
+            self.keys.placement_changes_count(),
+        );
+        // Unique: what a reader remembers to find where it left off.
+        let entry = serde_json::to_string(&ChangeEntry {
+            node: &self.node,
+            writer: self.writer_id,
+            entry: self.announced,
+            users: &self.unannounced,
+        })
+        .unwrap_or_default();
+        let ttl = millis(keys::RING_TTL) as i64;
+        let mut pipe = redis::pipe();
+        pipe.lpush(&log, entry)
+            .ignore()
+            .ltrim(&log, 0, keys::PLACEMENT_CHANGES_LEN as isize - 1)
+            .ignore()
+            .incr(&count, 1)
+            .ignore()
+            .pexpire(&log, ttl)
+            .ignore()
+            .pexpire(&count, ttl)
+            .ignore();
+        self.announced += 1;
         if self.send(&pipe).await {
-            self.health
-                .facts_written
-                .fetch_add(written, Ordering::Relaxed);
-        } else {
-            self.health.facts_lost.fetch_add(written, Ordering::Relaxed);
+            self.unannounced.clear();
         }
     }
 
@@ -183,8 +318,6 @@ impl Writer {
         let ttl = millis(keys::PLACEMENT_TTL);
         let key = self.keys.user_placements(&placement.user);
         pipe.hset(&key, placement.field(), placement.value(now_ms + ttl))
-            .ignore()
-            .pexpire(&key, ttl as i64)
             .ignore()
             .hset(
                 self.keys.node_connections(&self.node),
@@ -251,11 +384,20 @@ impl Writer {
     /// lost it), in pipelines of [`MAX_BATCH`] placements.
     async fn rewrite_own(&mut self) {
         let now_ms = unix_now_ms();
+        // Redis may have come back without them: their TTLs are set again.
+        self.outcome_lists.clear();
+        self.announce().await;
         let placements: Vec<SharedPlacement> = self.own_placements.values().cloned().collect();
         for chunk in placements.chunks(MAX_BATCH) {
             let mut pipe = redis::pipe();
+            let mut placement_keys = HashSet::new();
             for placement in chunk {
                 self.write_placement(&mut pipe, placement, now_ms);
+                placement_keys.insert(self.keys.user_placements(&placement.user));
+            }
+            for key in &placement_keys {
+                pipe.pexpire(key, millis(keys::PLACEMENT_TTL) as i64)
+                    .ignore();
             }
             pipe.pexpire(
                 self.keys.node_connections(&self.node),
