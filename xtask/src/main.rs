@@ -16,6 +16,7 @@ mod docs;
 mod fuzz;
 mod image;
 mod manifests;
+mod soak;
 mod toolchain;
 mod venv;
 mod vm;
@@ -45,8 +46,8 @@ enum Task {
     },
     /// Everything CI checks: formatting, the docs (`docs`), clippy -D warnings (host and eBPF
     /// crates), unit tests and the privileged integration tests (run as root: they load the real
-    /// programs), a short run of every fuzz target (installs cargo-fuzz once), then the kernel
-    /// tests under Linux 5.10, 6.1 and 6.12 (`vm`).
+    /// programs), a short soak (`soak`), a short run of every fuzz target (installs cargo-fuzz
+    /// once), then the kernel tests under Linux 5.10, 6.1 and 6.12 (`vm`).
     Test,
     /// Render the Kubernetes manifests for the namespaces OpenIM runs in (`kubectl kustomize`
     /// of deploy/kubernetes with a Role, RoleBinding and `--kube-namespace` for each), e.g.
@@ -74,6 +75,14 @@ enum Task {
     /// program built with `cc`. Installs bpftrace when missing
     /// (apt). Arguments go to `openim-lab bench`, e.g. `cargo xtask bench --rounds 5`.
     Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// The lab at a steady mixed load in cluster mode (three nodes, an observer each, one
+    /// redis-server restarted halfway; needs root), a table per minute of what each observer and
+    /// Redis hold, then a verdict: exit 1 naming the failing criterion. Arguments go to
+    /// `openim-lab soak`, e.g. `cargo xtask soak --minutes 60`.
+    Soak {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
@@ -109,6 +118,7 @@ fn main() -> ExitCode {
         Task::Docs { observer } => docs::check(&workspace_root(), observer.as_deref()),
         Task::Demo { args } => setup().and_then(|toolchain| demo(&toolchain, &args)),
         Task::Bench { args } => setup().and_then(|toolchain| bench(&toolchain, &args)),
+        Task::Soak { args } => setup().and_then(|toolchain| soak::soak(&toolchain, &args)),
         Task::Vm { kernels } => setup().and_then(|toolchain| vm(&toolchain, &kernels)),
         Task::Image(args) => setup().and_then(|toolchain| image::image(&toolchain, &args)),
         Task::Run { args } => setup().and_then(|toolchain| run(&toolchain, &args)),
@@ -334,6 +344,7 @@ fn test(toolchain: &Toolchain) -> Result<()> {
         );
         bail!("cargo test failed");
     }
+    soak::short_soak()?;
     fuzz::smoke(toolchain)?;
     // The kernels of real nodes (3.5-4.5 minutes each under TCG, cached downloads).
     let kernels = vm_tests(CI_KERNELS);
