@@ -82,6 +82,45 @@ pub fn check(root: &Path, observer: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
+/// The rustdoc lints `rustdoc` denies: every warning. Beyond broken intra-doc links, they are
+/// links to private items from public docs (moot with private items documented), malformed
+/// HTML in a comment, bare URLs and redundant explicit links: each a comment that renders wrong.
+/// What `rustdoc` cannot see (a summary line that starts with a verb) is left to review.
+const RUSTDOCFLAGS: &str = "-D warnings";
+
+/// The workspace member the host's `cargo doc` leaves out: the eBPF programs build for
+/// `bpfel-unknown-none` only (on the host the crate is an empty binary), so they are documented
+/// for that target, with the pinned nightly, as `cargo xtask build` builds them.
+const EBPF_CRATE: &str = "observer-ebpf";
+
+/// Runs `cargo doc` over every crate with private items documented and every rustdoc warning
+/// an error (`RUSTDOCFLAGS=-D warnings`), so a broken intra-doc link fails the run: the host
+/// crates with the stable toolchain, the eBPF crate for its own target with the nightly.
+///
+/// # Errors
+///
+/// Fails when cargo cannot start or rustdoc reports a warning (printed above by cargo).
+// `cargo xtask test` calls it once main.rs does (`docs::rustdoc(toolchain)?;`); drop the allow
+// then.
+#[allow(dead_code)]
+pub fn rustdoc(toolchain: &crate::Toolchain) -> Result<()> {
+    let mut host = crate::host_cargo("doc");
+    host.args(["--workspace", "--exclude", EBPF_CRATE])
+        .args(["--no-deps", "--document-private-items"])
+        .env("RUSTDOCFLAGS", RUSTDOCFLAGS);
+    crate::step(
+        &format!("cargo doc (host crates, private items, RUSTDOCFLAGS={RUSTDOCFLAGS})"),
+        &mut host,
+    )?;
+    let mut ebpf = crate::nightly_cargo(toolchain, "doc");
+    ebpf.args(["--no-deps", "--document-private-items"])
+        .env("RUSTDOCFLAGS", RUSTDOCFLAGS);
+    crate::step(
+        &format!("cargo doc ({EBPF_CRATE} for bpfel-unknown-none, RUSTDOCFLAGS={RUSTDOCFLAGS})"),
+        &mut ebpf,
+    )
+}
+
 /// Lists README.md, docs/**/*.md, deploy/**/*.md and tests/README.md, sorted.
 fn markdown_files(root: &Path) -> Result<Vec<PathBuf>> {
     let mut files = vec![root.join("README.md"), root.join("tests/README.md")];

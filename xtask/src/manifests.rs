@@ -37,7 +37,7 @@ pub struct ManifestsArgs {
     /// Prometheus operator (components/monitoring; its CRDs must be installed).
     #[arg(long)]
     pub prometheus_operator: bool,
-    /// The observer's image, with a tag or digest. Default: openim-observer:<version>, the
+    /// The observer's image, with a tag or digest. Default: openim-observer:VERSION, the
     /// name `cargo xtask image` builds.
     #[arg(long, value_name = "IMAGE")]
     pub image: Option<String>,

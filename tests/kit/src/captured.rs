@@ -14,7 +14,7 @@ use serde_json::Value;
 /// programs), so they run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Takes the kernel tests' lock (see [`SERIAL`]), also after a test failed holding it.
+/// Takes the kernel tests' lock, one per test binary, also after a test failed holding it.
 pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|poison| poison.into_inner())
 }
