@@ -107,6 +107,34 @@ fn ready() -> bool {
     false
 }
 
+/// Checks that `commit`, which `what` names, is a commit (abbreviated hex) when these tests run
+/// in a git checkout, where `cargo xtask image` builds the image from git. Elsewhere (a source
+/// archive) the image may say `unknown` and is not checked.
+fn assert_names_a_commit(commit: &str, what: &str) {
+    let in_git = Command::new("git")
+        .current_dir(workspace())
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !in_git {
+        return;
+    }
+    assert!(
+        commit.len() >= 7 && commit.bytes().all(|byte| byte.is_ascii_hexdigit()),
+        "{what} is {commit:?}, not the commit the image was built from (`cargo xtask image` \
+         sets OPENIM_OBSERVER_COMMIT from git)"
+    );
+}
+
+/// The `commit` label of the `openim_observer_build_info` sample in a /metrics body.
+fn build_info_commit(metrics: &str) -> Option<&str> {
+    let sample = metrics
+        .lines()
+        .find(|line| line.starts_with("openim_observer_build_info{"))?;
+    let (_, rest) = sample.split_once("commit=\"")?;
+    rest.split_once('"').map(|(commit, _)| commit)
+}
+
 fn run(command: &mut Command) -> String {
     let output = command
         .stdin(Stdio::null())
@@ -152,6 +180,8 @@ struct ImageConfig {
     cmd: Vec<String>,
     env: Vec<String>,
     user: String,
+    /// The `org.opencontainers.image.revision` label.
+    revision: String,
 }
 
 /// Unpacks the OCI archive: its layers into `dir/rootfs`, and its configuration.
@@ -204,6 +234,10 @@ fn unpack(archive: &Path, dir: &Path) -> ImageConfig {
         cmd: strings(&config["Cmd"]),
         env: strings(&config["Env"]),
         user: config["User"].as_str().unwrap_or("0:0").to_owned(),
+        revision: config["Labels"]["org.opencontainers.image.revision"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
     }
 }
 
@@ -1036,6 +1070,9 @@ fn assert_runs_and_captures(pod: &Pod, daemonset: &DaemonSet, running: &mut Runn
         "/metrics on {metrics:?} (the probes' path)"
     );
     assert!(!body.is_empty(), "/metrics is empty");
+    let commit = build_info_commit(&body)
+        .unwrap_or_else(|| panic!("/metrics has no build_info with a commit: {body}"));
+    assert_names_a_commit(commit, "build_info's commit");
 
     let listener = TcpListener::bind(("127.0.0.1", GRPC_PORT))
         .unwrap_or_else(|err| panic!("bind {GRPC_PORT}: {err}"));
@@ -1109,6 +1146,7 @@ fn the_image_holds_the_observer_and_the_libraries_it_loads_only() {
     assert_eq!(image.entrypoint, ["/usr/local/bin/observer"]);
     assert_eq!(image.cmd, ["run"]);
     assert_eq!(image.user, "0:0");
+    assert_names_a_commit(&image.revision, "the image's revision label");
 
     let rootfs = scratch.0.join("rootfs");
     let mut files = Vec::new();

@@ -9,6 +9,11 @@
 //! Here buildah runs that runtime stage alone, with the builder stage replaced by the files laid
 //! out on this machine (`--build-context builder=…`), so the builder's base image is never
 //! needed and both builds produce the same image contents.
+//!
+//! Both builds name the commit they were built from: the release observer is compiled with
+//! `OPENIM_OBSERVER_COMMIT` (its `build_info` series' `commit` label) and the image is labelled
+//! `org.opencontainers.image.revision` with it, from `git rev-parse --short HEAD`, or from the
+//! variable itself where there is no git (the Dockerfile's build argument of that name).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +25,11 @@ use crate::{Toolchain, apt, capture, host_cargo, step, workspace_root};
 
 /// Tells tests/tests/image.rs which archive to run.
 pub const ARCHIVE_ENV: &str = "OPENIM_IMAGE_ARCHIVE";
+/// The commit the observer reports in `build_info`, read when it is compiled
+/// (observer/src/metrics.rs); also deploy/Dockerfile's build argument.
+pub const COMMIT_ENV: &str = "OPENIM_OBSERVER_COMMIT";
+/// What `build_info` says when the commit is not known.
+const UNKNOWN_COMMIT: &str = "unknown";
 
 /// Where deploy/Dockerfile's runtime stage finds the root filesystem in the builder stage.
 const ROOTFS_IN_BUILDER: &str = "out/rootfs";
@@ -41,7 +51,7 @@ pub struct ImageArgs {
 
 pub fn image(toolchain: &Toolchain, args: &ImageArgs) -> Result<()> {
     if let Some(rootfs) = &args.rootfs {
-        crate::build(toolchain, true)?;
+        build_release(toolchain, &commit())?;
         return lay_out_rootfs(&release_binary(), rootfs);
     }
     let archive = build(toolchain)?;
@@ -63,7 +73,8 @@ pub fn build(toolchain: &Toolchain) -> Result<PathBuf> {
     apt::ensure("buildah", "buildah")?;
     apt::ensure("runc", "runc")?;
     let started = Instant::now();
-    crate::build(toolchain, true)?;
+    let commit = commit();
+    build_release(toolchain, &commit)?;
     let release_build = started.elapsed();
 
     let dir = workspace_root().join("target/image");
@@ -95,6 +106,8 @@ pub fn build(toolchain: &Toolchain) -> Result<PathBuf> {
             // Reproducible: the same files give the same image digest (file times and the
             // creation date are the epoch; no builder version label).
             .args(["--timestamp", "0", "--identity-label=false"])
+            .arg("--build-arg")
+            .arg(format!("{COMMIT_ENV}={commit}"))
             .arg("--build-context")
             .arg(format!("builder={}", work.builder.display()))
             .arg("--file")
@@ -116,12 +129,43 @@ pub fn build(toolchain: &Toolchain) -> Result<PathBuf> {
     let digest = std::fs::read_to_string(&digest_file)
         .with_context(|| format!("reading {}", digest_file.display()))?;
     eprintln!(
-        "xtask: image {tag} ({digest}) in {}; release build {:.0?}, image {:.0?}",
+        "xtask: image {tag} ({digest}, commit {commit}) in {}; release build {:.0?}, image {:.0?}",
         archive.display(),
         release_build,
         started.elapsed() - release_build,
     );
     Ok(archive)
+}
+
+/// The commit to build from: `$OPENIM_OBSERVER_COMMIT` when set (a Docker build, whose context
+/// has no .git), else `git rev-parse --short HEAD`, else `unknown` (a tree outside git).
+pub fn commit() -> String {
+    if let Some(commit) = std::env::var(COMMIT_ENV)
+        .ok()
+        .filter(|commit| !commit.is_empty())
+    {
+        return commit;
+    }
+    let head = capture(Command::new("git").current_dir(workspace_root()).args([
+        "rev-parse",
+        "--short",
+        "HEAD",
+    ]));
+    match head {
+        Ok(head) if !head.trim().is_empty() => head.trim().to_owned(),
+        _ => UNKNOWN_COMMIT.to_owned(),
+    }
+}
+
+/// Builds the eBPF programs and the release observer, which reports `commit` in `build_info`.
+fn build_release(toolchain: &Toolchain, commit: &str) -> Result<()> {
+    crate::build_ebpf(toolchain)?;
+    step(
+        &format!("building the release observer (commit {commit})"),
+        host_cargo("build")
+            .args(["--package", "observer", "--release"])
+            .env(COMMIT_ENV, commit),
+    )
 }
 
 fn release_binary() -> PathBuf {
