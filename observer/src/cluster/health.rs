@@ -70,6 +70,14 @@ impl StoreHealth {
         self.up.load(Ordering::Relaxed)
     }
 
+    /// Requests Redis did not answer so far: lost batches, failed lookups and claims.
+    pub(super) fn failed_requests(&self) -> u64 {
+        [&self.facts_lost, &self.lookups_failed, &self.claims_failed]
+            .iter()
+            .map(|counter| counter.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Facts recorded and not yet written (or lost).
     pub fn unwritten(&self) -> u64 {
         self.queued.load(Ordering::Relaxed)

@@ -327,10 +327,12 @@ impl Requestable for redis::Pipeline {
     }
 }
 
-/// Pings Redis: every second while up, backing off to [`MAX_PROBE_BACKOFF`] while down.
-/// Each ping over a broken connection is also the client's reconnect attempt.
+/// Pings Redis: every second while up, backing off to [`MAX_PROBE_BACKOFF`] while down; a
+/// request that failed in between also makes the probe fail. Each ping over a broken
+/// connection is also the client's reconnect attempt.
 async fn probe(mut connection: RedisConnection, health: Arc<StoreHealth>, up: watch::Sender<bool>) {
     let mut wait = Duration::ZERO;
+    let mut failed_before = health.failed_requests();
     loop {
         tokio::time::sleep(wait).await;
         let started = Instant::now();
@@ -340,7 +342,12 @@ async fn probe(mut connection: RedisConnection, health: Arc<StoreHealth>, up: wa
             redis::cmd("PING").query_async::<String>(&mut connection),
         )
         .await;
-        let reachable = matches!(answer, Ok(Ok(_)));
+        // A request that failed since the last probe counts as a failed probe: on a Redis
+        // Cluster a PING may pass while a primary is being replaced, and going down then up
+        // makes the writer write this node's state back.
+        let failed_now = health.failed_requests();
+        let reachable = matches!(answer, Ok(Ok(_))) && failed_now == failed_before;
+        failed_before = failed_now;
         if reachable {
             let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             health.round_trip_us.store(micros, Ordering::Relaxed);
