@@ -100,9 +100,6 @@ const EBPF_CRATE: &str = "observer-ebpf";
 /// # Errors
 ///
 /// Fails when cargo cannot start or rustdoc reports a warning (printed above by cargo).
-// `cargo xtask test` calls it once main.rs does (`docs::rustdoc(toolchain)?;`); drop the allow
-// then.
-#[allow(dead_code)]
 pub fn rustdoc(toolchain: &crate::Toolchain) -> Result<()> {
     let mut host = crate::host_cargo("doc");
     host.args(["--workspace", "--exclude", EBPF_CRATE])

@@ -45,7 +45,7 @@ enum Task {
         release: bool,
     },
     /// Everything CI checks: formatting, the docs (`docs`), clippy -D warnings (host and eBPF
-    /// crates), unit tests and the privileged integration tests (run as root: they load the real
+    /// crates), `cargo doc` with every rustdoc warning denied, unit tests and the privileged integration tests (run as root: they load the real
     /// programs), a short soak (`soak`), a short run of every fuzz target (installs cargo-fuzz
     /// once), then the kernel tests under Linux 5.10, 6.1 and 6.12 (`vm`).
     Test,
@@ -86,7 +86,7 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
-    /// The privileged kernel tests (observer/tests/kernel_capture.rs) under another kernel:
+    /// The privileged kernel tests (observer/tests/, one file per topic) under another kernel:
     /// Debian's cloud kernel of that series, booted with qemu (TCG), fetched and cached under
     /// target/vm. VERSION is a series (`5.10`, `6.1`, `6.12`: its newest kernel) or an exact release
     /// (`6.1.0-57`). Installs qemu-system-x86 when missing (apt).
@@ -288,7 +288,11 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
     let mut command = host_cargo("build");
     command.args(["--package", "observer"]);
     if release {
-        command.arg("--release");
+        // What `build_info` says; only the release build, which `cargo xtask run` starts: a
+        // debug build with it would be rebuilt by every `cargo test`, which builds without.
+        command
+            .arg("--release")
+            .env(image::COMMIT_ENV, image::commit());
     }
     status(&mut command).context("building the observer failed")
 }
@@ -323,6 +327,7 @@ fn test(toolchain: &Toolchain) -> Result<()> {
         "clippy (host crates)",
         host_cargo("clippy").args(["--all-targets", "--", "-D", "warnings"]),
     )?;
+    docs::rustdoc(toolchain)?;
     let kubectl = ensure_kubectl()?;
     // Integration tests load programs and share kernel state; each test file serialises its own
     // tests, and one test binary at a time runs. Every binary runs even after one fails, so a
