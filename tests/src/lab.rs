@@ -341,7 +341,8 @@ impl Lab {
             generation: 0,
         };
         lab.progress(format!(
-            "lab {}: OpenIM {} ({} discovery, push {}), {} gateway(s), proxy {} ({}), push {}, {} clients over {}",
+            "lab {}: OpenIM {} ({} discovery, push {}), {} gateway(s), proxy {} ({}), push {}, {} \
+            clients over {}",
             lab.prefix(),
             lab.config.openim.as_str(),
             lab.config.discovery.as_str(),

@@ -38,7 +38,8 @@ pub fn available(program: &str) -> bool {
         .is_ok_and(|status| status.success());
     if !runs {
         eprintln!(
-            "skipped: no {program} (install Debian's prometheus package, as `cargo xtask test` does)"
+            "skipped: no {program} (install Debian's prometheus package, as `cargo xtask test` \
+            does)"
         );
     }
     runs

@@ -163,7 +163,8 @@ pub fn assert_exact(run: &ClusterRun) {
     );
     assert!(
         score.false_negatives.is_empty(),
-        "missed but not alerted: {:?}\nwhat the observers said about recovery: {:#?}\ntheir truth: {:#?}",
+        "missed but not alerted: {:?}\nwhat the observers said about recovery: {:#?}\ntheir truth: \
+        {:#?}",
         score.false_negatives,
         run.outputs
             .iter()

@@ -7,7 +7,8 @@
 //! translated the way containerd's CRI plugin translates a pod, and runs it with runc:
 //! - the container's `securityContext`: capabilities (from containerd's default set, `drop`
 //!   then `add`), `privileged` (every capability the runtime holds, no seccomp filter, no masked
-//!   or read-only /proc and /sys paths, writable /sys, every device allowed), `allowPrivilegeEscalation`
+//! or read-only /proc and /sys paths, writable /sys, every device allowed),
+//! `allowPrivilegeEscalation`
 //!   (no_new_privs), `readOnlyRootFilesystem`, `runAsUser`/`runAsGroup`, and `seccompProfile`
 //!   (`RuntimeDefault` is resolved below from the runtime's default profile for the held
 //!   capabilities, `Unconfined` is none);

@@ -64,7 +64,8 @@ fn the_prometheus_rule_holds_the_rules_file() {
     assert_eq!(resource["kind"], "PrometheusRule");
     assert_eq!(
         resource["spec"]["groups"], rules["groups"],
-        "deploy/kubernetes/components/monitoring/prometheusrule.yaml's groups differ from deploy/prometheus/rules.yaml"
+        "deploy/kubernetes/components/monitoring/prometheusrule.yaml's groups differ from \
+        deploy/prometheus/rules.yaml"
     );
 }
 
@@ -177,7 +178,8 @@ fn a_real_prometheus_scrapes_the_observer_and_fires_on_the_labs_misrouting() {
     );
     assert!(
         fired,
-        "OpenIMUsersMissingRealTimeMessages never fired: {:?}\nseries: {:?}\nup: {:?}\nmismatch ts: {:?}\nnow {:?}\n{}",
+        "OpenIMUsersMissingRealTimeMessages never fired: {:?}\nseries: {:?}\nup: {:?}\nmismatch \
+        ts: {:?}\nnow {:?}\n{}",
         prometheus.api("/api/v1/alerts"),
         prometheus.query("openim_observer_alerts_total{kind=\"route_mismatch\"}[3m]"),
         prometheus.query("up[3m]"),

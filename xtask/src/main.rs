@@ -45,7 +45,8 @@ enum Task {
         release: bool,
     },
     /// Everything CI checks: formatting, the docs (`docs`), clippy -D warnings (host and eBPF
-    /// crates), `cargo doc` with every rustdoc warning denied, unit tests and the privileged integration tests (run as root: they load the real
+    /// crates), `cargo doc` with every rustdoc warning denied, unit tests and the privileged
+    /// integration tests (run as root: they load the real
     /// programs), a short soak (`soak`), a short run of every fuzz target (installs cargo-fuzz
     /// once), then the kernel tests under Linux 5.10, 6.1 and 6.12 (`vm`).
     Test,
@@ -88,7 +89,8 @@ enum Task {
     },
     /// The privileged kernel tests (observer/tests/, one file per topic) under another kernel:
     /// Debian's cloud kernel of that series, booted with qemu (TCG), fetched and cached under
-    /// target/vm. VERSION is a series (`5.10`, `6.1`, `6.12`: its newest kernel) or an exact release
+    /// target/vm. VERSION is a series (`5.10`, `6.1`, `6.12`: its newest kernel) or an exact
+    /// release
     /// (`6.1.0-57`). Installs qemu-system-x86 when missing (apt).
     Vm {
         /// Repeat to run several kernels, one after the other.
@@ -223,7 +225,8 @@ fn install_bpf_linker(nightly: &str, prefix: &Path, llvm_major: &str) -> Result<
             .with_context(|| format!("linking {}", link.display()))?;
     }
     eprintln!(
-        "xtask: building bpf-linker against {nightly}'s LLVM {llvm_major} into {} (once, a few minutes)",
+        "xtask: building bpf-linker against {nightly}'s LLVM {llvm_major} into {} (once, a few \
+        minutes)",
         prefix.display()
     );
     status(

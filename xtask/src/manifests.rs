@@ -92,7 +92,8 @@ fn check_namespace(namespace: &str) -> Result<()> {
         && bytes.last() != Some(&b'-');
     if !valid {
         bail!(
-            "--namespace {namespace:?}: not a Kubernetes namespace name (lowercase letters, digits and '-', at most 63)"
+            "--namespace {namespace:?}: not a Kubernetes namespace name (lowercase letters, digits \
+            and '-', at most 63)"
         );
     }
     Ok(())
@@ -133,7 +134,8 @@ fn write_kustomization(
 ) -> Result<()> {
     let kubernetes = Path::new("../../deploy/kubernetes");
     let mut kustomization = format!(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n  - rbac.yaml\n",
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\n  - \
+        rbac.yaml\n",
         kubernetes.join("base").display()
     );
     let components: Vec<PathBuf> = [
@@ -158,7 +160,8 @@ fn write_kustomization(
     }
     let _ = write!(
         kustomization,
-        "patches:\n  - path: pod-names.yaml\n    target:\n      group: apps\n      version: v1\n      kind: DaemonSet\n      name: {OBSERVER}\n"
+        "patches:\n  - path: pod-names.yaml\n    target:\n      group: apps\n      version: \
+        v1\n      kind: DaemonSet\n      name: {OBSERVER}\n"
     );
     let _ = write!(
         kustomization,
@@ -182,10 +185,15 @@ fn rbac(namespaces: &[String]) -> String {
     let mut objects = Vec::new();
     for namespace in namespaces {
         objects.push(format!(
-            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: {OBSERVER}-pod-reader\n  namespace: {namespace}\nrules:\n  - apiGroups: [\"\"]\n    resources: [\"pods\"]\n    verbs: [\"get\", \"list\", \"watch\"]\n"
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: \
+            {OBSERVER}-pod-reader\n  namespace: {namespace}\nrules:\n  - apiGroups: \
+            [\"\"]\n    resources: [\"pods\"]\n    verbs: [\"get\", \"list\", \"watch\"]\n"
         ));
         objects.push(format!(
-            "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: {OBSERVER}-pod-reader\n  namespace: {namespace}\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: Role\n  name: {OBSERVER}-pod-reader\nsubjects:\n  - kind: ServiceAccount\n    name: {OBSERVER}\n    namespace: {OBSERVER}\n"
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: \
+            {OBSERVER}-pod-reader\n  namespace: {namespace}\nroleRef:\n  apiGroup: \
+            rbac.authorization.k8s.io\n  kind: Role\n  name: {OBSERVER}-pod-reader\nsubjects:\n  - \
+            kind: ServiceAccount\n    name: {OBSERVER}\n    namespace: {OBSERVER}\n"
         ));
     }
     objects.join("---\n")

@@ -66,7 +66,8 @@ pub enum ClusterError {
     ClusterDatabase,
     /// The text never repeats the URL: it may hold a password.
     #[error(
-        "invalid Redis URL ({reason}); expected redis://[USER:PASSWORD@]HOST[:PORT][/DB] or rediss://…"
+        "invalid Redis URL ({reason}); expected redis://[USER:PASSWORD@]HOST[:PORT][/DB] or \
+        rediss://…"
     )]
     InvalidUrl { reason: &'static str },
     #[error("--redis-prefix must not be empty")]

@@ -148,7 +148,8 @@ async fn respond(
     body: &str,
 ) -> std::io::Result<()> {
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: \
+        close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;

@@ -70,7 +70,8 @@ fn build_info_and_process_series_are_exported() {
     metrics.set_capture_hook("packets");
     let text = metrics.render();
     let build_info = format!(
-        "openim_observer_build_info{{version=\"{}\",commit=\"{COMMIT}\",capture_hook=\"packets\"}} 1",
+        "openim_observer_build_info{{version=\"{}\",commit=\"{COMMIT}\",capture_hook=\"packets\"}} \
+        1",
         env!("CARGO_PKG_VERSION")
     );
     assert!(text.contains(&build_info), "{text}");

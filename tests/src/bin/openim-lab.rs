@@ -125,7 +125,11 @@ struct DemoArgs {
     messages: usize,
     /// Simulated nodes: proxy on the first, push on the second, gateways spread over all; one
     /// observer per node, each seeing only its node's pods, sharing state through a lab Redis.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=tests::lab::MAX_NODES as i64))]
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..=tests::lab::MAX_NODES as i64),
+    )]
     nodes: u16,
     /// The observer binary [default: `observer` beside this one, or $OBSERVER_BIN].
     #[arg(long)]

@@ -1,4 +1,5 @@
-//! The msggateway-proxy pod: accepts client WebSockets on its own port (10002), hashes `sendID` over its member
+//! The msggateway-proxy pod: accepts client WebSockets on its own port (10002), hashes `sendID`
+//! over its member
 //! list and relays the client to `ws://<member><original path and query>` with `Host: <member>`.
 //!
 //! Restarts (scale-out) follow a graceful drain: on SIGTERM the proxy closes its listener, says

@@ -116,7 +116,8 @@ pub async fn run(config: SoakConfig) -> anyhow::Result<Option<String>> {
     }
     lab.connect_users(0..config.users, false).await;
     eprintln!(
-        "openim-lab: soak: lab {}, {} users connected, observers {:?} (fold window {fold_window} s), load for {} s",
+        "openim-lab: soak: lab {}, {} users connected, observers {:?} (fold window {fold_window} \
+        s), load for {} s",
         lab.prefix(),
         lab.connected_users(),
         nodes.iter().map(|node| node.pid).collect::<Vec<_>>(),
@@ -140,7 +141,8 @@ pub async fn run(config: SoakConfig) -> anyhow::Result<Option<String>> {
     drop(lab);
     let end = soak.drain(gateways, &load).await;
     let summary = format!(
-        "load: {} group messages, {} reconnects ({} failed), {} push calls failed, {gateways} gateways at the end",
+        "load: {} group messages, {} reconnects ({} failed), {} push calls failed, {gateways} \
+        gateways at the end",
         load.pushes, load.reconnects, load.reconnect_failures, load.push_errors
     );
     soak.finish(end, summary, load.batch())
@@ -263,7 +265,8 @@ impl Soak {
                     format!("{:.0} s after the load stopped", at.as_secs_f64())
                 });
                 println!(
-                    "observers and Redis placements empty: {emptied}; Redis placement keys left {}, keys without TTL {}",
+                    "observers and Redis placements empty: {emptied}; Redis placement keys left \
+                    {}, keys without TTL {}",
                     redis.placement_keys, redis.without_ttl
                 );
                 return row;
@@ -302,7 +305,8 @@ impl Soak {
         let alerts = self.tally.counts(now);
         println!("{summary}");
         println!(
-            "alerts: route_mismatch expected {}, printed {}, missed {}, doubled {}, unexpected {}; window summaries {}; other kinds {:?}",
+            "alerts: route_mismatch expected {}, printed {}, missed {}, doubled {}, unexpected {}; \
+            window summaries {}; other kinds {:?}",
             alerts.expected,
             alerts.printed,
             alerts.missed,
@@ -362,7 +366,8 @@ fn redis_end(redis: &RedisServer) -> RedisEnd {
 /// The table's two header lines.
 fn table_header() -> String {
     format!(
-        "{:>6} {:<7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} | {:>6} {:>7} | {:>5} {:>5} {:>5} {:>5} {:>5} | {:>6} {:>7} {:>3} {}\n{}",
+        "{:>6} {:<7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} | {:>6} {:>7} | {:>5} {:>5} {:>5} \
+        {:>5} {:>5} | {:>6} {:>7} {:>3} {}\n{}",
         "time",
         "node",
         "rss",
@@ -384,7 +389,8 @@ fn table_header() -> String {
         "gw",
         "phase",
         format_args!(
-            "{:>6} {:<7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} | {:>6} {:>7} | {:>5} {:>5} {:>5} {:>5} {:>5} |",
+            "{:>6} {:<7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} | {:>6} {:>7} | {:>5} {:>5} \
+            {:>5} {:>5} {:>5} |",
             "m:ss",
             "",
             "MiB",

@@ -79,7 +79,8 @@ pub fn verdict(evidence: &Evidence<'_>) -> Option<String> {
     }
     if let Some(node) = evidence.restart_unseen.first() {
         return Some(format!(
-            "{node} did not report shared_state_unreachable degraded then recovered around the Redis restart"
+            "{node} did not report shared_state_unreachable degraded then recovered around the \
+            Redis restart"
         ));
     }
     alert_failure(evidence)
@@ -117,7 +118,8 @@ fn growth_failure(evidence: &Evidence<'_>) -> Option<String> {
     // The first row holds the start-up; the baseline is the steady rows after it.
     if rows.len() < 3 {
         return Some(format!(
-            "{} rows under load: too few to judge growth (raise --minutes or lower --interval-secs)",
+            "{} rows under load: too few to judge growth (raise --minutes or lower \
+            --interval-secs)",
             rows.len()
         ));
     }
@@ -157,7 +159,8 @@ fn growth_failure(evidence: &Evidence<'_>) -> Option<String> {
             let limit = before * (1.0 + fraction) + allowed;
             if after > limit {
                 return Some(format!(
-                    "{node}: {what} grew from {before:.0} to {after:.0}, above the {limit:.0} the load explains"
+                    "{node}: {what} grew from {before:.0} to {after:.0}, above the {limit:.0} the \
+                    load explains"
                 ));
             }
         }
@@ -175,7 +178,8 @@ fn leftover_failure(evidence: &Evidence<'_>) -> Option<String> {
             .collect();
         if sample.connections != 0.0 || sample.users != 0.0 || !left.is_empty() {
             return Some(format!(
-                "{node}: left after the load stopped: {} connections, {} users, kernel entries [{}]",
+                "{node}: left after the load stopped: {} connections, {} users, kernel entries \
+                [{}]",
                 sample.connections,
                 sample.users,
                 left.join(", ")

@@ -1,4 +1,3 @@
-
 use openim_test_kit::message::{
     BatchPushRequestWithContent, MsgDataWithContent, OnlinePushMsgReq, OnlinePushMsgResp,
     SingleMsgToUserPlatform, SingleMsgToUserResults,

@@ -36,10 +36,11 @@ async fn the_format_follows_accept_and_readyz_waits_for_attachment() {
     let readiness = metrics.readiness();
     let server = tokio::spawn(serve(listener, Arc::new(Mutex::new(metrics))));
     let openmetrics = get(
-            addr,
-            "GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n",
-        )
-        .await;
+        addr,
+        "GET /metrics HTTP/1.1\r\nAccept: \
+            application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5\r\n\r\n",
+    )
+    .await;
     assert!(
         openmetrics.contains(
             "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n"
