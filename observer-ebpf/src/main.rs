@@ -15,9 +15,8 @@
 //!    `CONNECTIONS` and emits `tcp_connect`.
 //! 3. `sys_exit_connect` (0 or -EINPROGRESS) moves it to `SOCKETS`, keyed by (tgid, fd), and
 //!    marks the process in `WATCHING`: from then on the process's reads and writes on that fd
-//! are captured (`io`, `copy`) under the port class's policy. A connect to a watched port over UDP
-//! never reaches step 2 and is
-//!    dropped.
+//!    are captured (`io`, `copy`) under the port class's policy. A connect to a watched port over
+//!    UDP never reaches step 2 and is dropped.
 //!
 //! With `--capture-hook packets` (`packet`), no syscall is hooked: SYN_SENT alone makes the
 //! connection watched (the connecting thread is current there too, and the port is the one

@@ -7,11 +7,10 @@
 //! translated the way containerd's CRI plugin translates a pod, and runs it with runc:
 //! - the container's `securityContext`: capabilities (from containerd's default set, `drop`
 //!   then `add`), `privileged` (every capability the runtime holds, no seccomp filter, no masked
-//! or read-only /proc and /sys paths, writable /sys, every device allowed),
-//! `allowPrivilegeEscalation`
-//!   (no_new_privs), `readOnlyRootFilesystem`, `runAsUser`/`runAsGroup`, and `seccompProfile`
-//!   (`RuntimeDefault` is resolved below from the runtime's default profile for the held
-//!   capabilities, `Unconfined` is none);
+//!   or read-only /proc and /sys paths, writable /sys, every device allowed),
+//!   `allowPrivilegeEscalation` (no_new_privs), `readOnlyRootFilesystem`,
+//!   `runAsUser`/`runAsGroup`, and `seccompProfile` (`RuntimeDefault` is resolved below from the
+//!   runtime's default profile for the held capabilities, `Unconfined` is none);
 //! - the pod's `hostPID` and `hostNetwork` (without it, a network namespace of its own on a
 //!   bridge, like a pod IP), the hostPath volumes and their mounts (read-only ones read-only),
 //!   the resource requests and limits (cgroup), the args with `$(VAR)` taken from env and the
