@@ -1,4 +1,4 @@
-//! Folding repeats of one alert: the first of a key is emitted at once, its repeats within the
+//! Folds repeats of one alert: the first of a key is emitted at once, its repeats within the
 //! window are counted and emitted as one alert with the count when the window ends. Generic
 //! over what makes two alerts "the same"; every table is bounded.
 
@@ -16,7 +16,7 @@ use crate::{
     table_memory::HugePageTables,
 };
 
-/// How many windows ahead of the one closing its bucket is prefetched.
+/// Counts how many windows ahead of the one closing its bucket is prefetched.
 const CLOSE_PREFETCH_AHEAD: usize = 4;
 
 #[derive(Debug)]
@@ -33,7 +33,7 @@ struct Fold<K> {
     summary: Arc<AlertBody>,
 }
 
-/// The open windows, at most `max_keys`: a key that finds the table full is emitted unfolded,
+/// Holds the open windows, at most `max_keys`: a key that finds the table full is emitted unfolded,
 /// and counted in `keys_evicted`.
 #[derive(Debug)]
 pub struct FoldWindows<K> {
@@ -54,6 +54,7 @@ pub struct FoldWindows<K> {
 }
 
 impl<K: Clone + Eq + Hash> FoldWindows<K> {
+    /// Builds an empty set of windows of `window_secs` each, at most `max_keys` open at once.
     pub fn new(window_secs: u64, max_keys: usize) -> Self {
         Self {
             window_secs,
@@ -65,14 +66,17 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
         }
     }
 
+    /// Returns the length of one window, in seconds.
     pub fn window_secs(&self) -> u64 {
         self.window_secs
     }
 
+    /// Counts the keys emitted unfolded because the table was full.
     pub fn keys_evicted(&self) -> u64 {
         self.keys_evicted
     }
 
+    /// Counts the windows open now.
     pub fn open_windows(&self) -> usize {
         self.folds.len()
     }
@@ -111,7 +115,7 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
         true
     }
 
-    /// The summary `key`'s window will emit, for details learnt after its first alert.
+    /// Returns the summary `key`'s window will emit, for details learnt after its first alert.
     pub fn summary_mut<Q: Hash + Equivalent<K> + ?Sized>(
         &mut self,
         key: &Q,
@@ -176,7 +180,7 @@ impl<K: Clone + Eq + Hash> FoldWindows<K> {
     }
 }
 
-/// A window's repeats, as one alert with their count and the time of the last one; a key seen
+/// Emits a window's repeats as one alert with their count and the time of the last one; a key seen
 /// once was already emitted.
 fn emit_summary<K>(fold: Fold<K>, alerts: &mut Vec<Alert>) {
     if fold.count < 2 {

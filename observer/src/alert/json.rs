@@ -1,4 +1,4 @@
-//! Alert lines written as compact JSON, byte for byte what `serde_json::to_writer` writes, with
+//! Writes alert lines as compact JSON, byte for byte what `serde_json::to_writer` writes, with
 //! strings checked for escapes sixteen bytes at a time (a short string as a word or two).
 //!
 //! Under a misrouting the alert lines were a sixth of the engine's instructions, three quarters
@@ -19,11 +19,15 @@ use serde::ser::{self, Serialize};
 use crate::model::json_text;
 
 /// Appends `value` as one compact JSON value to `line`.
+///
+/// # Errors
+///
+/// Fails with [`JsonError`] when `value` holds a map whose key does not serialize as a string.
 pub fn append<T: Serialize + ?Sized>(line: &mut Vec<u8>, value: &T) -> Result<(), JsonError> {
     value.serialize(&mut JsonWriter { out: line })
 }
 
-/// A value with no JSON form here: a map key that is not a string.
+/// Describes a value with no JSON form here: a map key that is not a string.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct JsonError(String);
@@ -60,7 +64,7 @@ impl JsonWriter<'_> {
         Ok(())
     }
 
-    /// `{"variant":` before the value of an externally tagged enum variant.
+    /// Writes `{"variant":` before the value of an externally tagged enum variant.
     fn open_variant(&mut self, variant: &str) -> Result<(), JsonError> {
         self.raw(b"{")?;
         self.string(variant)?;
@@ -77,7 +81,8 @@ impl JsonWriter<'_> {
     }
 }
 
-/// An array or object being written: `close` ends it (`]`, `}`, and a variant's `}` after it).
+/// Holds an array or object being written: `close` ends it (`]`, `}`, and a variant's `}` after
+/// it).
 struct Compound<'a> {
     out: &'a mut Vec<u8>,
     first: bool,
@@ -172,7 +177,7 @@ impl<'a> ser::Serializer for &'a mut JsonWriter<'_> {
     fn collect_str<T: std::fmt::Display + ?Sized>(self, value: &T) -> Result<(), JsonError> {
         write_display_escaped(self.out, value).map_err(ser::Error::custom)
     }
-    /// As serde_json: an array of numbers.
+    /// Writes bytes as serde_json does: an array of numbers.
     fn serialize_bytes(self, value: &[u8]) -> Result<(), JsonError> {
         use ser::SerializeSeq;
         let mut array = self.serialize_seq(Some(value.len()))?;
@@ -286,7 +291,7 @@ array_traits!(
 impl ser::SerializeMap for Compound<'_> {
     type Ok = ();
     type Error = JsonError;
-    /// A key is written as any value is, then refused unless it came out a string (what
+    /// Writes a key as any value is written, then refuses it unless it came out a string (what
     /// `#[serde(flatten)]` and every alert map has) rather than a line that is not JSON.
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), JsonError> {
         self.separate();
@@ -310,7 +315,7 @@ impl ser::SerializeMap for Compound<'_> {
     }
 }
 
-/// A struct and a struct variant's fields alike: name, then value.
+/// Writes a struct's and a struct variant's fields alike: name, then value.
 macro_rules! struct_traits {
     ($($object:ident),*) => {$(
         impl ser::$object for Compound<'_> {
@@ -332,12 +337,12 @@ macro_rules! struct_traits {
 
 struct_traits!(SerializeStruct, SerializeStructVariant);
 
-/// Eight copies of `byte`, one per byte of a word.
+/// Returns eight copies of `byte`, one per byte of a word.
 const fn repeated(byte: u8) -> u64 {
     0x0101_0101_0101_0101 * byte as u64
 }
 
-/// Whether any of the eight bytes of `word` needs escaping in a JSON string: a control
+/// Says whether any of the eight bytes of `word` needs escaping in a JSON string: a control
 /// character (below 0x20), `"` or `\`. The usual zero-byte test (a byte's high bit set by
 /// subtracting one from it only where it was below one) is exact for "any byte", which is all
 /// the scan needs: a string with a flagged word is then written byte by byte.
@@ -347,7 +352,7 @@ fn word_needs_escape(word: u64) -> bool {
     below(word, 0x20) | below(word ^ repeated(b'"'), 1) | below(word ^ repeated(b'\\'), 1) != 0
 }
 
-/// Whether any byte of `bytes` needs escaping. From sixteen bytes on, a block at a time
+/// Says whether any byte of `bytes` needs escaping. From sixteen bytes on, a block at a time
 /// (`json_text`): the whole blocks, then the last sixteen bytes (overlapping the last whole
 /// block) for those after it. A shorter string (most keys, a few values) is one or two words:
 /// its first and last eight bytes, or four (overlapping), or below four its first, middle and
@@ -379,8 +384,8 @@ fn needs_escape(bytes: &[u8]) -> bool {
         .any(|word| word_needs_escape(u64::from_le_bytes(*word)))
 }
 
-/// `text` as a JSON string: quoted, escaped as serde_json escapes (the short forms where JSON
-/// has them, `\u00XX` for the other control characters, everything else as it is).
+/// Writes `text` as a JSON string: quoted, escaped as serde_json escapes (the short forms where
+/// JSON has them, `\u00XX` for the other control characters, everything else as it is).
 pub(super) fn write_escaped(out: &mut Vec<u8>, text: &str) {
     out.reserve(text.len() + 2);
     out.push(b'"');
@@ -388,7 +393,7 @@ pub(super) fn write_escaped(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
 }
 
-/// `text` escaped, without quotes. Nearly every string has nothing to escape and is copied
+/// Appends `text` escaped, without quotes. Nearly every string has nothing to escape and is copied
 /// whole; the byte-by-byte escaping is its own function, so that this check (made for every
 /// string of a line) does not pay for the loop's registers on every call.
 pub(super) fn push_escaped(out: &mut Vec<u8>, text: &str) {
@@ -422,7 +427,7 @@ fn push_escaped_byte_by_byte(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
-/// What `value` displays as a JSON string, escaped piece by piece as it is written, as
+/// Writes what `value` displays as a JSON string, escaped piece by piece as it is written, as
 /// serde_json's `collect_str` does: no string is built first. Fails only where the `Display` itself
 /// reports an error.
 fn write_display_escaped(
@@ -435,7 +440,7 @@ fn write_display_escaped(
     Ok(())
 }
 
-/// What `value` displays as, escaped, without quotes.
+/// Appends what `value` displays as, escaped, without quotes.
 pub(super) fn push_display_escaped(
     out: &mut Vec<u8>,
     value: &(impl std::fmt::Display + ?Sized),
@@ -444,7 +449,7 @@ pub(super) fn push_display_escaped(
     write!(EscapedText(out), "{value}")
 }
 
-/// Text written by a `Display` goes into the line escaped, piece by piece.
+/// Sends text written by a `Display` into the line escaped, piece by piece.
 struct EscapedText<'a>(&'a mut Vec<u8>);
 
 impl std::fmt::Write for EscapedText<'_> {

@@ -1,4 +1,4 @@
-//! Alert lines as the daemon prints them. A `route_mismatch` is written here field by field,
+//! Writes alert lines as the daemon prints them. A `route_mismatch` is written here field by field,
 //! with the JSON of the gateways and processes it names, and the diagnosis's words for each
 //! gateway, kept from the lines before; every other kind, and those values the first time, go
 //! through `Serialize` (`json`).
@@ -31,13 +31,17 @@ pub struct LineWriter {
 
 impl LineWriter {
     /// Writes `alert`'s line, newline included, into `out` in one write.
+    ///
+    /// # Errors
+    ///
+    /// Fails when writing to `out` fails.
     pub fn write(&mut self, alert: &Alert, out: &mut impl Write) -> io::Result<()> {
         self.fill(alert);
         self.line.push(b'\n');
         out.write_all(&self.line)
     }
 
-    /// `alert`'s line without its newline.
+    /// Returns `alert`'s line without its newline.
     pub fn line(&mut self, alert: &Alert) -> &str {
         self.fill(alert);
         std::str::from_utf8(&self.line).expect("JSON from UTF-8 strings is UTF-8")
@@ -52,8 +56,8 @@ impl LineWriter {
         }
     }
 
-    /// The order `Serialize` writes: the envelope's first fields, the body's (after its `kind`),
-    /// the envelope's `node`.
+    /// Writes a `route_mismatch` line in the order `Serialize` writes: the envelope's first fields,
+    /// the body's (after its `kind`), the envelope's `node`.
     fn route_mismatch(&mut self, alert: &Alert, mismatch: &RouteMismatch) {
         self.raw(b"{\"schema_version\":");
         self.integer(alert.schema_version);
@@ -140,7 +144,7 @@ impl LineWriter {
         self.raw(b"}");
     }
 
-    /// Its ids present, in `MessageIds`' order.
+    /// Writes the message's ids present, in `MessageIds`' order.
     fn message(&mut self, message: &MessageIds) {
         self.raw(b"{");
         let mut separator = b"".as_slice();
@@ -204,10 +208,11 @@ fn append_json(line: &mut Vec<u8>, value: &impl Serialize) {
     json::append(line, value).expect("alert fields have string keys");
 }
 
-/// Room for a `route_mismatch` line (about 1.3 KB with Kubernetes member names) without growing.
+/// Bounds the room for a `route_mismatch` line (about 1.3 KB with Kubernetes member names) without
+/// growing.
 const LINE_CAPACITY: usize = 2048;
 
-/// The JSON of values recent lines named, found again by equality: writing a gateway afresh
+/// Keeps the JSON of values recent lines named, found again by equality: writing a gateway afresh
 /// cost about 1,100 instructions, comparing a kept one a few dozen. Holds at most
 /// `FRAGMENTS_KEPT` (a cluster's gateways under both rings' spellings, its pushers and
 /// proxies), replacing the oldest beyond that.

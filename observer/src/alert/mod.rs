@@ -1,5 +1,5 @@
-//! Alerts: one JSON object per line on stdout, each with `kind`, `schema_version` and `ts`, and
-//! enough context to act on without reading code. docs/alerts/ documents every field.
+//! Describes the alerts: one JSON object per line on stdout, each with `kind`, `schema_version` and
+//! `ts`, and enough context to act on without reading code. docs/alerts/ documents every field.
 //!
 //! The alert is an envelope around model types (`GatewayInfo`, `ProcessInfo` add the pods
 //! `--kube` names); `fold` turns repeats of one alert into one count per window; `line` writes
@@ -24,10 +24,10 @@ use crate::model::{
 };
 use crate::openim::diagnosis;
 
-/// Version of the alert objects; bumped when a field changes meaning.
+/// Names the version of the alert objects; bumped when a field changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// A Kubernetes pod, by the names `kubectl` takes, and what else names it: its container, the
+/// Names a Kubernetes pod by the names `kubectl` takes, and what else names it: its container, the
 /// workload that owns it, and the labels `--pod-labels` selects. docs/alerts/README.md gives
 /// the naming convention.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -57,7 +57,7 @@ impl PodRef {
     }
 }
 
-/// The workload that owns a pod: `kind` as the API spells it (`Deployment`, `StatefulSet`,
+/// Names the workload that owns a pod: `kind` as the API spells it (`Deployment`, `StatefulSet`,
 /// `DaemonSet`, `Job`, …) and its name.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct WorkloadRef {
@@ -65,8 +65,8 @@ pub struct WorkloadRef {
     pub name: String,
 }
 
-/// A gateway as printed: the model's `Gateway`, and the pod that holds its IP when `--kube`
-/// knows it.
+/// Describes a gateway as printed: the model's `Gateway`, and the pod that holds its IP when
+/// `--kube` knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct GatewayInfo {
     #[serde(flatten)]
@@ -83,8 +83,9 @@ impl From<Gateway> for GatewayInfo {
     }
 }
 
-/// A process as printed: its pid and name, and its pod when `--kube` knows it. The model's
-/// `Process` is kept whole (its cgroup id is what names the pod) but only these are printed.
+/// Describes a process as printed: its pid and name, and its pod when `--kube` knows it. The
+/// model's `Process` is kept whole (its cgroup id is what names the pod) but only these are
+/// printed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessInfo {
     pub process: Process,
@@ -116,7 +117,7 @@ impl Serialize for ProcessInfo {
     }
 }
 
-/// Where the proxy placed a user's WebSocket.
+/// Records where the proxy placed a user's WebSocket.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PlacementInfo {
     pub gateway: GatewayInfo,
@@ -145,7 +146,7 @@ pub struct PushInfo {
     pub node: Option<String>,
 }
 
-/// A push for `user` went to a gateway other than the one(s) holding its WebSocket.
+/// Reports that a push for `user` went to a gateway other than the one(s) holding its WebSocket.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteMismatch {
     /// Inline for ids of up to 24 bytes: a fold window's summary, written a minute after its
@@ -165,7 +166,7 @@ pub struct RouteMismatch {
 }
 
 impl RouteMismatch {
-    /// The situation in one paragraph, from the alert's own fields.
+    /// Describes the situation in one paragraph, from the alert's own fields.
     pub fn diagnosis(&self) -> impl std::fmt::Display + '_ {
         self.diagnosis_parts()
     }
@@ -184,8 +185,8 @@ impl RouteMismatch {
     }
 }
 
-/// The fields in the documented order, then `diagnosis`, written straight into the line rather
-/// than kept as text: a fold window holds its first alert for a whole window, and the
+/// Writes the fields in the documented order, then `diagnosis`, written straight into the line
+/// rather than kept as text: a fold window holds its first alert for a whole window, and the
 /// paragraph (about half a kilobyte) was most of it, read again cold for the summary line.
 impl Serialize for RouteMismatch {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -208,7 +209,7 @@ impl Serialize for RouteMismatch {
     }
 }
 
-/// Why the observer sees less than it should. Each reason is its own episode (raised, then
+/// Names why the observer sees less than it should. Each reason is its own episode (raised, then
 /// recovered); a new one needs a variant here, its name in `name`, and a diagnosis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -237,6 +238,7 @@ pub enum DegradedReason {
 }
 
 impl DegradedReason {
+    /// Returns the reason's name (`ring_full`, `lost_sync`, …).
     pub const fn name(self) -> &'static str {
         match self {
             DegradedReason::SharedStateUnreachable => "shared_state_unreachable",
@@ -251,8 +253,8 @@ impl DegradedReason {
     }
 }
 
-/// How much a degradation hides: the counts that apply to its reason, and the processes whose
-/// connections it hit, where known.
+/// Counts how much a degradation hides: the counts that apply to its reason, and the processes
+/// whose connections it hit, where known.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Affected {
     /// Kernel records lost (each a syscall's bytes or a connection event).
@@ -283,7 +285,7 @@ pub struct AffectedProcess {
     pub bytes: u64,
 }
 
-/// How push routes one message to the gateways.
+/// Names how push routes one message to the gateways.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PushRoutingMode {
@@ -396,7 +398,7 @@ pub enum AlertBody {
 }
 
 impl AlertBody {
-    /// The count of alerts a fold window summarises, for the kinds that are folded.
+    /// Returns the count of alerts a fold window summarises, for the kinds that are folded.
     fn fold_count_mut(&mut self) -> Option<&mut u64> {
         match self {
             AlertBody::RouteMismatch(RouteMismatch { count, .. })
@@ -427,11 +429,12 @@ pub struct Alert {
 }
 
 impl Alert {
+    /// Builds an alert around `body`, raised at `ts_ns`.
     pub fn new(ts_ns: u64, body: AlertBody) -> Self {
         Self::shared(ts_ns, Arc::new(body))
     }
 
-    /// An alert around a body a fold window shared.
+    /// Builds an alert around a body a fold window shared.
     pub fn shared(ts_ns: u64, body: Arc<AlertBody>) -> Self {
         Self {
             schema_version: SCHEMA_VERSION,
@@ -441,11 +444,12 @@ impl Alert {
         }
     }
 
-    /// The body to change, copied first if a fold window still shares it.
+    /// Returns the body to change, copied first if a fold window still shares it.
     pub fn body_mut(&mut self) -> &mut AlertBody {
         Arc::make_mut(&mut self.body)
     }
 
+    /// Returns the alert's `kind`, as its line spells it.
     pub fn kind(&self) -> &'static str {
         match *self.body {
             AlertBody::RouteMismatch(_) => "route_mismatch",
@@ -457,7 +461,7 @@ impl Alert {
         }
     }
 
-    /// The alert's line without its newline. Printing many alerts, keep one `LineWriter`.
+    /// Returns the alert's line without its newline. Printing many alerts, keep one `LineWriter`.
     pub fn to_json_line(&self) -> String {
         LineWriter::default().line(self).to_owned()
     }

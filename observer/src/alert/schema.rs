@@ -1,4 +1,4 @@
-//! The JSON Schema of the alert lines, one per `SCHEMA_VERSION`, built here field by field
+//! Builds the JSON Schema of the alert lines, one per `SCHEMA_VERSION`, field by field
 //! from the alert types (docs/schema/ ships it; `observer schema` prints it), a validator of
 //! the part of JSON Schema it uses, and the check that a change of it within one version only
 //! adds.
@@ -13,7 +13,7 @@ use thiserror::Error;
 
 use super::SCHEMA_VERSION;
 
-/// A line that does not fit the schema, or a schema change that breaks its version.
+/// Describes a line that does not fit the schema, or a schema change that breaks its version.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SchemaError {
     #[error("{path}: {reason}")]
@@ -64,7 +64,7 @@ fn reference(name: &str) -> Value {
     json!({"$ref": format!("#/$defs/{name}")})
 }
 
-/// A closed object: `required` fields, then optional ones.
+/// Builds a closed object: `required` fields, then optional ones.
 fn object(required: &[(&str, Value)], optional: &[(&str, Value)]) -> Value {
     let mut properties = Map::new();
     for (name, schema) in required.iter().chain(optional) {
@@ -79,7 +79,7 @@ fn object(required: &[(&str, Value)], optional: &[(&str, Value)]) -> Value {
     })
 }
 
-/// An alert kind: the envelope (`schema_version`, `ts`, `kind`, `node`) and its own fields.
+/// Builds an alert kind: the envelope (`schema_version`, `ts`, `kind`, `node`) and its own fields.
 fn kind(name: &str, required: &[(&str, Value)], optional: &[(&str, Value)]) -> Value {
     let mut all = vec![
         ("schema_version", json!({"const": SCHEMA_VERSION})),
@@ -91,7 +91,7 @@ fn kind(name: &str, required: &[(&str, Value)], optional: &[(&str, Value)]) -> V
     object(&all, optional)
 }
 
-/// The shared parts: gateways, processes, pods and what push calls carry.
+/// Builds the shared parts: gateways, processes, pods and what push calls carry.
 fn definitions() -> Map<String, Value> {
     let pod = object(
         &[("namespace", string()), ("name", string())],
@@ -312,8 +312,8 @@ fn kinds() -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// The first line of `observer run`: its settings, open to fields a later release adds (it
-/// is not an alert, and `docs/alerts/observer_started.md` lists them).
+/// Describes the first line of `observer run`: its settings, open to fields a later release adds
+/// (it is not an alert, and `docs/alerts/observer_started.md` lists them).
 fn observer_started() -> Value {
     json!({
         "type": "object",
@@ -353,6 +353,11 @@ pub fn schema() -> Value {
 /// writes: `$ref` to `#/$defs/…`, `type`, `const`, `enum`, `minimum`, `properties`,
 /// `required`, `additionalProperties`, `items`, `oneOf` (a line goes to the branch its `kind`
 /// names) and `format: date-time`.
+///
+/// # Errors
+///
+/// Fails with [`SchemaError::Invalid`], naming the path and the reason, at the first part of
+/// `value` that does not fit.
 pub fn validate(schema: &Value, value: &Value) -> Result<(), SchemaError> {
     Validator { root: schema }.check(schema, value, "$")
 }
@@ -420,7 +425,7 @@ impl Validator<'_> {
         Ok(())
     }
 
-    /// The branch the line's `kind` names, where one does; else exactly one branch.
+    /// Checks the branch the line's `kind` names, where one does; else exactly one branch.
     fn check_one_of(
         &self,
         branches: &[Value],
@@ -506,7 +511,7 @@ fn check_type(types: &Value, value: &Value, path: &str) -> Result<(), SchemaErro
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`, as the observer writes times.
+/// Says whether `text` is `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`, as the observer writes times.
 fn is_rfc3339(text: &str) -> bool {
     let bytes = text.as_bytes();
     let digits = |range: std::ops::Range<usize>| {

@@ -1,4 +1,4 @@
-//! Alerts as one line a person reads (`--output text`): time, kind, the fields that say what
+//! Writes alerts as one line a person reads (`--output text`): time, kind, the fields that say what
 //! happened to whom, the gateways, and the diagnosis's first sentence. Built from the alert's
 //! JSON, so a new kind or field prints without a change here.
 
@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::Alert;
 
-/// Fields printed as `key=value` when an alert has them, in this order.
+/// Names the fields printed as `key=value` when an alert has them, in this order.
 const SCALARS: &[&str] = &[
     "state",
     "reason",
@@ -27,7 +27,7 @@ const SCALARS: &[&str] = &[
 /// Lists printed as `key=a,b` when a line has them (`observer_started`'s ports).
 const LISTS: &[&str] = &["grpc_ports", "ws_ports"];
 
-/// The diagnosis is cut to its first sentence, and at most this many characters.
+/// Bounds the diagnosis: cut to its first sentence, and at most this many characters.
 const DIAGNOSIS_CHARS: usize = 160;
 
 /// Returns `alert` as one line a person reads, without its newline.
@@ -109,7 +109,7 @@ fn processes(value: &Value, line: &mut String) {
     }
 }
 
-/// A gateway as `name` (its member string) or `ip:port`, and its pod when named.
+/// Returns a gateway as `name` (its member string) or `ip:port`, and its pod when named.
 fn gateway(gateway: &Value) -> String {
     let address = match gateway.get("name").and_then(Value::as_str) {
         Some(name) => name.to_owned(),
@@ -126,7 +126,7 @@ fn gateway(gateway: &Value) -> String {
     address + &pod(gateway)
 }
 
-/// ` (namespace/name)` when the value names its pod, else nothing.
+/// Returns ` (namespace/name)` when the value names its pod, else nothing.
 fn pod(value: &Value) -> String {
     let Some(pod) = value.get("pod") else {
         return String::new();
@@ -135,7 +135,7 @@ fn pod(value: &Value) -> String {
     format!("({}/{})", part("namespace"), part("name"))
 }
 
-/// The diagnosis's first sentence, at most `DIAGNOSIS_CHARS` characters.
+/// Returns the diagnosis's first sentence, at most `DIAGNOSIS_CHARS` characters.
 fn shortened(diagnosis: &str) -> String {
     let sentence = diagnosis
         .find(". ")
