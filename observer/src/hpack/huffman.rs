@@ -1,4 +1,4 @@
-//! HPACK Huffman decoding (RFC 7541 Section 5.2), four bits at a time through a state machine
+//! Decodes HPACK Huffman strings (RFC 7541 Section 5.2) four bits at a time through a state machine
 //! built once from the code table. Every new gRPC connection sends its headers Huffman-coded
 //! with a fresh HPACK table, and walking the code tree one bit at a time was 7% of the daemon's
 //! CPU under the lab's push flood (a new connection per push).
@@ -10,7 +10,7 @@ use super::huffman_table::CODES;
 
 const EOS: u16 = 256;
 
-/// A child slot in the code tree: another inner node, or a decoded symbol (the code is a
+/// Holds a child slot in the code tree: another inner node, or a decoded symbol (the code is a
 /// complete prefix code: no slot is empty once the tree is built).
 #[derive(Clone, Copy)]
 enum Child {
@@ -19,8 +19,8 @@ enum Child {
     Symbol(u16),
 }
 
-/// The inner nodes of the code tree (257 symbols, so 256 of them: a `u8` names one); node 0 is
-/// the root.
+/// Builds the inner nodes of the code tree (257 symbols, so 256 of them: a `u8` names one); node 0
+/// is the root.
 fn code_tree() -> Vec<[Child; 2]> {
     let mut nodes = vec![[Child::Empty; 2]];
     for (symbol, &(code, bits)) in (0u16..).zip(CODES.iter()) {
@@ -46,7 +46,7 @@ fn code_tree() -> Vec<[Child; 2]> {
     nodes
 }
 
-/// What four bits do from one state: where they lead, and the symbol they complete, if any
+/// Records what four bits do from one state: where they lead, and the symbol they complete, if any
 /// (at most one: the shortest code is five bits long).
 #[derive(Clone, Copy, Default)]
 struct Step {
@@ -56,7 +56,7 @@ struct Step {
 }
 
 const EMITS: u8 = 1;
-/// The bits reach EOS, which must not appear in a string.
+/// Flags bits that reach EOS, which must not appear in a string.
 const FAILS: u8 = 2;
 
 struct Machine {
@@ -108,6 +108,11 @@ fn machine() -> &'static Machine {
 
 /// Decodes a Huffman-coded string. Padding must be fewer than 8 bits, all ones (the EOS
 /// prefix), and EOS itself must not appear.
+///
+/// # Errors
+///
+/// Fails with [`HpackError::InvalidHuffman`] when the bits hold EOS or end in anything but short
+/// all-ones padding.
 pub(crate) fn decode(input: &[u8], out: &mut Vec<u8>) -> Result<(), HpackError> {
     let machine = machine();
     let mut state = 0usize;

@@ -1,4 +1,4 @@
-//! The HPACK Huffman code (RFC 7541 Appendix B): `(code, bit length)` for symbols 0..=255 and
+//! Holds the HPACK Huffman code (RFC 7541 Appendix B): `(code, bit length)` for symbols 0..=255 and
 //! EOS (256), codes right-aligned in the `u32`.
 
 pub(super) static CODES: [(u32, u8); 257] = [

@@ -1,4 +1,5 @@
-//! HPACK header decompression (RFC 7541), one decoder per direction of a connection.
+//! Decompresses HTTP/2 header blocks with HPACK (RFC 7541), one decoder per direction of a
+//! connection.
 //!
 //! Written here rather than taken from a crate: `h2` keeps its HPACK private, and the `hpack`
 //! crate and its forks either panic on malformed input or are unmaintained. Every error is a
@@ -17,12 +18,14 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-/// RFC 7541 Section 4.1: each entry costs its name and value lengths plus 32.
+/// Counts the bytes of overhead per table entry (RFC 7541 Section 4.1): each entry costs its name
+/// and value lengths plus 32.
 pub(crate) const ENTRY_OVERHEAD: usize = 32;
 
-/// The size the dynamic table starts with before any update (SETTINGS_HEADER_TABLE_SIZE default).
+/// Sizes the dynamic table as it starts, before any update (SETTINGS_HEADER_TABLE_SIZE default).
 pub const DEFAULT_TABLE_SIZE: usize = 4096;
 
+/// Says why a header block cannot be decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HpackError {
     #[error("header block ends inside a field representation")]
@@ -41,7 +44,7 @@ pub enum HpackError {
     HeaderListTooLarge(usize),
 }
 
-/// A decoded field. `Bytes`, so that a field named by index costs no copy: a static table
+/// Holds a decoded field. `Bytes`, so that a field named by index costs no copy: a static table
 /// entry is borrowed, a dynamic one shared with the table (gRPC clients send most of each
 /// call's headers as indexes into entries their first call added).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,7 +59,8 @@ impl HeaderField {
     }
 }
 
-/// Not `Debug`: the dynamic table may hold credentials sent as headers.
+/// Decodes one direction's header blocks, keeping its dynamic table. Not `Debug`: the dynamic table
+/// may hold credentials sent as headers.
 #[derive(Clone)]
 pub struct HpackDecoder {
     /// Newest entry first (index 62 is the front).
@@ -74,12 +78,13 @@ pub struct HpackDecoder {
 }
 
 impl HpackDecoder {
-    /// The dynamic table's size as HPACK counts it (32 bytes of overhead per entry), close to
-    /// the heap it holds.
+    /// Returns the dynamic table's size as HPACK counts it (32 bytes of overhead per entry), close
+    /// to the heap it holds.
     pub fn table_bytes(&self) -> usize {
         self.dynamic_size
     }
 
+    /// Builds a decoder for a connection seen from its start.
     pub fn new(max_size_allowed: usize, max_header_list_bytes: usize) -> Self {
         Self {
             dynamic: VecDeque::new(),
@@ -92,7 +97,7 @@ impl HpackDecoder {
         }
     }
 
-    /// A decoder for a connection joined mid-stream, whose dynamic table holds entries this
+    /// Builds a decoder for a connection joined mid-stream, whose dynamic table holds entries this
     /// decoder never saw. Entries are always added at the front and evicted from the back, so
     /// the entries added since joining are the peer's newest, at the same indexes: a
     /// reference to them decodes exactly, and a reference past them is to an entry made before
@@ -107,23 +112,29 @@ impl HpackDecoder {
         }
     }
 
+    /// Counts the fields that referred to a table entry made before the decoder joined.
     pub fn unknown_fields(&self) -> u64 {
         self.unknown_fields
     }
 
-    /// Joined mid-stream, after a block that failed: what it would have added is unknown, so
-    /// every entry is treated as made before the join from now on.
+    /// Forgets the dynamic table, joined mid-stream after a block that failed: what it would have
+    /// added is unknown, so every entry is treated as made before the join from now on.
     pub fn forget_table(&mut self) {
         self.dynamic.clear();
         self.dynamic_size = 0;
     }
 
-    /// Whether `index` refers to a dynamic entry this decoder cannot know.
+    /// Says whether `index` refers to a dynamic entry this decoder cannot know.
     fn unknown_entry(&self, index: usize) -> bool {
         self.joined_mid_stream && index > STATIC_TABLE.len() + self.dynamic.len()
     }
 
     /// Decodes one complete header block (HEADERS plus its CONTINUATIONs), updating the table.
+    ///
+    /// # Errors
+    ///
+    /// Fails with an [`HpackError`] when the block is truncated or malformed (a bad integer, index,
+    /// Huffman string or table size update), or its fields exceed the header list limit.
     pub fn decode(&mut self, block: &[u8]) -> Result<Vec<HeaderField>, HpackError> {
         let mut reader = Reader { input: block };
         // A gRPC request block holds 5-8 fields: one allocation rather than growing from 4.
@@ -253,8 +264,9 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    /// RFC 7541 Section 5.1. Values past 2^28 are rejected: no legitimate index, length or table
-    /// size comes near, and it keeps the shifts far from overflow.
+    /// Reads an integer with a `prefix_bits` prefix (RFC 7541 Section 5.1). Values past 2^28 are
+    /// rejected: no legitimate index, length or table size comes near, and it keeps the shifts far
+    /// from overflow.
     fn integer(&mut self, prefix_bits: u32) -> Result<usize, HpackError> {
         let (&first, rest) = self.input.split_first().ok_or(HpackError::Truncated)?;
         self.input = rest;
@@ -281,7 +293,7 @@ impl Reader<'_> {
         }
     }
 
-    /// A string literal. Huffman-coded, it is decoded through `string_cache` when `cacheable`
+    /// Reads a string literal. Huffman-coded, it is decoded through `string_cache` when `cacheable`
     /// (a name, or the value of a protocol header), else into a buffer of its own.
     fn string(&mut self, cacheable: bool) -> Result<Bytes, HpackError> {
         let huffman = self.input.first().ok_or(HpackError::Truncated)? & 0x80 != 0;
@@ -299,16 +311,16 @@ impl Reader<'_> {
     }
 }
 
-/// The name of static table entry `index` (1-based, as on the wire).
+/// Returns the name of static table entry `index` (1-based, as on the wire).
 pub(crate) fn static_name(index: usize) -> Option<&'static [u8]> {
     let (name, _) = STATIC_TABLE.get(index.checked_sub(1)?)?;
     Some(name.as_bytes())
 }
 
-/// Entries of the static table; dynamic entries are numbered after them.
+/// Counts the entries of the static table; dynamic entries are numbered after them.
 pub(crate) const STATIC_TABLE_LEN: usize = STATIC_TABLE.len();
 
-/// RFC 7541 Appendix A.
+/// Holds the static table of RFC 7541 Appendix A.
 static STATIC_TABLE: [(&str, &str); 61] = [
     (":authority", ""),
     (":method", "GET"),

@@ -1,4 +1,4 @@
-//! Huffman-coded strings decoded once per thread, not once per connection.
+//! Decodes Huffman-coded strings once per thread, not once per connection.
 //!
 //! OpenIM 3.5.1's push opens a connection for every call, so every call's header block starts
 //! from an empty dynamic table: its `:path`, `:authority`, `content-type`, `user-agent` and `te`
@@ -24,17 +24,18 @@ use hashbrown::DefaultHashBuilder;
 
 use super::{HpackError, huffman};
 
-/// Sets of the table; a string's hash picks its set.
+/// Counts the sets of the table; a string's hash picks its set.
 const SETS: usize = 32;
 
-/// Slots of a set: strings whose hashes share a set stay side by side up to this many.
+/// Counts the slots of a set: strings whose hashes share a set stay side by side up to this many.
 const WAYS: usize = 4;
 
-/// Longer encoded strings are decoded every time: at most `SETS` × `WAYS` × (64 bytes and their
-/// decoding, at most 102) stay in memory, 21 KiB.
+/// Bounds the encoded strings kept: longer ones are decoded every time: at most `SETS` × `WAYS` ×
+/// (64 bytes and their decoding, at most 102) stay in memory, 21 KiB.
 const MAX_ENCODED_LEN: usize = 64;
 
-/// Headers whose values are kept: the ones gRPC and HTTP/2 themselves send, which name no one.
+/// Names the headers whose values are kept: the ones gRPC and HTTP/2 themselves send, which name no
+/// one.
 const CACHED_VALUES: [&[u8]; 12] = [
     b":authority",
     b":method",
@@ -50,7 +51,7 @@ const CACHED_VALUES: [&[u8]; 12] = [
     b"user-agent",
 ];
 
-/// Whether the value of header `name` may be kept in the table.
+/// Says whether the value of header `name` may be kept in the table.
 pub(super) fn value_cacheable(name: &[u8]) -> bool {
     CACHED_VALUES.contains(&name)
 }
@@ -60,7 +61,8 @@ struct Slot {
     decoded: Bytes,
 }
 
-/// Not `Debug`, as the dynamic tables: whatever a slot holds stays inside the process.
+/// Holds the strings kept, by set. Not `Debug`, as the dynamic tables: whatever a slot holds stays
+/// inside the process.
 struct StringCache {
     hasher: DefaultHashBuilder,
     /// Each set's slots, the one used last first.
@@ -80,7 +82,7 @@ thread_local! {
     });
 }
 
-/// `encoded`, Huffman-decoded: from the table when the same bytes are among the strings kept in
+/// Huffman-decodes `encoded`: from the table when the same bytes are among the strings kept in
 /// their set, else decoded and kept there in place of the one used least recently. A string
 /// that fails to decode is not kept.
 pub(super) fn decode(encoded: &[u8]) -> Result<Bytes, HpackError> {
@@ -111,7 +113,7 @@ pub(super) fn decode(encoded: &[u8]) -> Result<Bytes, HpackError> {
     })
 }
 
-/// `encoded`, Huffman-decoded into a buffer of its own.
+/// Huffman-decodes `encoded` into a buffer of its own.
 pub(super) fn decode_fresh(encoded: &[u8]) -> Result<Bytes, HpackError> {
     let mut decoded = Vec::with_capacity(encoded.len() * 8 / 5);
     huffman::decode(encoded, &mut decoded)?;
