@@ -1,4 +1,5 @@
-//! Typed capture events: one per kernel record, with the connection's 4-tuple and process.
+//! Defines the typed capture events: one per kernel record, with the connection's 4-tuple and
+//! process.
 
 use std::{
     fmt,
@@ -9,11 +10,11 @@ use std::{
 use bytes::Bytes;
 use compact_str::CompactString;
 
-/// The kernel socket address: identifies a connection while it lives (the kernel may reuse the
-/// address after the connection's `TcpState` to `Close`).
+/// Names a connection by the kernel socket address: identifies a connection while it lives (the
+/// kernel may reuse the address after the connection's `TcpState` to `Close`).
 pub type ConnectionId = u64;
 
-/// Which side moved the bytes, seen from the process that connected to the gateway port.
+/// Says which side moved the bytes, seen from the process that connected to the gateway port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
@@ -32,7 +33,7 @@ impl From<observer_records::Direction> for Direction {
     }
 }
 
-/// What the remote port carries, as configured with `--grpc-port` / `--ws-port`.
+/// Says what the remote port carries, as configured with `--grpc-port` / `--ws-port`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PortClass {
@@ -50,7 +51,7 @@ impl From<observer_records::PortClass> for PortClass {
     }
 }
 
-/// Linux TCP states (include/net/tcp_states.h), as the kernel's records report them.
+/// Names the Linux TCP states (include/net/tcp_states.h), as the kernel's records report them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum TcpState {
@@ -70,8 +71,8 @@ pub enum TcpState {
 }
 
 impl TcpState {
-    /// A state as the kernel numbers it (`observer_records::TcpState`); `Unknown` for a number
-    /// that names no state.
+    /// Reads `value` as the kernel numbers a state (`observer_records::TcpState`); `Unknown` for
+    /// a number that names no state.
     pub fn from_kernel(value: u32) -> Self {
         use observer_records::TcpState as Kernel;
         match Kernel::from_repr(value) {
@@ -92,6 +93,7 @@ impl TcpState {
     }
 }
 
+/// Says what happened on a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EventKind {
     /// The process entered SYN_SENT towards a watched port (the source port may still be 0:
@@ -113,6 +115,7 @@ pub enum EventKind {
     Close,
 }
 
+/// Records one thing the capture saw: when, on which connection, by which process, and what.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
     /// Wall-clock time, nanoseconds since the Unix epoch.
@@ -130,7 +133,7 @@ pub struct Event {
     pub kind: EventKind,
 }
 
-/// One TCP connection by its two ends: the connecting process's address and the gateway's.
+/// Names one TCP connection by its two ends: the connecting process's address and the gateway's.
 /// Unlike the kernel's socket address (`ConnectionId`) it survives an observer restart, so
 /// cluster mode names placements by it and a restarted observer finds them again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -140,7 +143,7 @@ pub struct ConnectionKey {
 }
 
 impl ConnectionKey {
-    /// The key with IPv4-mapped IPv6 addresses written as IPv4, as `/proc/net/tcp6` and the
+    /// Returns the key with IPv4-mapped IPv6 addresses written as IPv4, as `/proc/net/tcp6` and the
     /// kernel's records may spell one connection either way.
     pub fn canonical(self) -> Self {
         let canonical =
@@ -151,7 +154,7 @@ impl ConnectionKey {
         }
     }
 
-    /// The connection an event belongs to.
+    /// Returns the connection an event belongs to.
     pub fn of(event: &Event) -> Self {
         Self {
             local: SocketAddr::new(event.saddr, event.sport),

@@ -1,10 +1,10 @@
-//! The bytes a JSON string cannot hold as they are: `"`, `\` and the control characters below
+//! Finds the bytes a JSON string cannot hold as they are: `"`, `\` and the control characters below
 //! 0x20. Found sixteen at a time, for the alert writer (does a string need escaping?) and the
 //! recording reader (where does a plain string end?): scanned a word or a byte at a time, that
 //! search was the bulk of what either spent on a line's strings.
 
-/// Bit `i` set where byte `i` of `block` is one a JSON string cannot hold as it is: on x86_64
-/// one SSE2 comparison of each kind (SSE2 is part of its baseline).
+/// Returns a mask with bit `i` set where byte `i` of `block` is one a JSON string cannot hold as it
+/// is: on x86_64 one SSE2 comparison of each kind (SSE2 is part of its baseline).
 #[cfg(target_arch = "x86_64")]
 pub fn special_bytes(block: &[u8; 16]) -> u32 {
     use std::arch::x86_64::{
@@ -27,7 +27,8 @@ pub fn special_bytes(block: &[u8; 16]) -> u32 {
 #[cfg(not(target_arch = "x86_64"))]
 pub use special_bytes_one_by_one as special_bytes;
 
-/// The same a byte at a time, where SSE2 is not there; the tests hold the two to each other.
+/// Computes the same a byte at a time, where SSE2 is not there; the tests hold the two to each
+/// other.
 #[cfg(any(test, not(target_arch = "x86_64")))]
 pub fn special_bytes_one_by_one(block: &[u8; 16]) -> u32 {
     block
@@ -37,12 +38,12 @@ pub fn special_bytes_one_by_one(block: &[u8; 16]) -> u32 {
         .fold(0, |mask, (index, _)| mask | 1 << index)
 }
 
-/// Whether `byte` is one a JSON string cannot hold as it is.
+/// Says whether `byte` is one a JSON string cannot hold as it is.
 pub fn is_special(byte: u8) -> bool {
     byte < 0x20 || byte == b'"' || byte == b'\\'
 }
 
-/// Where the first special byte of `bytes` is, if any.
+/// Returns where the first special byte of `bytes` is, if any.
 pub fn first_special(bytes: &[u8]) -> Option<usize> {
     let (blocks, tail) = bytes.as_chunks::<16>();
     for (index, block) in blocks.iter().enumerate() {

@@ -1,4 +1,4 @@
-//! The shared vocabulary: what every layer above speaks, and the only place each of these
+//! Defines the shared vocabulary: what every layer above speaks, and the only place each of these
 //! types is defined. No module here imports from another layer.
 //!
 //! - `event`: what the capture saw, one typed event per kernel record.
@@ -23,5 +23,5 @@ pub use routing::{
 };
 pub use time_text::{Rfc3339, rfc3339};
 
-/// Timestamps are Unix nanoseconds throughout.
+/// Counts the nanoseconds in a second; timestamps are Unix nanoseconds throughout.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;

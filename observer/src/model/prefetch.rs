@@ -1,4 +1,4 @@
-//! Asking the CPU for a table bucket before it is read. Judging a push call looks each
+//! Asks the CPU for a table bucket before it is read. Judging a push call looks each
 //! recipient up in two tables of up to 100,000 users, and each lookup's bucket is a cache miss:
 //! found in order, every miss waits for the one before. Prefetched a few recipients ahead, the
 //! misses overlap.
@@ -13,7 +13,7 @@ pub fn prefetch_bucket<T, A: Allocator>(table: &HashTable<T, A>, hash: u64) {
     }
 }
 
-/// The bucket a lookup of `hash` in `table` most likely reads: the first whose control byte
+/// Returns the bucket a lookup of `hash` in `table` most likely reads: the first whose control byte
 /// matches `hash`, found without reading any bucket (the test accepts every entry). Nearly
 /// always the key's own; a wrong guess costs one useless prefetch.
 pub fn likely_bucket<T, A: Allocator>(table: &HashTable<T, A>, hash: u64) -> Option<&T> {
@@ -42,6 +42,6 @@ pub fn prefetch<T>(value: &T) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(size.saturating_sub(1))) };
 }
 
-/// Elsewhere a no-op: the lookup then simply waits for its miss, as it did before.
+/// Does nothing elsewhere: the lookup then simply waits for its miss, as it did before.
 #[cfg(not(target_arch = "x86_64"))]
 pub fn prefetch<T>(_value: &T) {}

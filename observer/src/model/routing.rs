@@ -1,4 +1,4 @@
-//! Who talks to whom in OpenIM's routing, and what a push call carries and gets back.
+//! Describes who talks to whom in OpenIM's routing, and what a push call carries and gets back.
 
 use std::{fmt::Write as _, net::IpAddr, sync::Arc};
 
@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::wire;
 
-/// A process seen on one end of a connection.
+/// Describes a process seen on one end of a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Process {
     pub pid: u32,
@@ -18,8 +18,8 @@ pub struct Process {
     pub cgroup_id: u64,
 }
 
-/// A gateway as one side of OpenIM addressed it: the IP it dialled and the member string it
-/// used (`Host` for the proxy, `:authority` for push), when seen.
+/// Describes a gateway as one side of OpenIM addressed it: the IP it dialled and the member string
+/// it used (`Host` for the proxy, `:authority` for push), when seen.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Gateway {
     #[serde(serialize_with = "serialize_ip")]
@@ -32,7 +32,7 @@ pub struct Gateway {
     pub name: Option<Arc<str>>,
 }
 
-/// An IP address as text, on the stack. Every `route_mismatch` prints two or more gateway
+/// Holds an IP address as text, on the stack. Every `route_mismatch` prints two or more gateway
 /// addresses in its JSON and its diagnosis; std's `Display` takes each through the formatting
 /// machinery (about 800 instructions an IPv4 address), so IPv4 digits are written directly.
 pub struct IpText {
@@ -42,6 +42,7 @@ pub struct IpText {
 }
 
 impl IpText {
+    /// Writes `ip` as text.
     pub fn new(ip: IpAddr) -> Self {
         let mut text = IpText {
             bytes: [0; 45],
@@ -70,6 +71,7 @@ impl IpText {
         text
     }
 
+    /// Returns the text.
     pub fn as_str(&self) -> &str {
         // Only ASCII digits, dots, colons and hex letters are ever written.
         wire::utf8(self.bytes.get(..self.len).unwrap_or_default()).unwrap_or_default()
@@ -94,7 +96,7 @@ fn serialize_ip<S: serde::Serializer>(ip: &IpAddr, serializer: S) -> Result<S::O
     serializer.serialize_str(IpText::new(*ip).as_str())
 }
 
-/// Ids that identify a message without revealing it (never its content).
+/// Holds the ids that identify a message without revealing it (never its content).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct MessageIds {
     /// Shared by the alerts of every recipient of one call.
@@ -108,11 +110,11 @@ pub struct MessageIds {
     pub session_type: Option<i32>,
 }
 
-/// An OpenIM user id as push names it: held inline up to 24 bytes (OpenIM's are numbers of
+/// Holds an OpenIM user id as push names it: held inline up to 24 bytes (OpenIM's are numbers of
 /// about ten digits), so a call's recipients and answers cost no allocation each.
 pub type UserId = CompactString;
 
-/// A gateway's answer for one requested user. No platforms means the gateway holds no
+/// Records a gateway's answer for one requested user. No platforms means the gateway holds no
 /// connection for the user, or delivered only to platforms it does not list (see
 /// [`GatewayAnswer::EmptyEntry`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -122,7 +124,7 @@ pub struct UserResult {
     pub platforms: Vec<PlatformResult>,
 }
 
-/// How the write to one of the user's connections (one platform) went.
+/// Records how the write to one of the user's connections (one platform) went.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PlatformResult {
     pub platform_id: i32,
@@ -130,7 +132,7 @@ pub struct PlatformResult {
     pub result_code: i64,
 }
 
-/// What the gateway that received a push answered for one user.
+/// Says what the gateway that received a push answered for one user.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GatewayAnswer {
@@ -148,7 +150,7 @@ pub enum GatewayAnswer {
     Unknown,
 }
 
-/// Why a recipient's WebSocket is not where push sent its message, as far as the wire shows.
+/// Says why a recipient's WebSocket is not where push sent its message, as far as the wire shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MismatchCause {

@@ -1,18 +1,19 @@
-//! Instants as RFC 3339 text, as alerts, the capture's recording and the daemon's own lines
+//! Writes instants as RFC 3339 text, as alerts, the capture's recording and the daemon's own lines
 //! print them.
 
 use super::{NANOS_PER_SEC, wire};
 
-/// Unix nanoseconds as RFC 3339 in UTC with microseconds, `2026-11-30T13:23:52.405857Z`.
+/// Formats Unix nanoseconds as RFC 3339 in UTC with microseconds, `2026-11-30T13:23:52.405857Z`.
 pub fn rfc3339(ts_ns: u64) -> String {
     Rfc3339::new(ts_ns).as_str().to_owned()
 }
 
-/// RFC 3339 text on the stack, written two digits at a time: every alert prints one or more,
+/// Holds RFC 3339 text on the stack, written two digits at a time: every alert prints one or more,
 /// and going through a `Display` (humantime's, before) cost about 700 instructions a time.
 pub struct Rfc3339([u8; 27]);
 
 impl Rfc3339 {
+    /// Writes `ts_ns` (Unix nanoseconds) as RFC 3339 text.
     pub fn new(ts_ns: u64) -> Self {
         let seconds = ts_ns / NANOS_PER_SEC;
         let (year, month, day) = civil_from_days(seconds / 86_400);
@@ -39,13 +40,14 @@ impl Rfc3339 {
         Rfc3339(text)
     }
 
+    /// Returns the text.
     pub fn as_str(&self) -> &str {
         // Only ASCII digits and separators are ever written.
         wire::utf8(&self.0).unwrap_or_default()
     }
 }
 
-/// The (year, month, day) of a count of days since 1970-01-01: Howard Hinnant's
+/// Returns the (year, month, day) of a count of days since 1970-01-01: Howard Hinnant's
 /// `civil_from_days`, restricted to dates from the epoch on (u64 nanoseconds end in 2554).
 fn civil_from_days(days: u64) -> (u64, u64, u64) {
     let shifted = days + 719_468;

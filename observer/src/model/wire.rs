@@ -1,4 +1,4 @@
-//! What the decoders, the output whitelist and the capture all read on the wire: how a
+//! Gathers what the decoders, the output whitelist and the capture all read on the wire: how a
 //! connection's first bytes say what it carries, HTTP/2 framing, and query-text decoding.
 //! HTTP/2's framing is defined once, in `observer_records::http2`, which the packet programs
 //! follow too (to leave out the segments the decoder would not read).
@@ -10,16 +10,20 @@ pub use observer_records::http2::{
     is_call_frame,
 };
 
-/// Whether `payload` opens like an HTTP/1 request line (a WebSocket upgrade, on a port that
+/// Says whether `payload` opens like an HTTP/1 request line (a WebSocket upgrade, on a port that
 /// should carry HTTP/2).
 pub fn starts_like_http1_request(payload: &[u8]) -> bool {
     const METHODS: [&[u8]; 4] = [b"GET ", b"POST ", b"PUT ", b"HEAD "];
     METHODS.iter().any(|method| payload.starts_with(method))
 }
 
-/// `bytes` as text, as `str::from_utf8` reads it, with ASCII (what user ids, header values and
+/// Reads `bytes` as text, as `str::from_utf8` does, with ASCII (what user ids, header values and
 /// addresses nearly always are) accepted by a plain ASCII check first: on a ten-digit user id
 /// std's validation costs about a hundred instructions (callgrind), most of them its setup.
+///
+/// # Errors
+///
+/// Fails with a [`std::str::Utf8Error`] when `bytes` are not UTF-8.
 pub fn utf8(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
     if bytes.is_ascii() {
         // SAFETY: every sequence of ASCII bytes is UTF-8.
@@ -29,7 +33,7 @@ pub fn utf8(bytes: &[u8]) -> Result<&str, std::str::Utf8Error> {
     }
 }
 
-/// `%XX` escapes decoded and `+` read as a space, as Go's `url.ParseQuery` reads query keys and
+/// Decodes `%XX` escapes and reads `+` as a space, as Go's `url.ParseQuery` reads query keys and
 /// values; an invalid escape stays as it is.
 pub fn percent_decode(text: &[u8]) -> Vec<u8> {
     let mut decoded = Vec::with_capacity(text.len());
