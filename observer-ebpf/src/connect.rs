@@ -1,4 +1,4 @@
-//! Connection lifecycle: which sockets are watched, from `connect` to `close`.
+//! Follows the connection lifecycle: which sockets are watched, from `connect` to `close`.
 
 use aya_ebpf::{
     helpers::{
@@ -40,7 +40,7 @@ pub fn sys_exit_connect(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// TCP state changes from the formatted tracepoint, where the kernel has no BTF to find
+/// Handles TCP state changes from the formatted tracepoint, where the kernel has no BTF to find
 /// `struct sock`'s fields in. Attached through perf_event_open, which a
 /// `kernel.perf_event_paranoid` above 2 refuses without CAP_SYS_ADMIN on Debian's kernels.
 #[tracepoint]
@@ -49,11 +49,11 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// The same changes from the raw tracepoint (its arguments: the socket, the old state, the
-/// new one), reading the socket at the offsets userspace found in the kernel's BTF. Attached
-/// with BPF_RAW_TRACEPOINT_OPEN, which needs no perf event: this is what lets the packet hook
-/// run without CAP_SYS_ADMIN whatever `perf_event_paranoid` says, and it skips the formatted
-/// record the kernel would build for each state change.
+/// Handles the same changes from the raw tracepoint (its arguments: the socket, the old state, the
+/// new one), reading the socket at the offsets userspace found in the kernel's BTF. Attached with
+/// BPF_RAW_TRACEPOINT_OPEN, which needs no perf event: this is what lets the packet hook run
+/// without CAP_SYS_ADMIN whatever `perf_event_paranoid` says, and it skips the formatted record the
+/// kernel would build for each state change.
 #[raw_tracepoint(tracepoint = "inet_sock_set_state")]
 pub fn raw_sock_state(ctx: RawTracePointContext) -> u32 {
     let _ = try_raw_sock_state(&ctx);
@@ -208,13 +208,13 @@ fn try_inet_sock_set_state(change: &impl StateChange) -> Result<(), i64> {
     Ok(())
 }
 
-/// What a TCP state change tells: read from the formatted tracepoint's record, or from the
+/// Says what a TCP state change tells: read from the formatted tracepoint's record, or from the
 /// socket the raw tracepoint hands over. Ports in host order, addresses as the wire has them.
 trait StateChange {
-    /// The socket's address, by which `CONNECTIONS`, `PACKET_STREAMS` and the packet programs
-    /// know it.
+    /// Returns the socket's address, by which `CONNECTIONS`, `PACKET_STREAMS` and the packet
+    /// programs know it.
     fn sock(&self) -> Result<u64, i64>;
-    /// The old state and the new one.
+    /// Returns the old state and the new one.
     fn states(&self) -> Result<(i32, i32), i64>;
     fn protocol(&self) -> Result<u16, i64>;
     fn family(&self) -> Result<u16, i64>;
@@ -226,7 +226,7 @@ trait StateChange {
     fn daddr_v6(&self) -> Result<[u8; 16], i64>;
 }
 
-/// `sock/inet_sock_set_state`'s formatted record (offsets checked against tracefs at start).
+/// Reads `sock/inet_sock_set_state`'s formatted record (offsets checked against tracefs at start).
 struct FormattedRecord<'a>(&'a TracePointContext);
 
 impl FormattedRecord<'_> {
@@ -270,7 +270,7 @@ impl StateChange for FormattedRecord<'_> {
     }
 }
 
-/// The raw tracepoint's arguments, and the socket's own fields where `layout` says they are.
+/// Holds the raw tracepoint's arguments, and the socket's own fields where `layout` says they are.
 struct SocketFields<'a> {
     sock: u64,
     old_state: i32,
@@ -320,9 +320,9 @@ impl StateChange for SocketFields<'_> {
     }
 }
 
-/// SYN_SENT fires inside `connect`: the connecting thread is current. The socket connects to
-/// `dport`, watched as `class`: with the syscall hook, its pending connect is waiting for this
-/// socket; with the packet hook nothing waits, and the scope decides here.
+/// Handles SYN_SENT, which fires inside `connect`: the connecting thread is current. The socket
+/// connects to `dport`, watched as `class`: with the syscall hook, its pending connect is waiting
+/// for this socket; with the packet hook nothing waits, and the scope decides here.
 fn on_syn_sent(change: &impl StateChange, sock: u64, dport: u16, class: u8) -> Result<(), i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let packet_hook = packet_hook();
@@ -394,7 +394,7 @@ fn read_tuple(change: &impl StateChange, conn: &mut Connection) -> Result<(), i6
     Ok(())
 }
 
-/// `::ffff:0:0/96`, IPv4 addresses as a dual-stack socket spells them.
+/// Says whether `address` is in `::ffff:0:0/96`, IPv4 addresses as a dual-stack socket spells them.
 fn is_ipv4_mapped(address: &[u8; 16]) -> bool {
     address[..10] == [0; 10] && address[10] == 0xff && address[11] == 0xff
 }

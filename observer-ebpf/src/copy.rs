@@ -1,4 +1,4 @@
-//! The copy walk: the bytes of one syscall from user memory to the ring, in bounded steps.
+//! Runs the copy walk: the bytes of one syscall from user memory to the ring, in bounded steps.
 //!
 //! A call passes one plain buffer or an array of up to `IOV_MAX` iovec entries. The walk fills
 //! `CHUNK_SIZE` records from consecutive entries (gRPC C-core's 9-byte frame headers share a
@@ -38,21 +38,22 @@ use crate::{
     ring::output_data,
 };
 
-/// Steps one program of the bounded walk runs before it tail-calls the next: the bound of the
-/// copy loop that Linux 6.1's verifier accepted before this walk (40 steps).
+/// Counts the steps one program of the bounded walk runs before it tail-calls the next: the bound
+/// of the copy loop that Linux 6.1's verifier accepted before this walk (40 steps).
 const STEPS_PER_PROGRAM: u32 = 40;
 
-/// Programs of the bounded walk: the exit program and the 32 tail calls every kernel allows.
+/// Counts the programs of the bounded walk: the exit program and the 32 tail calls every kernel
+/// allows.
 const BOUNDED_PROGRAMS: u32 = 33;
 
 const _: () = assert!(STEPS_PER_PROGRAM * BOUNDED_PROGRAMS >= MAX_COPY_STEPS);
 
-/// `Walk::flags`.
+/// Marks a walk over one plain buffer; these are `Walk::flags`.
 const COPY_PLAIN: u64 = 1;
 const COPY_TRUNCATED: u64 = 2;
 const COPY_UNREADABLE: u64 = 4;
 
-/// This CPU's walk state and record buffer.
+/// Returns this CPU's walk state and record buffer.
 fn walk_maps() -> Option<(&'static mut CopyState, &'static mut ChunkBuffer)> {
     let (state, buffer) = (COPY.get_ptr_mut(0)?, SCRATCH.get_ptr_mut(0)?);
     // SAFETY: this CPU's entries; a program and its tail calls run to completion on their CPU,
@@ -99,7 +100,7 @@ pub fn begin(call: &IoCall, header: RecordHeader, capture: u64, truncated: bool)
     capture > 0
 }
 
-/// The walk in one `bpf_loop` call (Linux 5.17+).
+/// Runs the walk in one `bpf_loop` call (Linux 5.17+).
 pub fn walk_with_loop() {
     // SAFETY: `loop_step` has the callback signature `bpf_loop` expects, and uses no context.
     unsafe {
@@ -113,8 +114,8 @@ pub fn walk_with_loop() {
     finish();
 }
 
-/// `bpf_loop`'s callback: 0 continues, 1 stops. Private, hence static linkage in BTF, which
-/// the verifier requires of a callback ("callback function not static").
+/// Takes one step as `bpf_loop`'s callback: 0 continues, 1 stops. Private, hence static linkage in
+/// BTF, which the verifier requires of a callback ("callback function not static").
 extern "C" fn loop_step(_index: u64, _context: *mut core::ffi::c_void) -> i64 {
     let Some((state, buffer)) = walk_maps() else {
         return 1;
@@ -122,7 +123,7 @@ extern "C" fn loop_step(_index: u64, _context: *mut core::ffi::c_void) -> i64 {
     if step(state, buffer) { 0 } else { 1 }
 }
 
-/// `STEPS_PER_PROGRAM` steps, then on in `copy_continue` (kernels without `bpf_loop`).
+/// Runs `STEPS_PER_PROGRAM` steps, then goes on in `copy_continue` (kernels without `bpf_loop`).
 ///
 /// Returns an integer, always 0: with BTF, the verifier refuses a tail call in a function that
 /// does not ("tail_call is only allowed in functions that return 'int'", Linux 6.x).
@@ -144,17 +145,16 @@ pub fn walk_bounded(ctx: &TracePointContext) -> i64 {
     0
 }
 
-/// The continuation of the bounded walk: the same tracepoint context, the walk's state in
-/// `COPY`.
+/// Continues the bounded walk, with the same tracepoint context and the walk's state in `COPY`.
 #[tracepoint]
 pub fn copy_continue(ctx: TracePointContext) -> u32 {
     let _ = walk_bounded(&ctx);
     0
 }
 
-/// One step: load the next iovec entry when the current one is used up, copy what fits of it
-/// into the record, and send the record once full or once the call's bytes end. Returns
-/// whether there is more to do.
+/// Takes one step: loads the next iovec entry when the current one is used up, copies what fits of
+/// it into the record, and sends the record once full or once the call's bytes end. Returns whether
+/// there is more to do.
 fn step(state: &mut CopyState, buffer: &mut ChunkBuffer) -> bool {
     let mut walk = state.walk.load();
     if walk.remaining == 0 {

@@ -1,11 +1,11 @@
 //! Defines the copy walk's per-CPU state ([`CopyState`]): the `COPY` map's value, declared in
 //! `maps` with the others and walked by `copy`.
 
-/// iovec entries read from user memory at once: one helper call per batch rather than one per
-/// entry (a helper call costs as much as a small entry's copy).
+/// Counts the iovec entries read from user memory at once: one helper call per batch rather than
+/// one per entry (a helper call costs as much as a small entry's copy).
 pub const IOVEC_BATCH: u64 = 16;
 
-/// The walk's position, and the batch of iovec entries it is going through.
+/// Holds the walk's position, and the batch of iovec entries it is going through.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct CopyState {
@@ -14,8 +14,9 @@ pub struct CopyState {
     pub batch: [Iovec; IOVEC_BATCH as usize],
 }
 
-/// Where the walk is: the call's buffers, the current user buffer and bytes left in it, bytes
-/// left to capture, the next iovec entry, the stream offset and fill of the record being filled.
+/// Records where the walk is: the call's buffers, the current user buffer and bytes left in it,
+/// bytes left to capture, the next iovec entry, the stream offset and fill of the record being
+/// filled.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Walk {
@@ -46,7 +47,7 @@ impl Walk {
     }
 }
 
-/// One `struct iovec` of the call's array, as user memory holds it.
+/// Mirrors one `struct iovec` of the call's array, as user memory holds it.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Iovec {

@@ -1,5 +1,6 @@
-//! Payload capture, syscall side: the read and write entry points remember a call on a watched
-//! descriptor, and its exit decides how much of what moved the port class's policy lets us copy.
+//! Captures payloads on the syscall side: the read and write entry points remember a call on a
+//! watched descriptor, and its exit decides how much of what moved the port class's policy lets us
+//! copy.
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_probe_read_user},
@@ -25,56 +26,56 @@ use crate::{
     },
 };
 
-/// How a syscall passes its buffers (see `try_enter_io`).
+/// Says how a syscall passes its buffers (see `try_enter_io`).
 const ARGUMENTS_BUFFER: u8 = 0;
 const ARGUMENTS_IOVEC: u8 = 1;
 const ARGUMENTS_MSGHDR: u8 = 2;
 
 // Program entry points: thin wrappers, the work is in the `try_*` functions.
 
-/// `write(fd, buf, count)` and `sendto(fd, buf, len, …)`.
+/// Enters `write(fd, buf, count)` and `sendto(fd, buf, len, …)`.
 #[tracepoint]
 pub fn sys_enter_send_buffer(ctx: TracePointContext) -> u32 {
     let _ = try_enter_io(&ctx, Direction::Send, ARGUMENTS_BUFFER);
     0
 }
 
-/// `read(fd, buf, count)` and `recvfrom(fd, buf, len, …)`.
+/// Enters `read(fd, buf, count)` and `recvfrom(fd, buf, len, …)`.
 #[tracepoint]
 pub fn sys_enter_recv_buffer(ctx: TracePointContext) -> u32 {
     let _ = try_enter_io(&ctx, Direction::Recv, ARGUMENTS_BUFFER);
     0
 }
 
-/// `writev(fd, iov, iovcnt)`.
+/// Enters `writev(fd, iov, iovcnt)`.
 #[tracepoint]
 pub fn sys_enter_send_iovec(ctx: TracePointContext) -> u32 {
     let _ = try_enter_io(&ctx, Direction::Send, ARGUMENTS_IOVEC);
     0
 }
 
-/// `readv(fd, iov, iovcnt)`.
+/// Enters `readv(fd, iov, iovcnt)`.
 #[tracepoint]
 pub fn sys_enter_recv_iovec(ctx: TracePointContext) -> u32 {
     let _ = try_enter_io(&ctx, Direction::Recv, ARGUMENTS_IOVEC);
     0
 }
 
-/// `sendmsg(fd, msg, flags)`.
+/// Enters `sendmsg(fd, msg, flags)`.
 #[tracepoint]
 pub fn sys_enter_sendmsg(ctx: TracePointContext) -> u32 {
     let _ = try_enter_io(&ctx, Direction::Send, ARGUMENTS_MSGHDR);
     0
 }
 
-/// `recvmsg(fd, msg, flags)`.
+/// Enters `recvmsg(fd, msg, flags)`.
 #[tracepoint]
 pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
     let _ = try_enter_io(&ctx, Direction::Recv, ARGUMENTS_MSGHDR);
     0
 }
 
-/// The exit of every read and write syscall above: copies what was actually transferred,
+/// Handles the exit of every read and write syscall above: copies what was actually transferred,
 /// with `bpf_loop` (Linux 5.17+).
 #[tracepoint]
 pub fn sys_exit_io(ctx: TracePointContext) -> u32 {
@@ -84,7 +85,8 @@ pub fn sys_exit_io(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// `sys_exit_io` for kernels without `bpf_loop`: the copy goes on in tail calls.
+/// Handles the exit as `sys_exit_io` does, for kernels without `bpf_loop`: the copy goes on in tail
+/// calls.
 #[tracepoint]
 pub fn sys_exit_io_bounded(ctx: TracePointContext) -> u32 {
     if try_sys_exit_io(&ctx) == Ok(true) {
@@ -216,7 +218,7 @@ fn try_sys_exit_io(ctx: &TracePointContext) -> Result<bool, i64> {
     Ok(copy::begin(&call, header, capture, capture < transferred))
 }
 
-/// How many of the `transferred` bytes the port class's policy lets us copy; a gRPC budget
+/// Returns how many of the `transferred` bytes the port class's policy lets us copy; a gRPC budget
 /// reads the record's `time`.
 fn capture_allowance(
     state: &mut SocketState,

@@ -1,5 +1,5 @@
-//! Kernel programs of the OpenIM observer: which TCP connections go to a watched gateway port,
-//! and a bounded copy of the bytes their owners write and read. The records they send to
+//! Holds the kernel programs of the OpenIM observer: which TCP connections go to a watched gateway
+//! port, and a bounded copy of the bytes their owners write and read. The records they send to
 //! userspace are defined in `observer-records` (`records/`).
 //!
 //! Tracepoints only (no kprobes: not every kernel we run on has CONFIG_KPROBES), all of them

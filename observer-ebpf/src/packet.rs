@@ -1,7 +1,7 @@
-//! Payload capture, packet side (`CaptureHook::Packets`): `cgroup_skb` programs at the root of
-//! the cgroup v2 hierarchy see every IP packet a socket of the node sends or receives, after
-//! TCP made it and before TCP takes it. No syscall runs any of our code, so no process pays for
-//! the observer; a watched connection's segments are copied as they pass.
+//! Captures payloads on the packet side (`CaptureHook::Packets`): `cgroup_skb` programs at the root
+//! of the cgroup v2 hierarchy see every IP packet a socket of the node sends or receives, after TCP
+//! made it and before TCP takes it. No syscall runs any of our code, so no process pays for the
+//! observer; a watched connection's segments are copied as they pass.
 //!
 //! A packet is turned away by its socket's remote port (`skb->sk`, one array read in
 //! `WATCHED_PORTS`): the remote port of the watched side of a connection is the gateway's, in
@@ -52,15 +52,15 @@ use crate::{
     ring::{RecordTime, header_at, header_for, output_data, output_header},
 };
 
-/// A connection's `PACKET_STREAMS` entry when it is adopted, from read-only data: the packet
-/// programs' stack has no room for it (Linux 6.1), and a per-CPU slot could be overwritten by
-/// an ingress packet's softirq interrupting an egress one on the same CPU.
+/// Holds a connection's `PACKET_STREAMS` entry when it is adopted, from read-only data: the packet
+/// programs' stack has no room for it (Linux 6.1), and a per-CPU slot could be overwritten by an
+/// ingress packet's softirq interrupting an egress one on the same CPU.
 static JOINED_PACKET_STREAM: PacketStream = PacketStream::JOINED;
 
-/// What `bpf_map_update_elem` returns when `BPF_NOEXIST` refuses an insert: -EEXIST.
+/// Holds what `bpf_map_update_elem` returns when `BPF_NOEXIST` refuses an insert: -EEXIST.
 const EEXIST: i64 = 17;
 
-/// `cgroup_skb` verdict: let the packet through. The programs only look.
+/// Names the `cgroup_skb` verdict that lets the packet through. The programs only look.
 const PASS: i32 = 1;
 
 const TCP_FLAG_SYN: u8 = 0x02;
@@ -68,21 +68,21 @@ const TCP_FLAG_PSH: u8 = 0x08;
 
 // Program entry points: thin wrappers, the work is in `try_packet`.
 
-/// Packets a socket sends: the watched side's bytes to the gateway.
+/// Watches the packets a socket sends: the watched side's bytes to the gateway.
 #[cgroup_skb(egress)]
 pub fn packet_egress(ctx: SkBuffContext) -> i32 {
     let _ = try_packet(&ctx, Direction::Send);
     PASS
 }
 
-/// Packets a socket receives: the gateway's bytes to the watched side.
+/// Watches the packets a socket receives: the gateway's bytes to the watched side.
 #[cgroup_skb(ingress)]
 pub fn packet_ingress(ctx: SkBuffContext) -> i32 {
     let _ = try_packet(&ctx, Direction::Recv);
     PASS
 }
 
-/// Where the TCP payload starts and what the header says.
+/// Holds where the TCP payload starts and what the header says.
 struct Segment {
     seq: u32,
     syn: bool,
@@ -205,7 +205,7 @@ fn payload_offset(half: &mut PacketDirection, segment: &Segment) -> Option<u64> 
     Some(stream_offset(half, payload_seq))
 }
 
-/// What of a segment goes to the ring: where its new bytes start in the packet and in the
+/// Describes what of a segment goes to the ring: where its new bytes start in the packet and in the
 /// stream (less what was left out before), how many are new and how many of them are copied.
 struct SegmentCopy {
     payload_start: u32,
@@ -262,10 +262,10 @@ fn output_segment(
     unsafe { core::ptr::write_volatile(nesting, level) };
 }
 
-/// A socket to a watched port that `PACKET_STREAMS` does not hold: if userspace named its
-/// connection in `ADOPTABLE` (established before the programs were attached), it is watched
-/// from this packet on, and userspace learns so from a state record "unknown → established".
-/// Its new entry, or Err: the packet is not ours.
+/// Adopts a socket to a watched port that `PACKET_STREAMS` does not hold: if userspace named its
+/// connection in `ADOPTABLE` (established before the programs were attached), it is watched from
+/// this packet on, and userspace learns so from a state record "unknown → established". Its new
+/// entry, or Err: the packet is not ours.
 fn adopt(ctx: &SkBuffContext, sock: u64, direction: Direction) -> Result<*mut PacketStream, i64> {
     let tuple = read_tuple(ctx, direction)?;
     let Some(conn) = (unsafe { ADOPTABLE.get(tuple) }) else {
@@ -295,7 +295,7 @@ fn adopt(ctx: &SkBuffContext, sock: u64, direction: Direction) -> Result<*mut Pa
     Ok(stream)
 }
 
-/// The connection's endpoints as the programs record them: ours first, IPv4 as IPv4.
+/// Reads the connection's endpoints as the programs record them: ours first, IPv4 as IPv4.
 fn read_tuple(ctx: &SkBuffContext, direction: Direction) -> Result<ConnectionTuple, i64> {
     let version: u8 = ctx.load(0)?;
     let mut tuple = ConnectionTuple {
@@ -351,9 +351,9 @@ fn read_segment(ctx: &SkBuffContext) -> Result<Segment, i64> {
     })
 }
 
-/// Frame headers of one segment the programs read at most. A short connection's segments
-/// hold one to four frames (SETTINGS, its ACK and a WINDOW_UPDATE; a call's HEADERS, DATA and
-/// trailers); past this many the frames are no longer followed in that direction.
+/// Bounds the frame headers of one segment the programs read. A short connection's segments hold
+/// one to four frames (SETTINGS, its ACK and a WINDOW_UPDATE; a call's HEADERS, DATA and trailers);
+/// past this many the frames are no longer followed in that direction.
 const MAX_FRAMES_FOLLOWED: u32 = 8;
 
 /// Follows a gRPC direction's HTTP/2 frames through a segment that brings bytes not seen
@@ -421,9 +421,9 @@ fn follow_frames(
     leave_out
 }
 
-/// Whether a direction's first segment opens as HTTP/2 does (RFC 9113 §3.4): the client's with
-/// the preface, the server's with a SETTINGS frame (not an ACK) on stream 0. Frames are
-/// followed only then, so that no other protocol on a gRPC port has a segment left out.
+/// Says whether a direction's first segment opens as HTTP/2 does (RFC 9113 §3.4): the client's with
+/// the preface, the server's with a SETTINGS frame (not an ACK) on stream 0. Frames are followed
+/// only then, so that no other protocol on a gRPC port has a segment left out.
 fn opens_as_http2(ctx: &SkBuffContext, direction: Direction, segment: &Segment) -> bool {
     let start = segment.payload_start as usize;
     if direction == Direction::Send {
@@ -435,9 +435,9 @@ fn opens_as_http2(ctx: &SkBuffContext, direction: Direction, segment: &Segment) 
     )
 }
 
-/// What of the segment at `start..end` to copy, given what this direction saw: `None` when
-/// every byte of it was copied before (a retransmission), else its start past the bytes
-/// already seen, and its length. Updates what was seen.
+/// Returns what of the segment at `start..end` to copy, given what this direction saw: `None` when
+/// every byte of it was copied before (a retransmission), else its start past the bytes already
+/// seen, and its length. Updates what was seen.
 ///
 /// A segment beyond the furthest byte seen (its predecessor lost or reordered in the network)
 /// opens a hole there; segments below the furthest byte are then copied from the hole on
@@ -467,7 +467,7 @@ fn place_segment(half: &mut PacketDirection, start: u64, end: u64) -> Option<(u6
     Some((start, end - start))
 }
 
-/// The stream offset of sequence number `seq`: sequence numbers wrap every 4 GiB, so it is
+/// Returns the stream offset of sequence number `seq`: sequence numbers wrap every 4 GiB, so it is
 /// the offset nearest the furthest byte seen with those low 32 bits.
 fn stream_offset(half: &PacketDirection, seq: u32) -> u64 {
     let relative = seq.wrapping_sub(half.first_seq);
@@ -475,8 +475,8 @@ fn stream_offset(half: &PacketDirection, seq: u32) -> u64 {
     half.seen_end.wrapping_add(distance as i64 as u64)
 }
 
-/// How many of the `len` bytes at stream offset `start` the port class's policy lets us copy;
-/// a gRPC budget reads the record's `time`.
+/// Returns how many of the `len` bytes at stream offset `start` the port class's policy lets us
+/// copy; a gRPC budget reads the record's `time`.
 fn capture_allowance(
     half: &mut PacketDirection,
     port_class: u8,
@@ -499,9 +499,9 @@ fn capture_allowance(
     draw_grpc_budget(&mut half.budget, len, time.now())
 }
 
-/// Records one packet fills at most: 512 KiB, the most a GSO packet holds (`GSO_MAX_SIZE`
-/// with BIG TCP; 64 KiB without it, though loopback here sent 95,232 bytes in one packet).
-/// Anything past it would be cut and counted, as a long syscall.
+/// Bounds the records one packet fills: 512 KiB, the most a GSO packet holds (`GSO_MAX_SIZE` with
+/// BIG TCP; 64 KiB without it, though loopback here sent 95,232 bytes in one packet). Anything past
+/// it would be cut and counted, as a long syscall.
 const MAX_CHUNKS_PER_PACKET: u32 = 128;
 
 /// Copies `capture` payload bytes from `payload_start` in the packet into records of up to

@@ -1,4 +1,4 @@
-//! Records to userspace: building a record's header and putting records on the `EVENTS` ring.
+//! Sends records to userspace: builds a record's header and puts records on the `EVENTS` ring.
 
 use aya_ebpf::helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_ktime_get_ns};
 use observer_records::{Counter, DataRecord, RecordHeader, RecordKind};
@@ -10,26 +10,29 @@ const BPF_RB_AVAIL_DATA: u64 = 0;
 const BPF_RB_NO_WAKEUP: u64 = 1;
 const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
-/// The time of a data record, read when first needed and then kept: a gRPC direction's budget
-/// (`io::draw_grpc_budget`) and the record's header get the same instant from one helper call
-/// (they made two), and a segment or call the policy copies nothing of (WebSocket chat) none.
+/// Holds the time of a data record, read when first needed and then kept: a gRPC direction's budget
+/// (`io::draw_grpc_budget`) and the record's header get the same instant from one helper call (they
+/// made two), and a segment or call the policy copies nothing of (WebSocket chat) none.
 pub struct RecordTime(Option<u64>);
 
 impl RecordTime {
+    /// Returns a time not read yet.
     pub const fn unread() -> Self {
         Self(None)
     }
 
+    /// Returns the time, reading it at the first call.
     pub fn now(&mut self) -> u64 {
         *self.0.get_or_insert_with(|| unsafe { bpf_ktime_get_ns() })
     }
 }
 
+/// Returns a record's header stamped now.
 pub fn header_for(kind: RecordKind, sock: u64, conn: &Connection) -> RecordHeader {
     header_at(kind, sock, conn, unsafe { bpf_ktime_get_ns() })
 }
 
-/// A record's header stamped `ts_ns`.
+/// Returns a record's header stamped `ts_ns`.
 pub fn header_at(kind: RecordKind, sock: u64, conn: &Connection, ts_ns: u64) -> RecordHeader {
     RecordHeader {
         ts_ns,
@@ -55,8 +58,9 @@ pub fn header_at(kind: RecordKind, sock: u64, conn: &Connection, ts_ns: u64) -> 
     }
 }
 
-/// Records made in a syscall name the calling process, which may differ from the connecting
-/// one (a forked child, a descriptor passed over a unix socket).
+/// Stamps `header` with the calling process: records made in a syscall name the calling process,
+/// which may differ from the connecting one (a forked child, a descriptor passed over a unix
+/// socket).
 pub fn stamp_current(header: &mut RecordHeader, pid_tgid: u64) {
     header.tgid = (pid_tgid >> 32) as u32;
     header.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
@@ -65,6 +69,7 @@ pub fn stamp_current(header: &mut RecordHeader, pid_tgid: u64) {
     }
 }
 
+/// Puts a header-only record on the ring, counting it in `RingFullDrops` when the ring is full.
 pub fn output_header(header: &RecordHeader) {
     if EVENTS
         .output::<RecordHeader>(header, wakeup_flags(header.ts_ns))
@@ -74,6 +79,8 @@ pub fn output_header(header: &RecordHeader) {
     }
 }
 
+/// Puts a data record, its header and `len` payload bytes, on the ring, counting it in
+/// `RingFullDrops` when the ring is full.
 pub fn output_data(record: &DataRecord) {
     let size = core::mem::size_of::<RecordHeader>() + record.header.len as usize;
     if size > core::mem::size_of::<DataRecord>() {

@@ -1,13 +1,13 @@
-//! `--cgroup-scope`: whether the current task may be watched at all. Checked where a
-//! connection becomes watched (`connect`) and where a watched socket is read or written (`io`),
-//! so a process moved out of the scope after connecting stops being captured.
+//! Decides, for `--cgroup-scope`, whether the current task may be watched at all. Checked where a
+//! connection becomes watched (`connect`) and where a watched socket is read or written (`io`), so
+//! a process moved out of the scope after connecting stops being captured.
 
 use observer_records::MAX_CGROUP_SCOPES;
 
 use crate::maps::{CGROUP_SCOPE, CONFIG};
 
-/// True when no scope is configured, or the current task is inside (a descendant of) one of
-/// the scope's cgroups in the cgroup v2 hierarchy.
+/// Says whether the current task may be watched: true when no scope is configured, or the current
+/// task is inside (a descendant of) one of the scope's cgroups in the cgroup v2 hierarchy.
 pub fn current_task_in_scope() -> bool {
     let scopes = match CONFIG.get(0) {
         Some(config) => config.cgroup_scopes,

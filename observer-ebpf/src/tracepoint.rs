@@ -1,4 +1,4 @@
-//! Where the programs find their arguments in the tracepoint records, and the kernel numbers
+//! Says where the programs find their arguments in the tracepoint records, and the kernel numbers
 //! they compare against.
 
 // Where the tracepoint records hold what the programs read: defined once in the records crate,
@@ -10,7 +10,10 @@ pub use observer_records::tracepoint::{
 };
 
 // `struct user_msghdr` on 64-bit: msg_iov at 16, msg_iovlen at 24.
+/// Locates `msg_iov` in `struct user_msghdr`.
 pub const MSGHDR_IOV: u64 = 16;
+/// Locates `msg_iovlen` in `struct user_msghdr`.
 pub const MSGHDR_IOVLEN: u64 = 24;
 
+/// Numbers the error a non-blocking `connect` returns while it is in progress.
 pub const EINPROGRESS: i64 = 115;

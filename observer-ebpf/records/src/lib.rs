@@ -1,14 +1,14 @@
-//! The one definition of every record, map value, enum and constant shared by the kernel
-//! programs (`observer-ebpf`, built for `bpfel-unknown-none`) and the userspace daemon
-//! (`observer`, which enables the `user` feature to read them as `aya::Pod`). Userspace converts
-//! these enums into its own types; it never numbers them again.
+//! Defines, in one place, every record, map value, enum and constant shared by the kernel programs
+//! (`observer-ebpf`, built for `bpfel-unknown-none`) and the userspace daemon (`observer`, which
+//! enables the `user` feature to read them as `aya::Pod`). Userspace converts these enums into its
+//! own types; it never numbers them again.
 //!
 //! Every type is `#[repr(C)]` with its fields ordered so that there is no implicit padding:
 //! the kernel copies them byte for byte and the verifier rejects reads of uninitialised
 //! padding on the stack. The `const` assertions at the bottom keep it that way.
 #![cfg_attr(not(test), no_std)]
 
-/// A fieldless enum with the numbers the kernel and userspace exchange, written once: the
+/// Declares a fieldless enum with the numbers the kernel and userspace exchange, written once: the
 /// variants' discriminants, `ALL` in that order, and `from_repr` back from the number.
 macro_rules! numbered_enum {
     (
@@ -25,9 +25,10 @@ macro_rules! numbered_enum {
         }
 
         impl $name {
+            /// Lists every variant, in declaration order.
             pub const ALL: [Self; [$($name::$variant),+].len()] = [$(Self::$variant),+];
 
-            /// The variant numbered `value`, if there is one.
+            /// Returns the variant numbered `value`, if there is one.
             pub fn from_repr(value: $repr) -> Option<Self> {
                 Self::ALL.into_iter().find(|variant| *variant as $repr == value)
             }
@@ -35,47 +36,47 @@ macro_rules! numbered_enum {
     };
 }
 
-/// Bytes of payload one ring-buffer record carries at most. Larger transfers are split into
-/// several records, each with its own stream offset.
+/// Bounds the payload bytes one ring-buffer record carries. Larger transfers are split into several
+/// records, each with its own stream offset.
 pub const CHUNK_SIZE: usize = 4096;
 
-/// A transfer longer than this many chunks in one syscall is cut there (the remainder is
+/// Bounds the chunks of one syscall's transfer: a longer transfer is cut there (the remainder is
 /// counted in `Counter::CallsCutAtChunkLimit` and the last record is marked truncated).
 pub const MAX_CHUNKS_PER_CALL: u32 = 32;
 
-/// iovec entries followed per `readv`/`writev`/`sendmsg`/`recvmsg`: the kernel's own limit
-/// (`UIO_MAXIOV`), which refuses calls with more. gRPC C-core writes each HTTP/2 frame header and
-/// payload as entries of their own, up to about 260 per `sendmsg`.
+/// Bounds the iovec entries followed per `readv`/`writev`/`sendmsg`/`recvmsg`: the kernel's own
+/// limit (`UIO_MAXIOV`), which refuses calls with more. gRPC C-core writes each HTTP/2 frame header
+/// and payload as entries of their own, up to about 260 per `sendmsg`.
 pub const IOV_MAX: u32 = 1024;
 
-/// Steps of the copy walk that follow any call to its end: a step loads an iovec entry and
-/// copies what fits of it into the chunk being filled, or sends a full chunk and continues in
-/// the same entry. Small entries share chunks, so a call needs at most one step per entry plus
-/// one per chunk, plus the last send.
+/// Counts the steps of the copy walk that follow any call to its end: a step loads an iovec entry
+/// and copies what fits of it into the chunk being filled, or sends a full chunk and continues in
+/// the same entry. Small entries share chunks, so a call needs at most one step per entry plus one
+/// per chunk, plus the last send.
 pub const MAX_COPY_STEPS: u32 = IOV_MAX + MAX_CHUNKS_PER_CALL + 1;
 
-/// `CaptureConfig::grpc_budget_refill` default: bytes per second each direction's budget
-/// regains. A long-lived HTTP/2 connection carrying a few hundred pushes a second (about
-/// 1.5 KiB each) stays inside it; a bulk transfer is copied at this rate at most.
+/// Holds the default of `CaptureConfig::grpc_budget_refill`: bytes per second each direction's
+/// budget regains. A long-lived HTTP/2 connection carrying a few hundred pushes a second (about 1.5
+/// KiB each) stays inside it; a bulk transfer is copied at this rate at most.
 pub const DEFAULT_GRPC_BUDGET_REFILL: u32 = 1 << 20;
 
-/// Highest `--grpc-budget-refill`: keeps the kernel's refill arithmetic within 64 bits.
+/// Caps `--grpc-budget-refill`, which keeps the kernel's refill arithmetic within 64 bits.
 pub const MAX_GRPC_BUDGET_REFILL: u32 = 1 << 30;
 
-/// Ports watched at once per class (`WATCHED_PORTS` holds their union).
+/// Bounds the ports watched at once per class (`WATCHED_PORTS` holds their union).
 pub const MAX_WATCHED_PORTS: u32 = 64;
 
-/// Bits of `WATCHED_PORTS` a port takes: its `PortClass`, 0 when it is not watched.
+/// Counts the bits of `WATCHED_PORTS` a port takes: its `PortClass`, 0 when it is not watched.
 const WATCHED_PORT_BITS: u32 = 2;
 
-/// Ports one `WATCHED_PORTS` word holds.
+/// Counts the ports one `WATCHED_PORTS` word holds.
 const PORTS_PER_WORD: u32 = u64::BITS / WATCHED_PORT_BITS;
 
-/// Words of `WATCHED_PORTS`: every port, 16 KiB in all.
+/// Counts the words of `WATCHED_PORTS`: every port, 16 KiB in all.
 pub const WATCHED_PORT_WORDS: u32 = (1 << 16) / PORTS_PER_WORD;
 
-/// Where a port's class sits in `WATCHED_PORTS`: the word's index and the shift to its bits.
-/// The kernel reads it, userspace writes it: both must agree.
+/// Returns where a port's class sits in `WATCHED_PORTS`: the word's index and the shift to its
+/// bits. The kernel reads it, userspace writes it: both must agree.
 pub const fn watched_port_slot(port: u16) -> (u32, u32) {
     let port = port as u32;
     (
@@ -84,34 +85,35 @@ pub const fn watched_port_slot(port: u16) -> (u32, u32) {
     )
 }
 
-/// The class a `WATCHED_PORTS` word holds at `shift` (0: not watched).
+/// Returns the class a `WATCHED_PORTS` word holds at `shift` (0: not watched).
 pub const fn watched_port_class(word: u64, shift: u32) -> u8 {
     ((word >> shift) & ((1 << WATCHED_PORT_BITS) - 1)) as u8
 }
 
-/// cgroup v2 directories a capture can be scoped to (`--cgroup-scope`, the `CGROUP_SCOPE`
-/// array). Each costs one helper call per watched connect and per I/O on a watched socket.
+/// Bounds the cgroup v2 directories a capture can be scoped to (`--cgroup-scope`, the
+/// `CGROUP_SCOPE` array). Each costs one helper call per watched connect and per I/O on a watched
+/// socket.
 pub const MAX_CGROUP_SCOPES: u32 = 16;
 
-/// `CaptureConfig::grpc_budget` default: bytes captured per direction of a gRPC connection in a
-/// burst (the budget refills over time, `DEFAULT_GRPC_BUDGET_REFILL`).
+/// Holds the default of `CaptureConfig::grpc_budget`: bytes captured per direction of a gRPC
+/// connection in a burst (the budget refills over time, `DEFAULT_GRPC_BUDGET_REFILL`).
 pub const DEFAULT_GRPC_BUDGET: u32 = 256 * 1024;
 
-/// Default size of the kernel's tables of watched connections and descriptors
+/// Holds the default size of the kernel's tables of watched connections and descriptors
 /// (`--max-watched-connections`).
 pub const DEFAULT_MAX_WATCHED_CONNECTIONS: u32 = 16_384;
 
-/// Slots of the `WATCHING` map, by tgid: a set slot means a process whose tgid falls there may
-/// own a watched descriptor (see `watching_slot`).
+/// Counts the slots of the `WATCHING` map, by tgid: a set slot means a process whose tgid falls
+/// there may own a watched descriptor (see `watching_slot`).
 pub const WATCHING_SLOTS: u32 = 1 << 14;
 
-/// The `WATCHING` slot of a process: kernel and userspace (adoption) must agree on it.
+/// Returns the `WATCHING` slot of a process: kernel and userspace (adoption) must agree on it.
 pub const fn watching_slot(tgid: u32) -> u32 {
     tgid & (WATCHING_SLOTS - 1)
 }
 
 numbered_enum! {
-    /// What a watched port carries, which decides the kernel's capture policy
+    /// Names what a watched port carries, which decides the kernel's capture policy
     /// (`WATCHED_PORTS` values, `RecordHeader::port_class`).
     pub enum PortClass: u8 {
         /// gRPC over cleartext HTTP/2: both directions, up to the budget.
@@ -122,7 +124,7 @@ numbered_enum! {
 }
 
 numbered_enum! {
-    /// Kind of a ring-buffer record (`RecordHeader::kind`).
+    /// Names the kind of a ring-buffer record (`RecordHeader::kind`).
     pub enum RecordKind: u8 {
         /// A watched socket entered SYN_SENT inside `connect`: the connecting process is current.
         TcpConnect = 1,
@@ -137,7 +139,7 @@ numbered_enum! {
 }
 
 numbered_enum! {
-    /// Direction of a data record (`RecordHeader::direction`), seen from the process that
+    /// Names the direction of a data record (`RecordHeader::direction`), seen from the process that
     /// connected.
     pub enum Direction: u8 {
         /// The connecting process wrote.
@@ -147,13 +149,13 @@ numbered_enum! {
     }
 }
 
-/// `RecordHeader::flags`: this record's bytes stop short of what the syscall moved (chunk,
-/// iovec or budget bound); the rest was counted, not copied.
+/// Marks in `RecordHeader::flags` that this record's bytes stop short of what the syscall moved
+/// (chunk, iovec or budget bound); the rest was counted, not copied.
 pub const FLAG_TRUNCATED: u8 = 1;
 
 numbered_enum! {
-    /// Linux TCP states as `inet_sock_set_state` reports them (include/net/tcp_states.h;
-    /// `RecordHeader::old_state` and `new_state`).
+    /// Numbers the Linux TCP states as `inet_sock_set_state` reports them
+    /// (include/net/tcp_states.h; `RecordHeader::old_state` and `new_state`).
     pub enum TcpState: u32 {
         Established = 1,
         SynSent = 2,
@@ -170,15 +172,17 @@ numbered_enum! {
     }
 }
 
-/// Address families as the kernel numbers them.
+/// Numbers the IPv4 address family; address families as the kernel numbers them.
 pub const AF_INET: u16 = 2;
+/// Numbers the IPv6 address family.
 pub const AF_INET6: u16 = 10;
 
-/// The IP protocol number of TCP (`IPPROTO_TCP`), as IP headers and `inet_sock_set_state`
+/// Holds the IP protocol number of TCP (`IPPROTO_TCP`), as IP headers and `inet_sock_set_state`
 /// carry it.
 pub const IPPROTO_TCP: u8 = 6;
 
-/// Header of every ring-buffer record. Data records are followed by `len` payload bytes.
+/// Describes the header of every ring-buffer record. Data records are followed by `len` payload
+/// bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct RecordHeader {
@@ -217,7 +221,7 @@ pub struct RecordHeader {
     pub comm: [u8; 16],
 }
 
-/// A data record as it sits in the per-CPU scratch buffer before it is copied to the ring;
+/// Holds a data record as it sits in the per-CPU scratch buffer before it is copied to the ring;
 /// only `size_of::<RecordHeader>() + header.len` bytes of it are sent.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -226,7 +230,7 @@ pub struct DataRecord {
     pub payload: [u8; CHUNK_SIZE],
 }
 
-/// Global settings written by userspace before attaching (`CONFIG` array, index 0).
+/// Holds the global settings written by userspace before attaching (`CONFIG` array, index 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CaptureConfig {
@@ -257,12 +261,11 @@ pub struct CaptureConfig {
     pub sock_layout: SockLayout,
 }
 
-/// Byte offsets from the kernel's `struct sock` of the fields the raw tracepoint of
-/// `inet_sock_set_state` reads (its arguments are the socket and the two states, not the
-/// formatted record), the same fields the formatted record is filled from: some in
-/// `struct sock`, some in the `struct inet_sock` that begins with it. They move with the
-/// kernel's configuration, so userspace finds them in the kernel's BTF
-/// (`/sys/kernel/btf/vmlinux`) before loading.
+/// Holds the byte offsets from the kernel's `struct sock` of the fields the raw tracepoint of
+/// `inet_sock_set_state` reads (its arguments are the socket and the two states, not the formatted
+/// record), the same fields the formatted record is filled from: some in `struct sock`, some in the
+/// `struct inet_sock` that begins with it. They move with the kernel's configuration, so userspace
+/// finds them in the kernel's BTF (`/sys/kernel/btf/vmlinux`) before loading.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockLayout {
@@ -286,7 +289,7 @@ pub struct SockLayout {
 }
 
 numbered_enum! {
-    /// Where the bytes of watched connections are copied (`CaptureConfig::capture_hook`).
+    /// Says where the bytes of watched connections are copied (`CaptureConfig::capture_hook`).
     pub enum CaptureHook: u32 {
         /// The read and write syscalls' tracepoints: every process's reads and writes pay for
         /// the check, a watched one for the copy from its buffers.
@@ -298,8 +301,8 @@ numbered_enum! {
     }
 }
 
-/// A watched connection (`CONNECTIONS` map value, keyed by the kernel's socket address or, for
-/// a connection adopted at start, by an `adopted_connection_id`): its owner and 4-tuple.
+/// Describes a watched connection (`CONNECTIONS` map value, keyed by the kernel's socket address
+/// or, for a connection adopted at start, by an `adopted_connection_id`): its owner and 4-tuple.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Connection {
@@ -315,10 +318,10 @@ pub struct Connection {
     pub comm: [u8; 16],
 }
 
-/// A connection by its endpoints as the programs record them (`Connection`'s fields: the
-/// connecting side first, IPv4 as IPv4 even on a dual-stack socket). Key of `ADOPTABLE`: with
-/// the packet hook, userspace names there the connections established before it attached,
-/// and the packet programs adopt one at its first packet.
+/// Names a connection by its endpoints as the programs record them (`Connection`'s fields: the
+/// connecting side first, IPv4 as IPv4 even on a dual-stack socket). Key of `ADOPTABLE`: with the
+/// packet hook, userspace names there the connections established before it attached, and the
+/// packet programs adopt one at its first packet.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConnectionTuple {
@@ -330,14 +333,13 @@ pub struct ConnectionTuple {
     pub _reserved: u16,
 }
 
-/// Stream offset the packet hook gives the first byte it sees of a connection it adopted
-/// established: where that byte really sits is unknown, but not at 0, and every consumer takes
-/// a stream first seen past 0 as joined mid-way (the decoders resynchronise, the output
-/// whitelist zeroes it). A power of two, so the offsets of the following sequence numbers are
-/// plain sums.
+/// Holds the stream offset the packet hook gives the first byte it sees of a connection it adopted
+/// established: where that byte really sits is unknown, but not at 0, and every consumer takes a
+/// stream first seen past 0 as joined mid-way (the decoders resynchronise, the output whitelist
+/// zeroes it). A power of two, so the offsets of the following sequence numbers are plain sums.
 pub const JOINED_STREAM_OFFSET: u64 = 1 << 32;
 
-/// A process's descriptor (`SOCKETS` map key).
+/// Names a process's descriptor (`SOCKETS` map key).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SocketKey {
@@ -345,7 +347,7 @@ pub struct SocketKey {
     pub fd: u32,
 }
 
-/// Capture state of one watched descriptor (`SOCKETS` map value).
+/// Holds the capture state of one watched descriptor (`SOCKETS` map value).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SocketState {
@@ -369,7 +371,7 @@ pub struct SocketState {
     pub _reserved: [u8; 5],
 }
 
-/// A token bucket of bytes: `spent` bytes drawn from a full bucket, repaid over time since
+/// Holds a token bucket of bytes: `spent` bytes drawn from a full bucket, repaid over time since
 /// `settled_ns`. Zero is a full bucket, which is how a new connection starts.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -378,7 +380,7 @@ pub struct Budget {
     pub settled_ns: u64,
 }
 
-/// Where one direction of a watched connection stands (`packet`).
+/// Records where one direction of a watched connection stands (`packet`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PacketDirection {
@@ -402,29 +404,29 @@ pub struct PacketDirection {
     pub left_out: u64,
 }
 
-/// `PacketDirection::next_frame` when the frame boundaries are not known: a connection
+/// Marks `PacketDirection::next_frame` when the frame boundaries are not known: a connection
 /// adopted established, a direction that did not open as HTTP/2 does (the client's with its
-/// preface, the server's with SETTINGS), bytes missing before a frame header, a frame header
-/// cut by its segment's end, or a segment of more frames than the programs follow.
+/// preface, the server's with SETTINGS), bytes missing before a frame header, a frame header cut by
+/// its segment's end, or a segment of more frames than the programs follow.
 pub const FRAMES_NOT_FOLLOWED: u64 = u64::MAX;
 
-/// `PacketDirection::hole_from` when nothing before `seen_end` is missing.
+/// Marks `PacketDirection::hole_from` when nothing before `seen_end` is missing.
 pub const NO_HOLE: u64 = u64::MAX;
 
-/// `PacketDirection::flags`: the direction's SYN was seen, so its bytes can be placed.
+/// Flags in `PacketDirection::flags` that the direction's SYN was seen, so its bytes can be placed.
 pub const STREAM_SEQ_KNOWN: u32 = 1;
-/// `PacketDirection::flags`: a WebSocket direction's first write (its upgrade request or
-/// answer) has been copied; nothing after it is.
+/// Flags in `PacketDirection::flags` that a WebSocket direction's first write (its upgrade request
+/// or answer) has been copied; nothing after it is.
 pub const STREAM_HEAD_TAKEN: u32 = 2;
-/// `PacketDirection::flags`: the connection was adopted established, so the direction's first
-/// segment seen is where its stream starts (offset 0), no SYN being to come.
+/// Flags in `PacketDirection::flags` that the connection was adopted established, so the
+/// direction's first segment seen is where its stream starts (offset 0), no SYN being to come.
 pub const STREAM_JOINED: u32 = 4;
 
-/// A watched connection of the packet hook (`PACKET_STREAMS` map value, keyed by the kernel's
-/// socket address): where each direction's stream stands, and the connection as `CONNECTIONS`
-/// holds one for the syscall hook. One entry, inserted once at SYN_SENT (or at adoption) and
-/// removed once at TCP_CLOSE, is all a connection costs the packet hook's tables. Userspace
-/// reads only the keys: which connections are alive.
+/// Describes a watched connection of the packet hook (`PACKET_STREAMS` map value, keyed by the
+/// kernel's socket address): where each direction's stream stands, and the connection as
+/// `CONNECTIONS` holds one for the syscall hook. One entry, inserted once at SYN_SENT (or at
+/// adoption) and removed once at TCP_CLOSE, is all a connection costs the packet hook's tables.
+/// Userspace reads only the keys: which connections are alive.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PacketStream {
@@ -462,8 +464,8 @@ impl PacketStream {
         comm: [0; 16],
     };
 
-    /// A connection whose SYNs have not been seen yet. A gRPC client's first frame follows
-    /// its preface; the server's first frame opens its side.
+    /// Describes a connection whose SYNs have not been seen yet. A gRPC client's first frame
+    /// follows its preface; the server's first frame opens its side.
     pub const NEW: Self = Self {
         send: PacketDirection {
             next_frame: http2::CLIENT_PREFACE.len() as u64,
@@ -479,7 +481,7 @@ impl PacketStream {
         ..Self::NEW_DIRECTION
     };
 
-    /// A connection adopted established: each direction starts at its first segment seen.
+    /// Describes a connection adopted established: each direction starts at its first segment seen.
     pub const JOINED: Self = Self {
         send: Self::JOINED_DIRECTION,
         recv: Self::JOINED_DIRECTION,
@@ -487,24 +489,24 @@ impl PacketStream {
     };
 }
 
-/// Connections userspace adopts at start (established before the programs were attached) are
-/// keyed by this id instead of a kernel socket address: bit 62 set and bit 63 clear, which no
-/// kernel pointer has (they live in the top half of the address space), and the socket's
-/// inode (unique while the socket lives) below.
+/// Returns the id that keys a connection userspace adopts at start (established before the programs
+/// were attached) instead of a kernel socket address: bit 62 set and bit 63 clear, which no kernel
+/// pointer has (they live in the top half of the address space), and the socket's inode (unique
+/// while the socket lives) below.
 pub const fn adopted_connection_id(inode: u64) -> u64 {
     ADOPTED_CONNECTION_BIT | (inode & (ADOPTED_CONNECTION_BIT - 1))
 }
 
-/// See `adopted_connection_id`.
+/// Marks an id made by `adopted_connection_id` (see there).
 pub const ADOPTED_CONNECTION_BIT: u64 = 1 << 62;
 
-/// Whether a `CONNECTIONS` key was made by `adopted_connection_id`.
+/// Says whether a `CONNECTIONS` key was made by `adopted_connection_id`.
 pub const fn is_adopted_connection(id: u64) -> bool {
     id & (3 << 62) == ADOPTED_CONNECTION_BIT
 }
 
 numbered_enum! {
-    /// Indexes into the per-CPU `COUNTERS` array; userspace sums the CPUs.
+    /// Names the indexes into the per-CPU `COUNTERS` array; userspace sums the CPUs.
     pub enum Counter: u32 {
         /// Records lost because the ring buffer was full.
         RingFullDrops = 0,
@@ -534,11 +536,11 @@ numbered_enum! {
     }
 }
 
-/// Entries of the `COUNTERS` array: one per `Counter`.
+/// Counts the entries of the `COUNTERS` array: one per `Counter`.
 pub const COUNTER_COUNT: u32 = Counter::ALL.len() as u32;
 
 impl Counter {
-    /// The counter's name in metrics and in the observer's final report.
+    /// Returns the counter's name in metrics and in the observer's final report.
     pub fn name(self) -> &'static str {
         match self {
             Counter::RingFullDrops => "ring_full_drops",
@@ -555,68 +557,100 @@ impl Counter {
     }
 }
 
-/// HTTP/2 framing (RFC 9113 §3.4, §4.1, §6), which the decoder and the output whitelist walk
-/// and the packet programs follow far enough to leave out what the decoder does not read.
+/// Describes HTTP/2 framing (RFC 9113 §3.4, §4.1, §6), which the decoder and the output whitelist
+/// walk and the packet programs follow far enough to leave out what the decoder does not read.
 pub mod http2 {
-    /// What an HTTP/2 client sends first.
+    /// Holds what an HTTP/2 client sends first.
     pub const CLIENT_PREFACE: [u8; 24] = *b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    /// Counts the bytes of a frame header.
     pub const FRAME_HEADER_LEN: usize = 9;
+    /// Numbers the DATA frame type.
     pub const FRAME_DATA: u8 = 0x0;
+    /// Numbers the HEADERS frame type.
     pub const FRAME_HEADERS: u8 = 0x1;
+    /// Numbers the PRIORITY frame type.
     pub const FRAME_PRIORITY: u8 = 0x2;
+    /// Numbers the RST_STREAM frame type.
     pub const FRAME_RST_STREAM: u8 = 0x3;
+    /// Numbers the SETTINGS frame type.
     pub const FRAME_SETTINGS: u8 = 0x4;
+    /// Numbers the PUSH_PROMISE frame type.
     pub const FRAME_PUSH_PROMISE: u8 = 0x5;
+    /// Numbers the PING frame type.
     pub const FRAME_PING: u8 = 0x6;
+    /// Numbers the GOAWAY frame type.
     pub const FRAME_GOAWAY: u8 = 0x7;
+    /// Numbers the WINDOW_UPDATE frame type.
     pub const FRAME_WINDOW_UPDATE: u8 = 0x8;
+    /// Numbers the CONTINUATION frame type.
     pub const FRAME_CONTINUATION: u8 = 0x9;
+    /// Flags a frame that ends its stream (END_STREAM).
     pub const FLAG_END_STREAM: u8 = 0x1;
+    /// Flags a frame that ends its header block (END_HEADERS).
     pub const FLAG_END_HEADERS: u8 = 0x4;
+    /// Flags a padded frame (PADDED).
     pub const FLAG_PADDED: u8 = 0x8;
+    /// Flags a HEADERS frame that carries priority fields (PRIORITY).
     pub const FLAG_PRIORITY: u8 = 0x20;
 
-    /// The frame types the decoder reads, a bit each: a call's headers and data, a stream's
-    /// reset, and what carries HPACK state. SETTINGS, PING, GOAWAY, WINDOW_UPDATE, PRIORITY
-    /// and unknown types carry nothing about calls or the HPACK state.
+    /// Holds the frame types the decoder reads, a bit each: a call's headers and data, a stream's
+    /// reset, and what carries HPACK state. SETTINGS, PING, GOAWAY, WINDOW_UPDATE, PRIORITY and
+    /// unknown types carry nothing about calls or the HPACK state.
     pub const CALL_FRAME_TYPES: u32 = 1 << FRAME_DATA
         | 1 << FRAME_HEADERS
         | 1 << FRAME_RST_STREAM
         | 1 << FRAME_PUSH_PROMISE
         | 1 << FRAME_CONTINUATION;
 
-    /// Whether the decoder reads frames of `frame_type`.
+    /// Says whether the decoder reads frames of `frame_type`.
     pub const fn is_call_frame(frame_type: u8) -> bool {
         frame_type < 32 && CALL_FRAME_TYPES & (1 << frame_type) != 0
     }
 }
 
-/// Where the programs read their arguments in the tracepoint records (each kernel's
+/// Says where the programs read their arguments in the tracepoint records (each kernel's
 /// `/sys/kernel/tracing/events/<category>/<name>/format`). The programs read these offsets;
 /// userspace checks them against the running kernel's tracefs before loading.
 pub mod tracepoint {
-    /// Syscall tracepoints: 8 bytes of common header, the syscall number, then every argument
-    /// as 8 bytes (`sys_enter_*`), or the return value (`sys_exit_*`).
+    /// Locates the first argument of a syscall tracepoint record. Syscall tracepoints: 8 bytes of
+    /// common header, the syscall number, then every argument as 8 bytes (`sys_enter_*`), or the
+    /// return value (`sys_exit_*`).
     pub const SYSCALL_ARG0: usize = 16;
+    /// Locates the second argument of a `sys_enter_*` record.
     pub const SYSCALL_ARG1: usize = 24;
+    /// Locates the third argument of a `sys_enter_*` record.
     pub const SYSCALL_ARG2: usize = 32;
+    /// Counts the bytes of each syscall argument.
     pub const SYSCALL_ARG_SIZE: usize = 8;
+    /// Locates the return value of a `sys_exit_*` record.
     pub const SYSCALL_RET: usize = 16;
 
-    /// `sock/inet_sock_set_state`, unchanged since 4.16: each field's offset and size.
+    /// Locates the socket's address in `sock/inet_sock_set_state`, unchanged since 4.16, as the
+    /// constants below locate its other fields.
     pub const SOCK_SKADDR: usize = 8;
+    /// Locates the state left.
     pub const SOCK_OLDSTATE: usize = 16;
+    /// Locates the state entered.
     pub const SOCK_NEWSTATE: usize = 20;
+    /// Locates the local port.
     pub const SOCK_SPORT: usize = 24;
+    /// Locates the remote port.
     pub const SOCK_DPORT: usize = 26;
+    /// Locates the address family.
     pub const SOCK_FAMILY: usize = 28;
+    /// Locates the IP protocol.
     pub const SOCK_PROTOCOL: usize = 30;
+    /// Locates the local IPv4 address.
     pub const SOCK_SADDR: usize = 32;
+    /// Locates the remote IPv4 address.
     pub const SOCK_DADDR: usize = 36;
+    /// Locates the local IPv6 address.
     pub const SOCK_SADDR_V6: usize = 40;
+    /// Locates the remote IPv6 address.
     pub const SOCK_DADDR_V6: usize = 56;
 
-    /// `(field name, offset, size)` of every `inet_sock_set_state` field the programs read.
+    /// Lists the `(field name, offset, size)` of every `inet_sock_set_state` field the programs
+    /// read.
     pub const INET_SOCK_SET_STATE_FIELDS: [(&str, usize, usize); 11] = [
         ("skaddr", SOCK_SKADDR, 8),
         ("oldstate", SOCK_OLDSTATE, 4),
