@@ -1,6 +1,6 @@
-//! gRPC calls of one HTTP/2 client connection (push → gateway): the method and authority of
-//! each stream, its first request message decoded as a push call, the first response message
-//! as per-user results, and the trailers.
+//! Decodes the gRPC calls of one HTTP/2 client connection (push → gateway): the method and
+//! authority of each stream, its first request message decoded as a push call, the first response
+//! message as per-user results, and the trailers.
 //!
 //! The calls are unary, so only the first message per direction and stream is read.
 
@@ -17,7 +17,7 @@ use super::protobuf::{self, PushCall, PushMethod};
 use super::{DecodeCounters, HeaderText, Limits};
 use crate::hpack::HeaderField;
 
-/// The method of a call on a connection joined mid-stream whose `:path` referred to an HPACK
+/// Names the method of a call on a connection joined mid-stream whose `:path` referred to an HPACK
 /// entry made before the join, and whose request has the shape of a batch push
 /// (`OnlineBatchPushOneMsgReq`: `msgData` and recipients; `OnlinePushMsg`'s one recipient has
 /// the same wire shape). It names no service: the package differs between releases.
@@ -55,6 +55,7 @@ impl std::fmt::Debug for GrpcConnectionDecoder {
 }
 
 impl GrpcConnectionDecoder {
+    /// Builds a decoder for a connection captured from its start.
     pub fn new(limits: Limits) -> Self {
         Self {
             limits,
@@ -68,10 +69,10 @@ impl GrpcConnectionDecoder {
         }
     }
 
-    /// A connection adopted after it was established: frames are found by their boundaries,
-    /// header fields decoded where the HPACK table allows, and a call whose method is unseen is
-    /// recognised as a push by its request's shape (`BATCH_PUSH_BY_SHAPE`). What cannot be
-    /// attributed is counted (`DecodeCounters::mid_stream_*`).
+    /// Builds a decoder for a connection adopted after it was established: frames are found by
+    /// their boundaries, header fields decoded where the HPACK table allows, and a call whose
+    /// method is unseen is recognised as a push by its request's shape (`BATCH_PUSH_BY_SHAPE`).
+    /// What cannot be attributed is counted (`DecodeCounters::mid_stream_*`).
     pub fn joined_mid_stream(limits: Limits) -> Self {
         Self {
             send: Http2Direction::joined_mid_stream(Direction::Send, limits),
@@ -119,7 +120,7 @@ impl GrpcConnectionDecoder {
         self.update_mid_stream_counters();
     }
 
-    /// The capture of the connection ended: requests and responses still incomplete are
+    /// Reports the end of the connection's capture: requests and responses still incomplete are
     /// appended to `facts` as cut.
     pub fn finish(&mut self, facts: &mut Vec<GrpcFact>) {
         if self.connection_undecodable {
@@ -136,12 +137,13 @@ impl GrpcConnectionDecoder {
         self.streams.clear();
     }
 
+    /// Returns what went wrong or was cut on this connection so far.
     pub fn counters(&self) -> &DecodeCounters {
         &self.counters
     }
 
-    /// Heap bytes the decoder holds beyond its fixed size: both directions' buffers and HPACK
-    /// tables, and the partial messages of open streams (at most `Limits::max_streams`).
+    /// Counts the heap bytes the decoder holds beyond its fixed size: both directions' buffers and
+    /// HPACK tables, and the partial messages of open streams (at most `Limits::max_streams`).
     pub fn buffered_bytes(&self) -> usize {
         let streams: usize = self
             .streams
@@ -410,7 +412,7 @@ impl GrpcConnectionDecoder {
         }
     }
 
-    /// The capture lost the rest of the send side: every request not yet reported is cut.
+    /// Reports every request not yet reported as cut: the capture lost the rest of the send side.
     fn report_cut_requests(&mut self, facts: &mut Vec<GrpcFact>) {
         for (stream_id, stream) in self.streams.iter_mut() {
             if !stream.request_reported {
@@ -438,7 +440,7 @@ impl GrpcConnectionDecoder {
         }
     }
 
-    /// How many bytes `stream_id`'s message in `direction` may hold: what is left of the
+    /// Returns how many bytes `stream_id`'s message in `direction` may hold: what is left of the
     /// direction's buffer budget after the frame buffer's worst case and the other streams.
     fn message_cap(&self, direction: Direction, stream_id: u32) -> usize {
         let others: usize = self
@@ -454,7 +456,7 @@ impl GrpcConnectionDecoder {
     }
 }
 
-/// A request message of a call whose method was not seen, read as a push if it has the shape
+/// Reads a request message of a call whose method was not seen, as a push if it has the shape
 /// of one: a `msgData` with identifying fields and at least one recipient.
 fn push_by_shape(body: &[u8]) -> Option<PushCall> {
     protobuf::decode_request(PushMethod::Batch, body)
@@ -462,7 +464,7 @@ fn push_by_shape(body: &[u8]) -> Option<PushCall> {
         .filter(|call| !call.recipients.is_empty() && call.message != Default::default())
 }
 
-/// The value of header `name` as text that shares its decoded bytes (repaired into a copy
+/// Returns the value of header `name` as text that shares its decoded bytes (repaired into a copy
 /// when not UTF-8): what a stream keeps (its `:path` and `:authority`) costs no copy, and the
 /// status headers are only parsed.
 fn header_text(fields: &[HeaderField], name: &str) -> Option<HeaderText> {

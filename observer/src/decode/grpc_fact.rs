@@ -7,6 +7,8 @@ use super::HeaderText;
 use super::http2::Undecodable;
 use super::protobuf::{ProtobufError, PushCall};
 
+/// Records what a push connection's decoder found: a call, its answer, its trailers, or where
+/// decoding stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GrpcFact {
     /// A call and its request body. Reported once per stream, when its first message is
@@ -33,6 +35,7 @@ pub enum GrpcFact {
     Undecodable(Undecodable),
 }
 
+/// Says what a call's first request message held.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RequestBody {
     /// A push method's request: complete, or what the captured prefix says for sure (see
@@ -47,6 +50,7 @@ pub enum RequestBody {
     Malformed(BodyError),
 }
 
+/// Says what the first response message of a push call held.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResponseBody {
     /// Per-user results; `truncated` when the capture ended inside the message and only the
@@ -59,6 +63,7 @@ pub enum ResponseBody {
     Malformed(BodyError),
 }
 
+/// Says why a message body could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BodyError {
     #[error("protobuf: {0}")]

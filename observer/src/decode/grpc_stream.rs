@@ -1,4 +1,4 @@
-//! One stream of a gRPC connection: its call, and the first message of each direction as
+//! Tracks one stream of a gRPC connection: its call, and the first message of each direction as
 //! it is reassembled (`MessageReader`) and reported as a `GrpcFact`.
 
 use bytes::Bytes;
@@ -7,10 +7,10 @@ use super::grpc_fact::{BodyError, GrpcFact, RequestBody, ResponseBody};
 use super::protobuf::{self, PathKind, PushMethod};
 use super::{DecodeCounters, HeaderText};
 
-/// 1 byte compressed flag and 4 bytes big-endian length.
+/// Counts the bytes of a message header: 1 byte compressed flag and 4 bytes big-endian length.
 const MESSAGE_HEADER_LEN: usize = 5;
 
-/// A first request message that is not decoded as a push call, by its compressed flag: an
+/// Describes a first request message that is not decoded as a push call by its compressed flag: an
 /// uncompressed one (0) belongs to another method, 1 is compressed, anything else malformed.
 pub(super) fn request_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> RequestBody {
     match flag {
@@ -26,7 +26,7 @@ pub(super) fn request_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> 
     }
 }
 
-/// A first response message that is not decoded, by its compressed flag: 1 is compressed,
+/// Describes a first response message that is not decoded by its compressed flag: 1 is compressed,
 /// anything else malformed (an uncompressed answer to a push call is decoded instead).
 pub(super) fn response_body_for_flag(flag: u8, counters: &mut DecodeCounters) -> ResponseBody {
     if flag == 1 {
@@ -80,7 +80,7 @@ impl StreamState {
         }
     }
 
-    /// A call on a connection joined mid-stream whose `:path` is unknown: its first request
+    /// Starts a call on a connection joined mid-stream whose `:path` is unknown: its first request
     /// message decides (`push_by_shape`).
     pub(super) fn unnamed(authority: Option<HeaderText>) -> Self {
         Self {
@@ -118,7 +118,8 @@ impl StreamState {
         facts.push(self.request_fact(stream_id, body));
     }
 
-    /// The request stream ended (END_STREAM or RST_STREAM) before its first message was whole.
+    /// Reports a request stream that ended (END_STREAM or RST_STREAM) before its first message was
+    /// whole.
     pub(super) fn report_request_at_end(
         &mut self,
         stream_id: u32,
@@ -137,7 +138,7 @@ impl StreamState {
         self.report_request(stream_id, body, facts);
     }
 
-    /// The capture ended inside the request: say what its captured prefix says for sure.
+    /// Reports a request the capture ended inside of: what its captured prefix says for sure.
     pub(super) fn report_request_cut(
         &mut self,
         stream_id: u32,
@@ -287,7 +288,7 @@ impl MessageReader {
         self.pending.get(MESSAGE_HEADER_LEN..).unwrap_or_default()
     }
 
-    /// The body read so far, taken out of `pending` without a copy (the message is reported
+    /// Takes the body read so far out of `pending` without a copy (the message is reported
     /// from it, so `pending` is done with).
     fn take_body(&mut self) -> Bytes {
         let pending = Bytes::from(std::mem::take(&mut self.pending));
@@ -299,7 +300,7 @@ impl MessageReader {
     }
 }
 
-/// A gRPC message's compression flag and length, from the 5 bytes that precede its body.
+/// Reads a gRPC message's compression flag and length from the 5 bytes that precede its body.
 fn message_header(bytes: &[u8]) -> Option<(u8, usize)> {
     let [flag, l0, l1, l2, l3] = *bytes.first_chunk::<MESSAGE_HEADER_LEN>()?;
     let length = usize::try_from(u32::from_be_bytes([l0, l1, l2, l3])).ok()?;

@@ -1,4 +1,4 @@
-//! A header value as text that shares the decoded header's bytes.
+//! Holds a header value as text that shares the decoded header's bytes.
 
 use std::{fmt, ops::Deref};
 
@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use crate::model::wire;
 
-/// A header field's value as text, holding the bytes HPACK decoded it into: a call's `:path`
+/// Holds a header field's value as text in the bytes HPACK decoded it into: a call's `:path`
 /// and `:authority` come from the string cache or the connection's table, so keeping them
 /// costs no copy. As `String`s they were four allocations a call (each copied once for the
 /// stream and once for its fact), a fifth of the daemon's allocations under the lab's push
@@ -15,6 +15,7 @@ use crate::model::wire;
 pub struct HeaderText(Bytes);
 
 impl HeaderText {
+    /// Keeps `value` as text: shared when it is UTF-8, else repaired into a copy.
     pub fn new(value: &Bytes) -> Self {
         match wire::utf8(value) {
             Ok(_) => Self(value.clone()),
@@ -22,10 +23,12 @@ impl HeaderText {
         }
     }
 
+    /// Holds a static text.
     pub const fn from_static(text: &'static str) -> Self {
         Self(Bytes::from_static(text.as_bytes()))
     }
 
+    /// Returns the text.
     pub fn as_str(&self) -> &str {
         // SAFETY: every constructor checks or makes UTF-8.
         unsafe { std::str::from_utf8_unchecked(&self.0) }

@@ -1,4 +1,4 @@
-//! The WebSocket upgrade from msggateway-proxy to a gateway (port 80): the HTTP/1.1 request
+//! Decodes the WebSocket upgrade from msggateway-proxy to a gateway (port 80): the HTTP/1.1 request
 //! that places a user, and the gateway's answer.
 //!
 //! The request's query carries the user's `token` and may come with `Authorization` or `Cookie`
@@ -12,10 +12,10 @@ use crate::{model::Direction, privacy::redact_secrets};
 
 use super::{DecodeCounters, Limits};
 
-/// Headers httparse may return; an upgrade request has about ten.
+/// Bounds the headers httparse may return; an upgrade request has about ten.
 const MAX_HEADERS: usize = 64;
 
-/// What the proxy asked for when it opened a user's WebSocket. Holds no credential.
+/// Records what the proxy asked for when it opened a user's WebSocket. Holds no credential.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UpgradeRequest {
     pub method: String,
@@ -33,6 +33,7 @@ pub struct UpgradeRequest {
     pub connection: Option<String>,
 }
 
+/// Records what a WebSocket connection's decoder found in one direction's head.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WebSocketFact {
     UpgradeRequest(UpgradeRequest),
@@ -45,6 +46,7 @@ pub enum WebSocketFact {
     },
 }
 
+/// Says why a head could not be read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Http1Error {
     #[error("joined mid-stream: first captured byte at position {0}")]
@@ -88,6 +90,7 @@ impl std::fmt::Debug for WebSocketDecoder {
 }
 
 impl WebSocketDecoder {
+    /// Builds a decoder for a connection captured from its start.
     pub fn new(limits: Limits) -> Self {
         Self {
             max_head_bytes: limits.max_http1_head_bytes,
@@ -151,16 +154,18 @@ impl WebSocketDecoder {
         fact
     }
 
-    /// Both heads are read (or cannot be): later bytes of the connection are never looked at.
+    /// Says whether both heads are read (or cannot be): later bytes of the connection are never
+    /// looked at.
     pub fn is_done(&self) -> bool {
         self.send.done && self.recv.done
     }
 
+    /// Returns what went wrong or was cut on this connection so far.
     pub fn counters(&self) -> &DecodeCounters {
         &self.counters
     }
 
-    /// Heap bytes of the two partial heads.
+    /// Counts the heap bytes of the two partial heads.
     pub fn buffered_bytes(&self) -> usize {
         self.send.buffer.capacity() + self.recv.buffer.capacity()
     }
@@ -194,7 +199,7 @@ impl HeadReader {
     }
 }
 
-/// `Ok(None)` while the head is incomplete.
+/// Parses a request head; `Ok(None)` while the head is incomplete.
 fn parse_request(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
     if buffer.is_empty() {
         return Ok(None);
@@ -244,11 +249,11 @@ fn parse_response(buffer: &[u8]) -> Result<Option<WebSocketFact>, Http1Error> {
     }
 }
 
-/// The query parameters the engine reads, in the order of [`QueryKey`].
+/// Names the query parameters the engine reads, in the order of [`QueryKey`].
 pub(crate) const QUERY_KEYS: [&[u8]; 4] =
     [b"sendID", b"platformID", b"isBackground", b"operationID"];
 
-/// One of [`QUERY_KEYS`].
+/// Names one of [`QUERY_KEYS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum QueryKey {
     SendId,
@@ -345,13 +350,13 @@ pub(crate) fn query_unescape(text: &[u8]) -> Option<Cow<'_, [u8]>> {
     Some(Cow::Owned(decoded))
 }
 
-/// The value of one hex digit, either case.
+/// Returns the value of one hex digit, either case.
 pub(crate) fn hex_digit(byte: u8) -> Option<u8> {
     char::from(byte).to_digit(16).map(|digit| digit as u8)
 }
 
-/// Go's `strconv.ParseBool`; anything else is an error, which the gateway reads as `false`
-/// and the decoder as absent.
+/// Reads a boolean as Go's `strconv.ParseBool` does; anything else is an error, which the gateway
+/// reads as `false` and the decoder as absent.
 fn go_parse_bool(text: &[u8]) -> Option<bool> {
     match text {
         b"1" | b"t" | b"T" | b"TRUE" | b"true" | b"True" => Some(true),
@@ -360,8 +365,8 @@ fn go_parse_bool(text: &[u8]) -> Option<bool> {
     }
 }
 
-/// The bytes as text, kept without a copy when they are UTF-8 (the lossy repair, which copies,
-/// only for those that are not).
+/// Returns the bytes as text, kept without a copy when they are UTF-8 (the lossy repair, which
+/// copies, only for those that are not).
 fn utf8_text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes)
         .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned())

@@ -1,4 +1,4 @@
-//! HTTP/2 framing (RFC 9113) of one direction of a client connection: reassembles frames
+//! Reads the HTTP/2 framing (RFC 9113) of one direction of a client connection: reassembles frames
 //! across chunks, strips padding, joins CONTINUATIONs, decompresses header blocks with the
 //! direction's HPACK state and hands out per-stream HEADERS and DATA.
 //!
@@ -25,7 +25,7 @@ use crate::model::{
 use super::Limits;
 use crate::hpack::{HeaderField, HpackDecoder, HpackError};
 
-/// Why a connection or one of its directions can't be (further) decoded.
+/// Says why a connection or one of its directions can't be (further) decoded.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Undecodable {
     #[error("joined mid-stream: first captured {direction:?} byte at position {first_offset}")]
@@ -55,6 +55,7 @@ pub enum Undecodable {
     },
 }
 
+/// Says how a direction's frames break HTTP/2 framing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
     #[error("frame type {frame_type} while a header block awaits CONTINUATION")]
@@ -69,7 +70,8 @@ pub enum FrameError {
     HeaderBlockTooLarge(usize),
 }
 
-/// What one direction's frames say about its streams. Not `Debug`: DATA holds message bodies.
+/// Reports what one direction's frames say about its streams. Not `Debug`: DATA holds message
+/// bodies.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StreamEvent {
     Headers {
@@ -103,7 +105,7 @@ enum HeaderBlockKind {
     PushPromise,
 }
 
-/// What the frame that opened a header block said about it.
+/// Records what the frame that opened a header block said about it.
 #[derive(Clone, Copy)]
 struct BlockHead {
     stream_id: u32,
@@ -111,14 +113,14 @@ struct BlockHead {
     end_stream: bool,
 }
 
-/// A header block continued in CONTINUATION frames, gathered until its last.
+/// Gathers a header block continued in CONTINUATION frames, until its last.
 #[derive(Clone)]
 struct OpenHeaderBlock {
     head: BlockHead,
     fragments: Vec<u8>,
 }
 
-/// Where the frames being handled lie, for what a DATA event holds.
+/// Says where the frames being handled lie, for what a DATA event holds.
 #[derive(Clone, Copy)]
 enum FrameBytes<'a> {
     /// In the captured chunk itself: a DATA payload is a slice of it, no copy. The chunk is
@@ -128,7 +130,7 @@ enum FrameBytes<'a> {
     Buffered,
 }
 
-/// One direction of an HTTP/2 client connection. Not `Debug`: its buffer holds raw bytes.
+/// Decodes one direction of an HTTP/2 client connection. Not `Debug`: its buffer holds raw bytes.
 #[derive(Clone)]
 pub struct Http2Direction {
     direction: Direction,
@@ -147,7 +149,7 @@ pub struct Http2Direction {
     mid_stream: MidStreamCounts,
 }
 
-/// What joining a direction mid-stream cost.
+/// Counts what joining a direction mid-stream cost.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MidStreamCounts {
     /// Bytes before the first frame boundary found.
@@ -159,7 +161,8 @@ pub struct MidStreamCounts {
 }
 
 impl Http2Direction {
-    /// The send side must begin with the client preface; the receive side begins with frames.
+    /// Builds a direction read from its start: the send side must begin with the client preface;
+    /// the receive side begins with frames.
     pub fn new(direction: Direction, limits: Limits) -> Self {
         Self {
             direction,
@@ -176,7 +179,7 @@ impl Http2Direction {
         }
     }
 
-    /// A direction of a connection adopted after it was established: no preface, the first
+    /// Builds a direction of a connection adopted after it was established: no preface, the first
     /// captured byte anywhere in a frame, an HPACK table partly unknown.
     pub fn joined_mid_stream(direction: Direction, limits: Limits) -> Self {
         Self {
@@ -191,10 +194,12 @@ impl Http2Direction {
         }
     }
 
+    /// Says whether this direction stopped decoding (it reported `StreamEvent::Lost`).
     pub fn is_lost(&self) -> bool {
         self.lost
     }
 
+    /// Returns what joining this direction mid-stream cost so far.
     pub fn mid_stream_counts(&self) -> MidStreamCounts {
         MidStreamCounts {
             unknown_header_fields: self.hpack.unknown_fields(),
@@ -202,7 +207,7 @@ impl Http2Direction {
         }
     }
 
-    /// Heap bytes held: the frame buffer, an open header block and the HPACK table.
+    /// Counts the heap bytes held: the frame buffer, an open header block and the HPACK table.
     pub fn buffered_bytes(&self) -> usize {
         self.buffer.capacity()
             + self
@@ -510,7 +515,8 @@ impl Http2Direction {
         Ok(())
     }
 
-    /// A DATA frame cut by a gap still carries its first bytes: they may hold recipients.
+    /// Reports the DATA frame a gap cut: it still carries its first bytes, which may hold
+    /// recipients.
     fn report_cut_data(&mut self, events: &mut Vec<StreamEvent>) {
         let Some(header) = FrameHeader::parse(&self.buffer) else {
             return;
@@ -540,7 +546,7 @@ impl Http2Direction {
     }
 }
 
-/// Where frames start in bytes joined mid-stream.
+/// Says where frames start in bytes joined mid-stream.
 #[derive(Debug, PartialEq, Eq)]
 enum Boundary {
     /// A frame starts here, and the bytes after it agree.
@@ -549,11 +555,11 @@ enum Boundary {
     NotBefore(usize),
 }
 
-/// The largest frame a peer sends without having raised SETTINGS_MAX_FRAME_SIZE (which gRPC
+/// Sizes the largest frame a peer sends without having raised SETTINGS_MAX_FRAME_SIZE (which gRPC
 /// clients and servers leave alone): a bound on what a frame header found by scanning may say.
 const DEFAULT_MAX_FRAME_SIZE: usize = 16_384;
 
-/// The first position where a plausible frame header starts and either the buffer ends right
+/// Finds the first position where a plausible frame header starts and either the buffer ends right
 /// after its frame or the next frame's header is plausible too. Writers hand whole frames to
 /// the kernel, so a captured chunk usually starts on a boundary and this is position 0.
 fn find_frame_boundary(buffer: &[u8]) -> Boundary {
@@ -586,7 +592,7 @@ struct FrameHeader {
 }
 
 impl FrameHeader {
-    /// Whether these 9 bytes could be a frame header of a gRPC connection: a known type whose
+    /// Says whether these 9 bytes could be a frame header of a gRPC connection: a known type whose
     /// flags, length and stream id (odd: streams are the client's) fit it.
     fn plausible(&self) -> bool {
         if self.length > DEFAULT_MAX_FRAME_SIZE {

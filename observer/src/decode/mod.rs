@@ -1,4 +1,4 @@
-//! Decoders for the captured bytes: turn one connection's per-direction chunks into facts.
+//! Decodes the captured bytes: turns one connection's per-direction chunks into facts.
 //!
 //! - `http1`: the proxy's WebSocket upgrade (gateway port 80) and the gateway's answer.
 //! - `http2` + `hpack`: HTTP/2 framing and header decompression of push's gRPC connections
@@ -29,7 +29,7 @@ pub use http1::{Http1Error, UpgradeRequest, WebSocketDecoder, WebSocketFact};
 pub use http2::Undecodable;
 pub use protobuf::PushCall;
 
-/// Memory bounds of one connection's decoder.
+/// Bounds the memory of one connection's decoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Bytes buffered per direction, once for an incomplete HTTP/2 frame and once for the
@@ -59,7 +59,7 @@ impl Default for Limits {
     }
 }
 
-/// What went wrong or was cut, counted per decoder; `add` sums decoders for a global view.
+/// Counts what went wrong or was cut, per decoder; `add` sums decoders for a global view.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DecodeCounters {
     /// The first captured byte of a direction was not stream position 0.
@@ -94,6 +94,7 @@ pub struct DecodeCounters {
 }
 
 impl DecodeCounters {
+    /// Adds `other`'s counts to these.
     pub fn add(&mut self, other: &DecodeCounters) {
         self.undecodable_joined_mid_stream += other.undecodable_joined_mid_stream;
         self.undecodable_no_client_preface += other.undecodable_no_client_preface;

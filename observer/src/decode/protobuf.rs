@@ -1,4 +1,4 @@
-//! The protobuf messages of the gateway's push methods, read by walking their wire format.
+//! Reads the protobuf messages of the gateway's push methods by walking their wire format.
 //!
 //! Only the fields an alert reads are read: the recipients, each user's answer, and in
 //! `MsgData` (declared with `prost`) the fields that identify a message. `MsgData`'s field 12
@@ -23,6 +23,7 @@ pub use super::protobuf_wire::ProtobufError;
 use super::protobuf_wire::{Fields, split_complete_fields};
 use crate::model::{MessageIds, PlatformResult, UserId, UserResult, wire};
 
+/// Holds the fields of OpenIM's `MsgData` that identify a message.
 #[derive(Clone, PartialEq, Message)]
 pub struct MsgData {
     #[prost(string, tag = "4")]
@@ -35,7 +36,7 @@ pub struct MsgData {
     pub seq: i64,
 }
 
-/// The gateway methods whose bodies are decoded.
+/// Names the gateway methods whose bodies are decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PushMethod {
     /// `SuperGroupOnlineBatchPushOneMsg` and `OnlineBatchPushOneMsg`.
@@ -44,7 +45,7 @@ pub enum PushMethod {
     Single,
 }
 
-/// What a call's `:path` says about it.
+/// Describes what a call's `:path` says about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PathKind {
     /// A push method, whatever the package its service is in.
@@ -56,11 +57,11 @@ pub enum PathKind {
 }
 
 impl PushMethod {
-    /// The service OpenIM 3.5 and 3.6 call (protocol package `OpenIMServer.msggateway`).
+    /// Names the service OpenIM 3.5 and 3.6 call (protocol package `OpenIMServer.msggateway`).
     pub const SERVICE_V35: &str = "OpenIMServer.msggateway.msgGateway";
-    /// The service OpenIM 3.7 and later call (the package was renamed in protocol v0.0.58).
+    /// Names the service OpenIM 3.7 and later call (the package was renamed in protocol v0.0.58).
     pub const SERVICE_V37: &str = "openim.msggateway.msgGateway";
-    /// The methods of the gateway's service that carry no push.
+    /// Names the methods of the gateway's service that carry no push.
     const OTHER_GATEWAY_METHODS: [&str; 3] = [
         "GetUsersOnlineStatus",
         "KickUserOffline",
@@ -101,7 +102,7 @@ pub fn service_of(path: &str) -> Option<&str> {
     (!service.is_empty()).then_some(service)
 }
 
-/// `MsgData`'s identifying fields, absent when empty or zero (never its content).
+/// Takes `MsgData`'s identifying fields, absent when empty or zero (never its content).
 impl From<MsgData> for MessageIds {
     fn from(data: MsgData) -> Self {
         let text = |value: String| (!value.is_empty()).then(|| value.into());
@@ -114,7 +115,7 @@ impl From<MsgData> for MessageIds {
     }
 }
 
-/// A push request: which message, to whom.
+/// Describes a push request: which message, to whom.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PushCall {
     pub message: MessageIds,
@@ -125,7 +126,7 @@ pub struct PushCall {
     pub recipients_truncated: bool,
 }
 
-/// A user id from the wire: checked as UTF-8 (as prost checks a `string`), held inline when
+/// Reads a user id from the wire: checked as UTF-8 (as prost checks a `string`), held inline when
 /// it is short, as OpenIM's ids are.
 fn user_id(bytes: &[u8]) -> Result<UserId, ProtobufError> {
     wire::utf8(bytes)
@@ -134,6 +135,11 @@ fn user_id(bytes: &[u8]) -> Result<UserId, ProtobufError> {
 }
 
 /// Decodes a whole request.
+///
+/// # Errors
+///
+/// Fails with a [`ProtobufError`] when the bytes are not valid wire format (or hold a group), a
+/// field has another wire type than its declaration, or a recipient id is not UTF-8.
 pub fn decode_request(method: PushMethod, message: &[u8]) -> Result<PushCall, ProtobufError> {
     let mut msg_data: Option<MsgData> = None;
     let mut recipients = Vec::new();
@@ -167,6 +173,10 @@ pub fn decode_request(method: PushMethod, message: &[u8]) -> Result<PushCall, Pr
 
 /// Reads what a request's captured `prefix` says for sure: complete fields, and the complete
 /// fields of a `msgData` the cut fell into.
+///
+/// # Errors
+///
+/// Fails as [`decode_request`] does, on the complete fields of the prefix and of a cut `msgData`.
 pub fn decode_request_prefix(method: PushMethod, prefix: &[u8]) -> Result<PushCall, ProtobufError> {
     let split = split_complete_fields(prefix)?;
     let mut call = decode_request(method, split.complete)?;
@@ -186,6 +196,11 @@ pub fn decode_request_prefix(method: PushMethod, prefix: &[u8]) -> Result<PushCa
 }
 
 /// Decodes a whole answer.
+///
+/// # Errors
+///
+/// Fails with a [`ProtobufError`] when the bytes are not valid wire format (or hold a group), a
+/// field has another wire type than its declaration, or a user id is not UTF-8.
 pub fn decode_response(
     method: PushMethod,
     message: &[u8],
@@ -222,7 +237,7 @@ pub fn decode_response(
     Ok(results)
 }
 
-/// `SingleMsgToUserResults`: 1 `userID`, 2 each platform's result, 3 `onlinePush`.
+/// Decodes a `SingleMsgToUserResults`: 1 `userID`, 2 each platform's result, 3 `onlinePush`.
 fn user_results(entry: &[u8]) -> Result<UserResult, ProtobufError> {
     let mut id: &[u8] = &[];
     let mut platforms = Vec::new();
@@ -243,7 +258,8 @@ fn user_results(entry: &[u8]) -> Result<UserResult, ProtobufError> {
     })
 }
 
-/// `SingleMsgToUserPlatform`: 1 `ResultCode` (int64), 2 `RecvID`, 3 `RecvPlatFormID` (int32).
+/// Decodes a `SingleMsgToUserPlatform`: 1 `ResultCode` (int64), 2 `RecvID`, 3 `RecvPlatFormID`
+/// (int32).
 fn platform_result(message: &[u8]) -> Result<(&[u8], PlatformResult), ProtobufError> {
     let mut recv_id: &[u8] = &[];
     let mut platform = PlatformResult::default();
@@ -259,7 +275,11 @@ fn platform_result(message: &[u8]) -> Result<(&[u8], PlatformResult), ProtobufEr
     Ok((recv_id, platform))
 }
 
-/// The results of the users whose entries end before the cut.
+/// Decodes the results of the users whose entries end before the cut.
+///
+/// # Errors
+///
+/// Fails as [`decode_response`] does, on the entries that end before the cut.
 pub fn decode_response_prefix(
     method: PushMethod,
     prefix: &[u8],

@@ -1,4 +1,4 @@
-//! Hand-built HTTP/2 + gRPC byte streams for the decoders' and the scrubber's tests: frames,
+//! Builds HTTP/2 + gRPC byte streams by hand for the decoders' and the scrubber's tests: frames,
 //! a small HPACK encoder, push requests and answers as grpc-go writes them.
 
 use bytes::Bytes;
@@ -31,7 +31,8 @@ pub(crate) fn hpack_string(text: &str, out: &mut Vec<u8>) {
     out.extend(encoded);
 }
 
-/// A small HPACK encoder: static-table indexes, and literals with incremental indexing.
+/// Names a field for a small HPACK encoder: static-table indexes, and literals with incremental
+/// indexing.
 pub(crate) enum Field<'a> {
     Indexed(usize),
     /// Literal value with incremental indexing, name from table index `name_index` (0: literal).
@@ -90,7 +91,7 @@ pub(crate) fn first_request_headers(path: &str) -> Vec<u8> {
     ])
 }
 
-/// What grpc-go writes: preface, SETTINGS, WINDOW_UPDATE, HEADERS, then the message in DATA
+/// Builds what grpc-go writes: preface, SETTINGS, WINDOW_UPDATE, HEADERS, then the message in DATA
 /// frames of at most `max_frame` bytes, the last with END_STREAM.
 pub(crate) fn request_stream(
     stream_id: u32,
@@ -106,7 +107,7 @@ pub(crate) fn request_stream(
     bytes
 }
 
-/// The send side of one push call whose DATA (`grpc_bytes`, framed gRPC messages) is split
+/// Builds the send side of one push call whose DATA (`grpc_bytes`, framed gRPC messages) is split
 /// into frames of at most `max_frame` bytes.
 pub(crate) fn push_request_stream(grpc_bytes: &[u8], max_frame: usize) -> Vec<u8> {
     request_stream(1, &first_request_headers(PUSH_PATH), grpc_bytes, max_frame)
@@ -227,7 +228,7 @@ pub(crate) fn expected_response_facts(stream_id: u32) -> Vec<GrpcFact> {
     ]
 }
 
-/// The decoder's facts returned as a list per call, as the tests compare them (the engine
+/// Returns the decoder's facts as a list per call, as the tests compare them (the engine
 /// passes one list it reuses).
 pub(crate) trait FactsPerCall {
     fn feed_all(&mut self, direction: Direction, offset: u64, payload: &Bytes) -> Vec<GrpcFact>;
