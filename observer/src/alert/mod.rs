@@ -131,6 +131,8 @@ pub struct PlacementInfo {
     pub node: Option<String>,
 }
 
+/// Records a push call as printed: the gateway called, the method, the message, the pusher and
+/// the gateway's answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PushInfo {
     pub gateway: GatewayInfo,
@@ -277,6 +279,7 @@ pub struct Affected {
     pub processes: Vec<AffectedProcess>,
 }
 
+/// Counts what one process lost to a degradation: its connections and bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct AffectedProcess {
     #[serde(flatten)]
@@ -307,6 +310,7 @@ impl PushRoutingMode {
     }
 }
 
+/// Names the state a `capture_degraded` line reports: raised, or over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DegradedState {
@@ -314,6 +318,7 @@ pub enum DegradedState {
     Recovered,
 }
 
+/// Holds what an alert says, by kind (its `kind` field names the variant).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AlertBody {
@@ -411,6 +416,7 @@ impl AlertBody {
     }
 }
 
+/// Holds one alert: its envelope (`schema_version`, `ts`, `node`) and its body.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Alert {
     pub schema_version: u32,

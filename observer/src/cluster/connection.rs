@@ -1,4 +1,4 @@
-//! The connection to the shared state, whichever Redis serves it: one server
+//! Connects to the shared state, whichever Redis serves it: one server
 //! (`--redis-url`), a Redis Cluster (`--redis-cluster`) or a Sentinel-managed primary
 //! (`--redis-sentinel`). [`RedisConnection`] is a [`redis::aio::ConnectionLike`], cheap to clone
 //! and shared by the writer, the reads and the probe; it connects lazily and reconnects on its
@@ -29,12 +29,12 @@ use redis::{
 
 use super::RedisTopology;
 
-/// Deadline of every request (read, batch, probe) and of each connection attempt.
+/// Bounds the time of every request (read, batch, probe) and of each connection attempt.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
-/// The longest wait between the client's own reconnection attempts.
+/// Bounds the wait between the client's own reconnection attempts.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(4);
 
-/// A connection to the shared state's Redis, whatever its topology.
+/// Holds a connection to the shared state's Redis, whatever its topology.
 #[derive(Clone)]
 pub struct RedisConnection(Topology);
 
@@ -183,7 +183,7 @@ pub fn split_per_slot(pipeline: &Pipeline) -> Vec<(Vec<usize>, Pipeline)> {
     parts
 }
 
-/// The slot of a command's first key: its first argument, except for scripts and functions
+/// Returns the slot of a command's first key: its first argument, except for scripts and functions
 /// (`EVAL script numkeys key…`); `None` for a command without a key.
 fn slot_of(cmd: &Cmd) -> Option<Slot> {
     let mut args = cmd.args_iter().filter_map(|arg| match arg {
@@ -202,7 +202,7 @@ fn slot_of(cmd: &Cmd) -> Option<Slot> {
     key.map(Slot::for_key)
 }
 
-/// The primary of a Sentinel-managed Redis: the sentinels' answer, connected, until it fails.
+/// Holds the primary of a Sentinel-managed Redis: the sentinels' answer, connected, until it fails.
 struct SentinelPrimary {
     sentinels: tokio::sync::Mutex<SentinelClient>,
     current: std::sync::Mutex<Option<MultiplexedConnection>>,
@@ -211,9 +211,9 @@ struct SentinelPrimary {
 }
 
 impl SentinelPrimary {
-    /// The sentinels are reached with each URL's own address, user, password and TLS (DB 0:
-    /// a sentinel has no databases); the primary with the first URL's user, password, DB and
-    /// TLS.
+    /// Builds the client: the sentinels are reached with each URL's own address, user, password and
+    /// TLS (DB 0: a sentinel has no databases); the primary with the first URL's user, password, DB
+    /// and TLS.
     fn new(sentinels: &[super::RedisUrl], master: &str) -> RedisResult<Self> {
         let infos = sentinels
             .iter()
@@ -255,7 +255,7 @@ impl SentinelPrimary {
         })
     }
 
-    /// The connection to the primary, asking the sentinels for it first when there is none.
+    /// Returns the connection to the primary, asking the sentinels for it first when there is none.
     async fn connection(&self) -> RedisResult<MultiplexedConnection> {
         if let Some(connection) = self.cached() {
             return Ok(connection);

@@ -1,22 +1,22 @@
-//! What a node shares: the facts its engine hands to the store's writer, and the writer's
+//! Lists what a node shares: the facts its engine hands to the store's writer, and the writer's
 //! limits.
 
 use std::{net::IpAddr, time::Duration};
 
 use super::keys::{ConnectionKey, PushOutcome, RingSide, SharedPlacement};
 
-/// Facts per pipeline: large enough to amortise a round trip, small enough that one slow
+/// Counts the facts per pipeline: large enough to amortise a round trip, small enough that one slow
 /// batch does not hold the queue long.
 pub(super) const MAX_BATCH: usize = 512;
-/// Own placements remembered for refreshing (one per online connection of this node's
+/// Bounds the own placements remembered for refreshing (one per online connection of this node's
 /// proxies); more are written once and left to expire, and counted.
 pub(super) const MAX_OWN_PLACEMENTS: usize = 1 << 20;
-/// Ring members remembered (gateways × two spellings; a cluster has at most hundreds).
+/// Bounds the ring members remembered (gateways × two spellings; a cluster has at most hundreds).
 pub(super) const MAX_OWN_RING_MEMBERS: usize = 4_096;
-/// A ring member seen again is rewritten at most this often.
+/// Bounds how often a ring member seen again is rewritten.
 pub(super) const RING_MEMBER_REWRITE: Duration = Duration::from_secs(60);
 
-/// What this node saw that the other nodes need.
+/// Records what this node saw that the other nodes need.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fact {
     /// The proxy on this node placed a user (also feeds the shared ring evidence).

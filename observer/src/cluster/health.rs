@@ -1,4 +1,4 @@
-//! The health and totals of cluster mode's store, shared by its tasks, the engine's link,
+//! Holds the health and totals of cluster mode's store, shared by its tasks, the engine's link,
 //! `/metrics` (`openim_observer_redis_*`) and the daemon.
 
 use std::sync::{
@@ -12,7 +12,7 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 
-/// Health and totals of the store, shared with `/metrics` and the daemon.
+/// Holds the health and totals of the store, shared with `/metrics` and the daemon.
 #[derive(Debug, Default)]
 pub struct StoreHealth {
     pub(super) up: AtomicBool,
@@ -34,7 +34,7 @@ pub struct StoreHealth {
     divergences_deduplicated: AtomicU64,
 }
 
-/// What the engine's link to the store counts (`cluster::link`).
+/// Names what the engine's link to the store counts (`cluster::link`).
 #[derive(Clone, Copy, Debug)]
 pub enum LinkEvent {
     /// A placement lookup Redis did not answer: judged with local placements only.
@@ -47,7 +47,7 @@ pub enum LinkEvent {
     DivergenceDeduplicated,
 }
 
-/// A snapshot of [`StoreHealth`], e.g. for the `observer_stopped` line.
+/// Holds a snapshot of [`StoreHealth`], e.g. for the `observer_stopped` line.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct StoreCounters {
     pub up: bool,
@@ -66,6 +66,7 @@ pub struct StoreCounters {
 }
 
 impl StoreHealth {
+    /// Says whether the last probe found Redis answering.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
     }
@@ -78,11 +79,12 @@ impl StoreHealth {
             .sum()
     }
 
-    /// Facts recorded and not yet written (or lost).
+    /// Counts the facts recorded and not yet written (or lost).
     pub fn unwritten(&self) -> u64 {
         self.queued.load(Ordering::Relaxed)
     }
 
+    /// Counts one `event` of the engine's link.
     pub(crate) fn count(&self, event: LinkEvent) {
         let counter = match event {
             LinkEvent::LookupFailed => &self.lookups_failed,
@@ -93,6 +95,7 @@ impl StoreHealth {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Returns a snapshot of the health and totals.
     pub fn counters(&self) -> StoreCounters {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         StoreCounters {
@@ -113,7 +116,7 @@ impl StoreHealth {
     }
 }
 
-/// The store's series for `/metrics` (`openim_observer_redis_*`), read at each scrape.
+/// Writes the store's series for `/metrics` (`openim_observer_redis_*`), read at each scrape.
 #[derive(Debug)]
 pub struct StoreMetrics(pub Arc<StoreHealth>);
 

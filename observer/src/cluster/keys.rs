@@ -1,4 +1,4 @@
-//! The shared keyspace: what cluster mode stores in Redis, under which keys, for how long.
+//! Names the shared keyspace: what cluster mode stores in Redis, under which keys, for how long.
 //!
 //! Every key starts with the prefix (`--redis-prefix`) and carries a hash tag, so a Redis
 //! Cluster keeps what one pipeline touches together: one user's keys share `{u:USER}`, one
@@ -27,34 +27,37 @@ use serde::{Deserialize, Serialize};
 use crate::model::{GatewayAnswer, MessageIds};
 pub use crate::{correlate::RingSide, model::ConnectionKey};
 
+/// Names the prefix every key starts with unless `--redis-prefix` gives another.
 pub const DEFAULT_PREFIX: &str = "openim-observer:";
 
-/// A placement outlives its node's observer this long: long enough for a DaemonSet rollout
+/// Bounds how long a placement outlives its node's observer: long enough for a DaemonSet rollout
 /// to restart the observer and adopt it, short enough that a node gone for good stops
 /// answering for its users soon after.
 pub const PLACEMENT_TTL: Duration = Duration::from_secs(15 * 60);
-/// The owning node rewrites its live placements this often (and at once after Redis comes
+/// Sets how often the owning node rewrites its live placements (and at once after Redis comes
 /// back, possibly empty).
 pub const PLACEMENT_REFRESH: Duration = Duration::from_secs(5 * 60);
-/// Ring members not seen again for this long leave the shared rings.
+/// Bounds how long ring members not seen again stay in the shared rings.
 pub const RING_TTL: Duration = Duration::from_secs(15 * 60);
-/// A push outcome matters while a placement for the same user may still arrive late.
+/// Bounds how long a push outcome is kept: it matters while a placement for the same user may still
+/// arrive late.
 pub const PUSH_OUTCOME_TTL: Duration = Duration::from_secs(120);
-/// A node writing push outcomes sets their list's TTL to [`PUSH_OUTCOME_TTL`] plus this, and
-/// again only once this much has passed: one `PEXPIRE` per user and period, not per outcome.
+/// Sets the refresh period of push outcome lists: a node writing push outcomes sets their list's
+/// TTL to [`PUSH_OUTCOME_TTL`] plus this, and again only once this much has passed: one `PEXPIRE`
+/// per user and period, not per outcome.
 pub const PUSH_OUTCOME_REFRESH: Duration = Duration::from_secs(60);
 /// Entries the placement change log keeps; a reader that finds more new entries than it reads
 /// at once forgets what it cached.
 pub const PLACEMENT_CHANGES_LEN: usize = 10_000;
-/// A divergence (one pair of member lists) is printed once per this period cluster-wide.
+/// Sets the period in which a divergence (one pair of member lists) is printed once cluster-wide.
 pub const DIVERGENCE_CLAIM_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// Push outcomes kept per user.
+/// Counts the push outcomes kept per user.
 pub const MAX_PUSH_OUTCOMES: usize = 16;
-/// Recent placements kept as ring evidence (the proxy-ring inference needs a few dozen that
-/// tell the candidates apart; this many covers hundreds of gateways).
+/// Counts the recent placements kept as ring evidence (the proxy-ring inference needs a few dozen
+/// that tell the candidates apart; this many covers hundreds of gateways).
 pub const MAX_RING_PLACEMENTS: usize = 1_000;
 
-/// Where the proxy placed a user's WebSocket, as seen by one node.
+/// Records where the proxy placed a user's WebSocket, as seen by one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SharedPlacement {
     pub user: String,
@@ -70,7 +73,7 @@ pub struct SharedPlacement {
     pub proxy_comm: String,
 }
 
-/// The stored value of a placement: user, node and connection are in its key and field.
+/// Holds the stored value of a placement: user, node and connection are in its key and field.
 /// Short names: this is most of the bytes per online user.
 #[derive(Debug, Serialize, Deserialize)]
 struct PlacementValue {
@@ -95,11 +98,12 @@ struct PlacementValue {
 }
 
 impl SharedPlacement {
-    /// The placement's field in its user's hash.
+    /// Returns the placement's field in its user's hash.
     pub fn field(&self) -> String {
         placement_field(&self.node, &self.connection)
     }
 
+    /// Returns the placement's stored value, expiring at `expires_ms`.
     pub(crate) fn value(&self, expires_ms: u64) -> String {
         let value = PlacementValue {
             gateway_ip: self.gateway_ip,
@@ -142,11 +146,12 @@ impl SharedPlacement {
     }
 }
 
+/// Returns the field of `node`'s placement on `connection` in its user's hash (`node|connection`).
 pub(crate) fn placement_field(node: &str, connection: &ConnectionKey) -> String {
     format!("{node}|{connection}")
 }
 
-/// What a gateway answered for one user of a push call, as seen by one node.
+/// Records what a gateway answered for one user of a push call, as seen by one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PushOutcome {
     #[serde(skip)]
@@ -165,7 +170,7 @@ pub struct PushOutcome {
     pub ts_ns: u64,
 }
 
-/// A ring member string tied to the gateway IP dialled, as one node last saw it.
+/// Records a ring member string tied to the gateway IP dialled, as one node last saw it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RingMember {
     pub ip: IpAddr,
@@ -182,25 +187,30 @@ pub struct Keys {
 }
 
 impl Keys {
+    /// Builds the keys under `prefix`.
     pub fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
         }
     }
 
+    /// Returns the prefix every key starts with.
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
 
+    /// Returns the key of `user`'s placements hash.
     pub fn user_placements(&self, user: &str) -> String {
         format!("{}{{u:{}}}:placements", self.prefix, escape(user))
     }
 
+    /// Returns the key of `user`'s push outcome list.
     pub fn user_pushes(&self, user: &str) -> String {
         format!("{}{{u:{}}}:pushes", self.prefix, escape(user))
     }
 
-    /// One claim per (user, gateways placed on, gateway pushed to) and fold window.
+    /// Returns the claim key of a mismatch: one per (user, gateways placed on, gateway pushed to)
+    /// and fold window.
     pub fn mismatch_claim(&self, user: &str, placed: &[IpAddr], pushed: IpAddr) -> String {
         let mut placed: Vec<String> = placed.iter().map(IpAddr::to_string).collect();
         placed.sort();
@@ -213,35 +223,40 @@ impl Keys {
         )
     }
 
+    /// Returns the key of `node`'s connection index (connection → user).
     pub fn node_connections(&self, node: &str) -> String {
         format!("{}{{n:{}}}:connections", self.prefix, escape(node))
     }
 
+    /// Returns the key of the shared ring members of `side`.
     pub fn ring_members(&self, side: RingSide) -> String {
         format!("{}{{ring}}:members:{}", self.prefix, side.name())
     }
 
+    /// Returns the key of the recent placements kept as ring evidence.
     pub fn ring_placements(&self) -> String {
         format!("{}{{ring}}:placements", self.prefix)
     }
 
-    /// The placement change log: which users' placements each write batch changed.
+    /// Returns the key of the placement change log: which users' placements each write batch
+    /// changed.
     pub fn placement_changes(&self) -> String {
         format!("{}{{changes}}:placements", self.prefix)
     }
 
-    /// How many entries the change log was ever given (same slot as the log).
+    /// Returns the key counting the entries the change log was ever given (same slot as the log).
     pub fn placement_changes_count(&self) -> String {
         format!("{}{{changes}}:count", self.prefix)
     }
 
-    /// One claim per pair of member lists (the change a divergence describes).
+    /// Returns the claim key of a divergence: one per pair of member lists (the change it
+    /// describes).
     pub fn divergence_claim(&self, proxy_members: &[String], push_members: &[String]) -> String {
         self.members_claim("divergence", proxy_members, push_members)
     }
 
-    /// One claim per pair of member lists a divergence was resolved with: its own, so that
-    /// the claim of the divergence it closes does not swallow it.
+    /// Returns the claim key of a resolved divergence: one per pair of member lists it was resolved
+    /// with: its own, so that the claim of the divergence it closes does not swallow it.
     pub fn divergence_resolved_claim(
         &self,
         proxy_members: &[String],
@@ -276,8 +291,9 @@ impl Keys {
     }
 }
 
-/// User ids and node names go inside hash tags: braces would end the tag early and `%` would
-/// make escapes ambiguous, so those three are percent-encoded (OpenIM ids never contain them).
+/// Escapes user ids and node names, which go inside hash tags: braces would end the tag early and
+/// `%` would make escapes ambiguous, so those three are percent-encoded (OpenIM ids never contain
+/// them).
 fn escape(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.contains(['{', '}', '%']) {
         return text.into();
@@ -292,7 +308,7 @@ fn escape(text: &str) -> std::borrow::Cow<'_, str> {
 mod tests {
     use super::*;
 
-    /// The part of a key Redis Cluster hashes: the first `{…}` with something inside.
+    /// Returns the part of a key Redis Cluster hashes: the first `{…}` with something inside.
     fn hash_tag(key: &str) -> &str {
         let open = key.find('{').unwrap();
         let close = key[open..].find('}').unwrap() + open;

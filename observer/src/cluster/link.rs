@@ -1,4 +1,4 @@
-//! Between the engine (synchronous, fast) and the store (async, may be slow or gone): the
+//! Links the engine (synchronous, fast) and the store (async, may be slow or gone): the
 //! engine's facts go to the store's queue, its placement lookups and the dedup claims of its
 //! alerts go to a worker task, and what the worker brings back (`Done`) is fed to the engine or
 //! printed. Redis being down never blocks the engine: lookups are answered with nothing,
@@ -34,12 +34,12 @@ const MAX_JOBS: usize = 4_096;
 /// both sent at once. Half the queue: a cached lookup costs Redis nothing, so a round is
 /// bounded by the lookups it must read.
 const MAX_JOBS_PER_ROUND: usize = 2_048;
-/// The shared ring evidence is merged this often (a fraction of the ring settle time, so every
+/// Sets how often the shared ring evidence is merged (a fraction of the ring settle time, so every
 /// node reaches the same verdict before it is claimed).
 const RING_MERGE_INTERVAL: Duration = Duration::from_secs(1);
 /// Redis unreachable this long after start, before it ever answered, is a degradation.
 const START_GRACE: Duration = Duration::from_secs(3);
-/// Won claims remembered (their windows' summaries are printed by the winner only).
+/// Bounds the won claims remembered (their windows' summaries are printed by the winner only).
 const MAX_WON_CLAIMS: usize = 262_144;
 
 enum Job {
@@ -52,7 +52,7 @@ enum Job {
     RingEvidence,
 }
 
-/// What the worker brings back.
+/// Holds what the worker brings back.
 pub enum Done {
     Joined {
         id: u64,
@@ -68,6 +68,8 @@ pub enum Done {
     RingEvidence(Option<SharedRingEvidence>),
 }
 
+/// Links the engine to the shared state: queues its facts and runs its lookups and claims on a
+/// worker task.
 pub struct ClusterLink {
     state: Arc<SharedState>,
     jobs: mpsc::Sender<Job>,
@@ -102,6 +104,10 @@ impl Drop for ClusterLink {
 impl ClusterLink {
     /// Starts the store and the worker; needs a tokio runtime. `fold_window` is how long one
     /// `route_mismatch` claim holds.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`StoreError::Redis`] when no client can be set up for the configured Redis.
     pub fn start(config: &ClusterConfig, fold_window: Duration) -> Result<Self, StoreError> {
         let state = Arc::new(SharedState::start(config)?);
         let lookups = Lookups::new(lookup_connection(config)?, config.redis.clone());
@@ -128,15 +134,17 @@ impl ClusterLink {
         })
     }
 
+    /// Returns the shared state this link writes to.
     pub fn state(&self) -> &SharedState {
         &self.state
     }
 
+    /// Returns this node's name.
     pub fn node(&self) -> &str {
         self.state.node()
     }
 
-    /// Restart recovery: this node's placements in Redis whose connections the kernel still
+    /// Recovers after a restart: this node's placements in Redis whose connections the kernel still
     /// holds are adopted by the engine (and kept in Redis); the rest are deleted. Returns how
     /// many were recovered; 0 when Redis does not answer within a few seconds.
     pub async fn recover(&mut self, engine: &mut Engine) -> usize {
@@ -188,8 +196,8 @@ impl ClusterLink {
         count
     }
 
-    /// After the engine ran: its facts go to the store, its lookups to the worker, and its
-    /// alerts that must be printed once cluster-wide to a claim (removed from `alerts` until
+    /// Forwards what the engine produced: its facts go to the store, its lookups to the worker, and
+    /// its alerts that must be printed once cluster-wide to a claim (removed from `alerts` until
     /// won). Every other alert stays in `alerts`, to print now.
     pub fn forward(&mut self, engine: &mut Engine, alerts: &mut Vec<Alert>) {
         engine.take_shared(&mut self.facts, &mut self.lookups);
@@ -236,7 +244,7 @@ impl ClusterLink {
         alerts.append(&mut self.released);
     }
 
-    /// The claim an alert needs, if any, and whether it is a first alert (a summary is not
+    /// Returns the claim an alert needs, if any, and whether it is a first alert (a summary is not
     /// claimed again).
     fn claim_key(&self, alert: &Alert) -> Option<(String, Duration, bool)> {
         let keys = self.state.keys();
@@ -306,7 +314,7 @@ impl ClusterLink {
         }
     }
 
-    /// The worker's next answer (cancel-safe, for `select!`).
+    /// Returns the worker's next answer (cancel-safe, for `select!`).
     pub async fn next(&mut self) -> Done {
         if let Some(done) = self.pending_now.pop() {
             return done;
@@ -352,14 +360,14 @@ impl ClusterLink {
         self.outstanding
     }
 
-    /// Whether facts this node recorded still wait to be written while Redis is up; among
+    /// Says whether facts this node recorded still wait to be written while Redis is up; among
     /// them its latest placements, which an observer restarted on this node recovers.
     pub fn facts_unwritten(&self) -> bool {
         let health = self.state.health();
         health.is_up() && health.unwritten() > 0
     }
 
-    /// Once a second: says when Redis is lost or back (`capture_degraded`), merges the shared
+    /// Runs once a second: says when Redis is lost or back (`capture_degraded`), merges the shared
     /// ring evidence, forgets ended claims.
     pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
         let up = self.state.health().is_up();
@@ -539,7 +547,7 @@ async fn work(
     }
 }
 
-/// A round's claims in one pipeline; unanswered, every one of them is printed unclaimed (and
+/// Sends a round's claims in one pipeline; unanswered, every one of them is printed unclaimed (and
 /// counted).
 async fn claim(state: &SharedState, claims: Vec<(String, Duration, Box<Alert>)>) -> Vec<Done> {
     let keys: Vec<(&str, Duration)> = claims
@@ -563,20 +571,20 @@ async fn claim(state: &SharedState, claims: Vec<(String, Duration, Box<Alert>)>)
         .collect()
 }
 
-/// Users whose placements are cached at most; past that the cache starts over.
+/// Bounds the users whose placements are cached; past that the cache starts over.
 const MAX_CACHED_USERS: usize = 262_144;
-/// Change log entries a round reads at most: when the one it stopped at is not among them,
+/// Bounds the change log entries a round reads: when the one it stopped at is not among them,
 /// entries were missed, and the cache starts over.
 const MAX_CHANGES_PER_ROUND: usize = 1_024;
 /// Entries read beyond those the log's count says are new (writers add and count in two steps).
 const CHANGES_SLACK: usize = 16;
 
-/// The placement lookups' own connection, so a lookup never waits behind a write batch.
+/// Opens the placement lookups' own connection, so a lookup never waits behind a write batch.
 fn lookup_connection(config: &ClusterConfig) -> Result<RedisConnection, StoreError> {
     RedisConnection::open(&config.redis).map_err(|error| lookup_error(&config.redis, Some(&error)))
 }
 
-/// What a failed lookup says: the topology without passwords.
+/// Builds what a failed lookup says: the topology without passwords.
 fn lookup_error(redis: &RedisTopology, error: Option<&redis::RedisError>) -> StoreError {
     match error {
         Some(error) => StoreError::Redis {
@@ -590,7 +598,7 @@ fn lookup_error(redis: &RedisTopology, error: Option<&redis::RedisError>) -> Sto
     }
 }
 
-/// Placement lookups, with a cache that stays exact: every round also reads the placement
+/// Runs placement lookups, with a cache that stays exact: every round also reads the placement
 /// change log's count, and when it moved, the entries since the one the previous round
 /// stopped at; a cached user that a write batch changed since is read again. A cached answer is
 /// therefore what a read in that round would have returned; only the placements' own expiry is
@@ -604,7 +612,7 @@ pub(super) struct Lookups {
     cursor: Option<Cursor>,
 }
 
-/// Where a reader left the change log.
+/// Records where a reader left the change log.
 #[derive(Clone)]
 struct Cursor {
     /// The log's count of entries then.
@@ -629,7 +637,7 @@ impl Lookups {
         self.cursor = None;
     }
 
-    /// One round for every user of `lookups`; each lookup gets its users' placements on
+    /// Runs one round for every user of `lookups`; each lookup gets its users' placements on
     /// other nodes (this node's own are in the engine already).
     async fn look_up(&mut self, state: &SharedState, lookups: Vec<PlacementLookup>) -> Vec<Done> {
         let mut users: Vec<String> = lookups
@@ -669,7 +677,7 @@ impl Lookups {
             .collect()
     }
 
-    /// Every node's live placements of `users`: the cached ones that no write batch changed
+    /// Returns every node's live placements of `users`: the cached ones that no write batch changed
     /// since, and the others read, in one pipelined round trip with the change log's count (a
     /// second one when it moved, for the new entries, and a third for cached users they name).
     async fn placements_of(
@@ -752,7 +760,7 @@ impl Lookups {
         Ok(found)
     }
 
-    /// The users the change log named since the cursor (which moves on), forgotten from the
+    /// Returns the users the change log named since the cursor (which moves on), forgotten from the
     /// cache; `None` when that cannot be told (the entry the cursor stopped at is gone: Redis
     /// lost the log, or too many came since), and then the whole cache is forgotten.
     async fn changes_since(
@@ -823,7 +831,7 @@ impl Lookups {
     }
 }
 
-/// The placements of one user's hash, as read (malformed fields left out), oldest first.
+/// Returns the placements of one user's hash, as read (malformed fields left out), oldest first.
 fn stored_placements(user: &str, hash: redis::Value) -> Vec<(SharedPlacement, u64)> {
     let hash: HashMap<String, String> = redis::from_redis_value(hash).unwrap_or_default();
     let mut placements: Vec<(SharedPlacement, u64)> = hash
@@ -834,7 +842,7 @@ fn stored_placements(user: &str, hash: redis::Value) -> Vec<(SharedPlacement, u6
     placements
 }
 
-/// The placements not expired at `now_ms`.
+/// Returns the placements not expired at `now_ms`.
 fn live(placements: &[(SharedPlacement, u64)], now_ms: u64) -> Vec<SharedPlacement> {
     placements
         .iter()
@@ -843,7 +851,7 @@ fn live(placements: &[(SharedPlacement, u64)], now_ms: u64) -> Vec<SharedPlaceme
         .collect()
 }
 
-/// The users of one change log entry (the writer's `ChangeEntry`).
+/// Holds the users of one change log entry (the writer's `ChangeEntry`).
 #[derive(serde::Deserialize)]
 struct ChangeEntry {
     users: Vec<String>,

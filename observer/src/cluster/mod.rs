@@ -1,5 +1,5 @@
-//! Cluster mode: the observers of one cluster, one per node, share what the engine needs
-//! through Redis, so a join whose halves were seen on different nodes (the proxy's placement
+//! Shares state in cluster mode: the observers of one cluster, one per node, share what the engine
+//! needs through Redis, so a join whose halves were seen on different nodes (the proxy's placement
 //! here, push's call there) still completes, and a restarted observer finds the placements made
 //! before it started.
 //!
@@ -36,14 +36,15 @@ pub use keys::{ConnectionKey, Keys, PushOutcome, RingSide, SharedPlacement};
 pub use link::ClusterLink;
 pub use store::{SharedState, StoreHealth, StoreMetrics};
 
-/// The environment variable read for the Redis URL when neither flag gives one, so a Kubernetes
-/// Secret can hold the credentials (`env.valueFrom.secretKeyRef`).
+/// Names the environment variable read for the Redis URL when neither flag gives one, so a
+/// Kubernetes Secret can hold the credentials (`env.valueFrom.secretKeyRef`).
 pub const REDIS_URL_ENV: &str = "OPENIM_OBSERVER_REDIS_URL";
-/// The environment variable read for a Redis Cluster's seed nodes, as [`REDIS_URL_ENV`].
+/// Names the environment variable read for a Redis Cluster's seed nodes, as [`REDIS_URL_ENV`].
 pub const REDIS_CLUSTER_ENV: &str = "OPENIM_OBSERVER_REDIS_CLUSTER";
-/// The environment variable read for the sentinels' URLs, as [`REDIS_URL_ENV`].
+/// Names the environment variable read for the sentinels' URLs, as [`REDIS_URL_ENV`].
 pub const REDIS_SENTINEL_ENV: &str = "OPENIM_OBSERVER_REDIS_SENTINEL";
 
+/// Describes a cluster-mode setting that cannot be used; each displays as one line.
 #[derive(Debug, Error)]
 pub enum ClusterError {
     #[error("{flag} {path}: {source}")]
@@ -138,7 +139,7 @@ pub struct ClusterArgs {
     pub redis_queue: usize,
 }
 
-/// Cluster mode's settings, resolved from the flags, a file and the environment.
+/// Holds cluster mode's settings, resolved from the flags, a file and the environment.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
     pub redis: RedisTopology,
@@ -148,7 +149,13 @@ pub struct ClusterConfig {
 }
 
 impl ClusterArgs {
-    /// `None` when no Redis is given anywhere: single-node mode.
+    /// Resolves the settings; `None` when no Redis is given anywhere: single-node mode.
+    ///
+    /// # Errors
+    ///
+    /// Fails when a URL file cannot be read or is empty, a URL is invalid, two of `--redis-url`,
+    /// `--redis-cluster` and `--redis-sentinel` are given, the sentinel master is missing or given
+    /// alone, a cluster URL names a database, the prefix is empty, or no node name is found.
     pub fn resolve(&self) -> Result<Option<ClusterConfig>, ClusterError> {
         let Some(redis) = self.topology()? else {
             return Ok(None);
@@ -168,7 +175,7 @@ impl ClusterArgs {
         }))
     }
 
-    /// The Redis named by the flags, their files or the environment; two named is an error.
+    /// Returns the Redis named by the flags, their files or the environment; two named is an error.
     fn topology(&self) -> Result<Option<RedisTopology>, ClusterError> {
         let single = given(
             &self.redis_url,
@@ -233,7 +240,7 @@ impl ClusterArgs {
     }
 }
 
-/// A setting given by its flag, else its file flag, else its environment variable.
+/// Returns a setting given by its flag, else its file flag, else its environment variable.
 fn given(
     flag: &Option<String>,
     file: &Option<PathBuf>,
@@ -278,7 +285,7 @@ fn hostname() -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-/// A Redis URL that may hold a password: `Display` and `Debug` show it without one
+/// Holds a Redis URL that may hold a password: `Display` and `Debug` show it without one
 /// (`rediss://observer@redis:6380/0`), so logs and errors never carry it.
 #[derive(Clone)]
 pub struct RedisUrl {
@@ -288,6 +295,12 @@ pub struct RedisUrl {
 }
 
 impl RedisUrl {
+    /// Parses one `redis://` or `rediss://` URL.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`ClusterError::InvalidUrl`] for another scheme or a URL the Redis client
+    /// rejects.
     pub fn parse(text: &str) -> Result<Self, ClusterError> {
         use redis::IntoConnectionInfo;
         let scheme = text.split_once("://").map(|(scheme, _)| scheme);
@@ -320,6 +333,10 @@ impl RedisUrl {
     }
 
     /// Parses URLs separated by commas, spaces or lines (a list in a file); at least one.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`ClusterError::InvalidUrl`] when a URL is invalid or the list has none.
     pub fn parse_list(text: &str) -> Result<Vec<Self>, ClusterError> {
         let urls = text
             .split(|c: char| c == ',' || c.is_whitespace())
@@ -334,7 +351,7 @@ impl RedisUrl {
         Ok(urls)
     }
 
-    /// The URL with its credentials, for the client only.
+    /// Returns the URL with its credentials, for the client only.
     pub(crate) fn expose(&self) -> &str {
         &self.secret
     }
@@ -367,7 +384,7 @@ impl fmt::Debug for RedisUrl {
     }
 }
 
-/// Which Redis holds the shared state. `Display` names it without passwords.
+/// Names which Redis holds the shared state. `Display` names it without passwords.
 #[derive(Clone, Debug)]
 pub enum RedisTopology {
     /// One server (`--redis-url`).

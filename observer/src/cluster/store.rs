@@ -1,4 +1,4 @@
-//! The Redis client of cluster mode.
+//! Talks to Redis for cluster mode.
 //!
 //! Writes never block the engine: [`SharedState::record`] puts a fact on a bounded queue
 //! (full: dropped and counted) and a writer task sends what is queued as pipelined batches.
@@ -37,9 +37,11 @@ pub use super::{
 };
 
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
-/// While Redis is down the probe (which is also the reconnect attempt) backs off to this.
+/// Bounds the probe's backoff: while Redis is down the probe (which is also the reconnect attempt)
+/// backs off to this.
 const MAX_PROBE_BACKOFF: Duration = Duration::from_secs(4);
 
+/// Describes a Redis request that failed; `redis` names the topology without passwords.
 #[derive(Debug, Error)]
 pub enum StoreError {
     /// `redis` is the topology without passwords ([`RedisTopology`]'s `Display`).
@@ -49,7 +51,7 @@ pub enum StoreError {
     Timeout { redis: String, timeout: Duration },
 }
 
-/// The shared ring evidence: every node's members per side and recent placements.
+/// Holds the shared ring evidence: every node's members per side and recent placements.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RingEvidence {
     pub proxy: BTreeMap<String, RingMember>,
@@ -58,7 +60,7 @@ pub struct RingEvidence {
     pub placements: Vec<(String, IpAddr)>,
 }
 
-/// A node's handle on the shared state. Dropping it stops its tasks.
+/// Holds a node's handle on the shared state. Dropping it stops its tasks.
 pub struct SharedState {
     keys: Keys,
     node: String,
@@ -80,6 +82,10 @@ impl Drop for SharedState {
 impl SharedState {
     /// Starts the probe and the writer; needs a tokio runtime. Redis need not be reachable:
     /// the client connects lazily and the probe reports when it is.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`StoreError::Redis`] when no client can be set up for the configured Redis.
     pub fn start(config: &ClusterConfig) -> Result<Self, StoreError> {
         // rustls picks its provider from the process default; kube already builds `ring`.
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -112,14 +118,17 @@ impl SharedState {
         })
     }
 
+    /// Returns this node's name.
     pub fn node(&self) -> &str {
         &self.node
     }
 
+    /// Returns the keys under this cluster's prefix.
     pub fn keys(&self) -> &Keys {
         &self.keys
     }
 
+    /// Returns the store's health and totals, shared.
     pub fn health(&self) -> Arc<StoreHealth> {
         Arc::clone(&self.health)
     }
@@ -136,7 +145,12 @@ impl SharedState {
         }
     }
 
-    /// Every node's live placements of `users`, in one pipelined round trip.
+    /// Returns every node's live placements of `users`, in one pipelined round trip.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`StoreError::Timeout`] when Redis does not answer in time, and
+    /// [`StoreError::Redis`] when the request fails or its answer does not decode.
     pub async fn placements_of(
         &self,
         users: &[String],
@@ -167,8 +181,13 @@ impl SharedState {
             .collect())
     }
 
-    /// The placements this node made and shared, e.g. before a restart: two round trips
+    /// Returns the placements this node made and shared, e.g. before a restart: two round trips
     /// (the node's connection index, then its users' fields).
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`StoreError::Timeout`] when Redis does not answer in time, and
+    /// [`StoreError::Redis`] when a request fails or its answer does not decode.
     pub async fn own_placements(&self) -> Result<Vec<SharedPlacement>, StoreError> {
         let index: HashMap<String, String> = self
             .query(redis::cmd("HGETALL").arg(self.keys.node_connections(&self.node)))
@@ -197,7 +216,12 @@ impl SharedState {
         Ok(placements)
     }
 
-    /// The last push outcomes for each of `users`, newest first, in one round trip.
+    /// Returns the last push outcomes for each of `users`, newest first, in one round trip.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`StoreError::Timeout`] when Redis does not answer in time, and
+    /// [`StoreError::Redis`] when the request fails or its answer does not decode.
     pub async fn push_outcomes(
         &self,
         users: &[String],
@@ -228,7 +252,12 @@ impl SharedState {
             .collect())
     }
 
-    /// Every node's ring members (seen within the ring TTL) and recent placements.
+    /// Returns every node's ring members (seen within the ring TTL) and recent placements.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`StoreError::Timeout`] when Redis does not answer in time, and
+    /// [`StoreError::Redis`] when the request fails or its answer does not decode.
     pub async fn ring_evidence(&self) -> Result<RingEvidence, StoreError> {
         let mut pipe = redis::pipe();
         pipe.hgetall(self.keys.ring_members(RingSide::Proxy))
@@ -264,6 +293,11 @@ impl SharedState {
     /// Claims each key for this node for its time to live (`SET key node NX PX ttl`), in one
     /// pipelined round trip: true, in order, where this node is the one claimant cluster-wide
     /// until the key expires.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`StoreError::Timeout`] when Redis does not answer in time, and
+    /// [`StoreError::Redis`] when the request fails or its answer does not decode.
     pub async fn claims(&self, claims: &[(&str, Duration)]) -> Result<Vec<bool>, StoreError> {
         if claims.is_empty() {
             return Ok(Vec::new());
@@ -301,7 +335,7 @@ impl SharedState {
     }
 }
 
-/// A command or a pipeline, sent the same way.
+/// Sends a command or a pipeline the same way.
 trait Requestable {
     async fn send<T: redis::FromRedisValue>(
         &self,

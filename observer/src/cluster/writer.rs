@@ -1,4 +1,4 @@
-//! The writer task of cluster mode: sends queued facts as pipelined batches while Redis is up,
+//! Runs the writer task of cluster mode: sends queued facts as pipelined batches while Redis is up,
 //! and keeps this node's own placements and ring members fresh (TTL refreshes, and a rewrite of
 //! everything it owns when Redis comes back, possibly restarted empty).
 
@@ -37,7 +37,7 @@ pub(super) struct Writer {
     announced: u64,
 }
 
-/// One entry of the placement change log (`keys::Keys::placement_changes`).
+/// Holds one entry of the placement change log (`keys::Keys::placement_changes`).
 #[derive(serde::Serialize)]
 struct ChangeEntry<'a> {
     node: &'a str,
@@ -47,7 +47,7 @@ struct ChangeEntry<'a> {
     users: &'a BTreeSet<String>,
 }
 
-/// What this node did to one user's push outcome list.
+/// Records what this node did to one user's push outcome list.
 struct OutcomeList {
     /// Outcomes pushed since this node last trimmed it.
     since_trim: usize,
@@ -55,7 +55,7 @@ struct OutcomeList {
     expiry_set: Option<Instant>,
 }
 
-/// What the facts of one batch share, written once each at the end of its pipeline.
+/// Holds what the facts of one batch share, written once each at the end of its pipeline.
 #[derive(Default)]
 struct Staged {
     /// `USER IP` per placement, oldest first.
@@ -338,7 +338,7 @@ impl Writer {
         }
     }
 
-    /// Whether a sighting of a ring member must be written: new, moved, or not written for
+    /// Says whether a sighting of a ring member must be written: new, moved, or not written for
     /// [`RING_MEMBER_REWRITE`].
     fn ring_member_due(&mut self, side: RingSide, member: &str, ip: IpAddr, now_ms: u64) -> bool {
         let key = (side, member.to_owned());
