@@ -1,5 +1,5 @@
-//! The flags of `observer run` and `observer replay`, and what they make of them: the capture's
-//! options and the engine's configuration.
+//! Declares the flags of `observer run` and `observer replay`, and what they make of them: the
+//! capture's options and the engine's configuration.
 
 use std::path::PathBuf;
 
@@ -16,7 +16,7 @@ use crate::{
     tools::in_range,
 };
 
-/// A command-line usage error in one line, like every other error a user can cause: clap's
+/// Writes a command-line usage error in one line, like every other error a user can cause: clap's
 /// message up to its blank line (the usage and tips follow), its lines joined, without its
 /// `error: `. For `observer` and the lab's `openim-lab` alike.
 pub fn usage_error_line(error: &clap::Error) -> String {
@@ -29,11 +29,11 @@ pub fn usage_error_line(error: &clap::Error) -> String {
     message.join(" ").trim_start_matches("error: ").to_owned()
 }
 
-/// What every flag's environment variable starts with: `--grpc-port` is also
+/// Names what every flag's environment variable starts with: `--grpc-port` is also
 /// `OPENIM_OBSERVER_GRPC_PORT`.
 pub const ENV_PREFIX: &str = "OPENIM_OBSERVER_";
 
-/// Flags read from an environment variable of their own, named in their help, rather than
+/// Lists the flags read from an environment variable of their own, named in their help, rather than
 /// from `ENV_PREFIX`'s: the Redis URLs' (`cluster::REDIS_URL_ENV` and its siblings, read when
 /// neither flag gives one, so it cannot conflict with `--redis-url-file` and the like).
 const OWN_ENVIRONMENT: &[&str] = &["redis-url", "redis-cluster", "redis-sentinel"];
@@ -77,7 +77,7 @@ fn with_env(command: Command) -> Command {
     })
 }
 
-/// How alerts are printed.
+/// Names how alerts are printed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
     /// One JSON object per line (docs/schema/ holds the schema).
@@ -318,7 +318,7 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    /// `node`: this node's name in cluster mode.
+    /// Builds the engine's configuration; `node`: this node's name in cluster mode.
     pub(super) fn config(&self, node: Option<String>) -> EngineConfig {
         let defaults = EngineConfig::default();
         let memory = MemoryBudget::new(self.memory_budget);

@@ -42,10 +42,10 @@ use crate::{
 const MAX_BATCHES_BEFORE_RECONCILE: usize = 8;
 const MAX_BATCHES_AT_STOP: usize = 64;
 
-/// How often the readiness looks at the pod watch until every pod list has loaded.
+/// Sets how often the readiness looks at the pod watch until every pod list has loaded.
 const POD_LISTS_POLL: Duration = Duration::from_millis(200);
 
-/// The attached programs and everything that turns their records into lines.
+/// Holds the attached programs and everything that turns their records into lines.
 pub(super) struct Live {
     capture: KernelCapture,
     sink: EventSink,

@@ -1,4 +1,4 @@
-//! `observer run` (live, needs the kernel programs) and `observer replay` (a recording, no
+//! Runs `observer run` (live, needs the kernel programs) and `observer replay` (a recording, no
 //! root): both turn events into output lines on stdout. `args` holds their flags, `sink` the
 //! path from an event to the lines it prints.
 
@@ -66,11 +66,11 @@ fn release_freed_memory() {
     unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
-/// How often the engine's connections are checked against the kernel's (`Engine::reconcile`):
+/// Sets how often the engine's connections are checked against the kernel's (`Engine::reconcile`):
 /// state whose close was lost (a full ring drops records) ends within this long of its socket.
 pub const RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 
-/// A miss in the cgroup index rescans the hierarchy at most this often.
+/// Bounds how often a miss in the cgroup index rescans the hierarchy.
 const CGROUP_RESCAN_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Runs `observer run`: attaches the kernel programs and prints alert lines until SIGINT,
@@ -86,7 +86,7 @@ pub async fn run(args: RunArgs) -> Result<(), DaemonError> {
     live.stop().await
 }
 
-/// The final counters, on stderr so stdout stays machine-readable.
+/// Prints the final counters, on stderr so stdout stays machine-readable.
 fn report_stop(
     engine: &Engine,
     malformed_records: usize,
@@ -118,9 +118,18 @@ fn unix_now_ns() -> u64 {
         })
 }
 
-/// A recorded event is one data record of at most a few KiB, base64: a longer line is not one.
+/// Bounds a recording's lines: a recorded event is one data record of at most a few KiB, base64: a
+/// longer line is not one.
 pub const MAX_RECORDING_LINE_BYTES: usize = 64 << 10;
 
+/// Runs `observer replay`: reads the recording and prints the alert lines its events raise.
+///
+/// # Errors
+///
+/// Fails with [`DaemonError::File`] when the recording cannot be opened or the events file
+/// written, [`DaemonError::Input`] when a line cannot be read, is not UTF-8 or is too long,
+/// [`DaemonError::Recording`] when a line is not a recorded event, and [`DaemonError::Output`]
+/// when stdout cannot be written.
 pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
     let file = File::open(&args.file).map_err(|source| DaemonError::File {
         path: args.file.clone(),

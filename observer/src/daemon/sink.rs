@@ -1,5 +1,5 @@
-//! Where events go once captured or replayed: the engine, and optionally stdout and a file;
-//! and the alerts the engine raises, printed.
+//! Routes events once captured or replayed: to the engine, and optionally stdout and a file;
+//! and prints the alerts the engine raises.
 
 use std::{
     fs::File,
@@ -24,12 +24,12 @@ use crate::{
     model::Event,
 };
 
-/// Cluster mode, at shutdown: joins and claims still in flight are waited for this long.
+/// Bounds the wait, in cluster mode at shutdown, for joins and claims still in flight.
 const SETTLE_AT_STOP: Duration = Duration::from_secs(2);
-/// How often a stopping observer looks whether the writer has written every fact.
+/// Sets how often a stopping observer looks whether the writer has written every fact.
 const FACTS_SETTLE_POLL: Duration = Duration::from_millis(2);
 
-/// Where events go once captured or replayed: the engine, and optionally stdout and a file.
+/// Holds where events go once captured or replayed: the engine, and optionally stdout and a file.
 pub(super) struct EventSink {
     stdout: BufWriter<io::Stdout>,
     /// Writes the alert lines, keeping the JSON of the gateways and processes they name.
@@ -80,7 +80,7 @@ impl EventSink {
         }
     }
 
-    /// Live runs, once a second: what capture lost since the last check.
+    /// Checks, in live runs once a second, what capture lost since the last check.
     pub(super) fn check_capture(&mut self, now_ns: u64, kernel: &KernelCounters) {
         if let Some(health) = &mut self.health {
             let spots = self.engine.take_blind_spots();
@@ -125,14 +125,15 @@ impl EventSink {
         }
     }
 
-    /// Cluster mode: what the shared state brought back (a join, a claim, ring evidence).
+    /// Applies, in cluster mode, what the shared state brought back (a join, a claim, ring
+    /// evidence).
     pub(super) fn apply(&mut self, done: Done) {
         if let Some(link) = &mut self.cluster {
             link.apply(done, &mut self.engine, &mut self.alerts);
         }
     }
 
-    /// Cluster mode, at shutdown: waits a little for the joins and claims still in flight, and
+    /// Waits a little, in cluster mode at shutdown, for the joins and claims still in flight, and
     /// for the facts not yet written. A restarted observer recovers this node's placements
     /// from Redis, so one made just before the stop and left on the queue would be a user
     /// whose pushes nobody can judge.
