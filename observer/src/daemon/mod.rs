@@ -126,8 +126,8 @@ pub const MAX_RECORDING_LINE_BYTES: usize = 64 << 10;
 ///
 /// # Errors
 ///
-/// Fails with [`DaemonError::File`] when the recording cannot be opened or the events file
-/// written, [`DaemonError::Input`] when a line cannot be read, is not UTF-8 or is too long,
+/// Fails with [`DaemonError::File`] when the recording cannot be opened,
+/// [`DaemonError::Input`] when a line cannot be read, is not UTF-8 or is too long,
 /// [`DaemonError::Recording`] when a line is not a recorded event, and [`DaemonError::Output`]
 /// when stdout cannot be written.
 pub fn replay(args: ReplayArgs) -> Result<(), DaemonError> {
