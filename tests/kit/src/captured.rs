@@ -1,5 +1,5 @@
-//! What the kernel tests read out of `observer run --events`, and the sockets they read it
-//! from.
+//! Helps the kernel tests with what they read out of `observer run --events`, and the sockets they
+//! read it from.
 
 use std::{
     io::Write,
@@ -10,7 +10,7 @@ use std::{
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use serde_json::Value;
 
-/// The lock every kernel test of a test binary holds: they share kernel state (attached
+/// Names the lock every kernel test of a test binary holds: they share kernel state (attached
 /// programs), so they run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 

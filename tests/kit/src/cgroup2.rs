@@ -1,16 +1,16 @@
-//! A cgroup v2 hierarchy of the tests' own: `--cgroup-scope` and the packet hook (`--cgroup-root`)
-//! need one, and this host's services may live in cgroup v1 only. Needs root.
+//! Mounts a cgroup v2 hierarchy of the tests' own: `--cgroup-scope` and the packet hook
+//! (`--cgroup-root`) need one, and this host's services may live in cgroup v1 only. Needs root.
 
-/// A cgroup v2 hierarchy mounted at a temporary directory (this host's services may live in
-/// cgroup v1 only), with sub-directories made on demand. Dropping it moves any process left in
-/// them back to the root, removes them and unmounts.
+/// Holds a cgroup v2 hierarchy mounted at a temporary directory (this host's services may live in
+/// cgroup v1 only), with sub-directories made on demand. Dropping it moves any process left in them
+/// back to the root, removes them and unmounts.
 pub struct Cgroup2Mount {
     mount: tempfile::TempDir,
     children: Vec<std::path::PathBuf>,
 }
 
 impl Cgroup2Mount {
-    /// The hierarchy's root directory.
+    /// Returns the hierarchy's root directory.
     pub fn root(&self) -> &std::path::Path {
         self.mount.path()
     }
@@ -37,6 +37,8 @@ impl Cgroup2Mount {
         }
     }
 
+    /// Makes a cgroup under the root named after this process and `name`, removed when the mount is
+    /// dropped, and returns its path; panics if it cannot.
     pub fn child(&mut self, name: &str) -> std::path::PathBuf {
         let path = self
             .mount
@@ -47,6 +49,7 @@ impl Cgroup2Mount {
         path
     }
 
+    /// Moves the process `pid` into the root cgroup; panics if it cannot.
     pub fn move_to_root(&self, pid: u32) {
         std::fs::write(self.mount.path().join("cgroup.procs"), pid.to_string())
             .expect("move to the root cgroup");

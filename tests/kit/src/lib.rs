@@ -1,4 +1,4 @@
-//! Test kit: what the observer's tests, benches and fuzz seeds build their input from.
+//! Provides the test kit: what the observer's tests, benches and fuzz seeds build their input from.
 //!
 //! - [`captured`]: what the kernel tests read out of `observer run --events` (streams, ends of
 //!   connections) and the raw sockets they make it from.

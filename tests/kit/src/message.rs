@@ -1,13 +1,13 @@
-//! OpenIM's messages as the sender encodes them, content included: the library's `MsgData`
-//! omits field 12 on purpose, so only test code can produce a body to check it never leaks.
-//! And the push messages over only the fields the observer reads, declared with `prost`: the
-//! encoders of tests, and the reference the observer's own wire walk is fuzzed against.
+//! Defines OpenIM's messages as the sender encodes them, content included: the library's `MsgData`
+//! omits field 12 on purpose, so only test code can produce a body to check it never leaks. And the
+//! push messages over only the fields the observer reads, declared with `prost`: the encoders of
+//! tests, and the reference the observer's own wire walk is fuzzed against.
 
 use bytes::Bytes;
 pub use observer::decode::protobuf::MsgData;
 use prost::Message;
 
-/// `sdkws.MsgData` (field numbers are OpenIM's) with the private body in `content`.
+/// Mirrors `sdkws.MsgData` (field numbers are OpenIM's) with the private body in `content`.
 #[derive(Clone, PartialEq, Message)]
 pub struct MsgDataWithContent {
     #[prost(string, tag = "1")]
@@ -32,7 +32,7 @@ pub struct MsgDataWithContent {
     pub send_time: i64,
 }
 
-/// `msggateway.OnlineBatchPushOneMsgReq`: one message and the users push sends it to.
+/// Mirrors `msggateway.OnlineBatchPushOneMsgReq`: one message and the users push sends it to.
 #[derive(Clone, PartialEq, Message)]
 pub struct BatchPushRequestWithContent {
     #[prost(message, optional, tag = "1")]
@@ -41,7 +41,7 @@ pub struct BatchPushRequestWithContent {
     pub push_to_user_ids: Vec<String>,
 }
 
-/// `msggateway.SingleMsgToUserResults` as a gateway encodes it: each platform's result
+/// Mirrors `msggateway.SingleMsgToUserResults` as a gateway encodes it: each platform's result
 /// repeats the user in `recvID`, a field the library's batch answer does not declare.
 #[derive(Clone, PartialEq, Message)]
 pub struct UserResultsAsSent {
@@ -53,14 +53,14 @@ pub struct UserResultsAsSent {
     pub online_push: bool,
 }
 
-/// `msggateway.OnlineBatchPushOneMsgResp` as a gateway encodes it.
+/// Mirrors `msggateway.OnlineBatchPushOneMsgResp` as a gateway encodes it.
 #[derive(Clone, PartialEq, Message)]
 pub struct BatchPushAnswerAsSent {
     #[prost(message, repeated, tag = "1")]
     pub single_push_result: Vec<UserResultsAsSent>,
 }
 
-/// `msggateway.OnlineBatchPushOneMsgReq` as the observer reads it.
+/// Mirrors `msggateway.OnlineBatchPushOneMsgReq` as the observer reads it.
 #[derive(Clone, PartialEq, Message)]
 pub struct OnlineBatchPushOneMsgReq {
     #[prost(message, optional, tag = "1")]
@@ -69,7 +69,7 @@ pub struct OnlineBatchPushOneMsgReq {
     pub push_to_user_ids: Vec<Bytes>,
 }
 
-/// `msggateway.OnlinePushMsgReq` as the observer reads it.
+/// Mirrors `msggateway.OnlinePushMsgReq` as the observer reads it.
 #[derive(Clone, PartialEq, Message)]
 pub struct OnlinePushMsgReq {
     #[prost(message, optional, tag = "1")]
@@ -78,7 +78,7 @@ pub struct OnlinePushMsgReq {
     pub push_to_user_id: Bytes,
 }
 
-/// `msggateway.SingleMsgToUserPlatform`: one platform's result, with its user.
+/// Mirrors `msggateway.SingleMsgToUserPlatform`: one platform's result, with its user.
 #[derive(Clone, PartialEq, Message)]
 pub struct SingleMsgToUserPlatform {
     #[prost(int64, tag = "1")]
@@ -89,7 +89,7 @@ pub struct SingleMsgToUserPlatform {
     pub recv_platform_id: i32,
 }
 
-/// `SingleMsgToUserPlatform` inside a batch answer's user entry, as the observer reads it:
+/// Mirrors `SingleMsgToUserPlatform` inside a batch answer's user entry, as the observer reads it:
 /// without its `recvID` (2), which repeats the entry's `userID`.
 #[derive(Clone, PartialEq, Message)]
 pub struct PlatformOfUserResult {
@@ -99,7 +99,7 @@ pub struct PlatformOfUserResult {
     pub recv_platform_id: i32,
 }
 
-/// `msggateway.SingleMsgToUserResults` as the observer reads it.
+/// Mirrors `msggateway.SingleMsgToUserResults` as the observer reads it.
 #[derive(Clone, PartialEq, Message)]
 pub struct SingleMsgToUserResults {
     #[prost(bytes = "bytes", tag = "1")]
@@ -110,14 +110,14 @@ pub struct SingleMsgToUserResults {
     pub online_push: bool,
 }
 
-/// `msggateway.OnlineBatchPushOneMsgResp` as the observer reads it.
+/// Mirrors `msggateway.OnlineBatchPushOneMsgResp` as the observer reads it.
 #[derive(Clone, PartialEq, Message)]
 pub struct OnlineBatchPushOneMsgResp {
     #[prost(message, repeated, tag = "1")]
     pub single_push_result: Vec<SingleMsgToUserResults>,
 }
 
-/// `msggateway.OnlinePushMsgResp`.
+/// Mirrors `msggateway.OnlinePushMsgResp`.
 #[derive(Clone, PartialEq, Message)]
 pub struct OnlinePushMsgResp {
     #[prost(message, repeated, tag = "1")]

@@ -1,4 +1,4 @@
-//! The real `observer` binary, run by a test: [`ObserverProcess`] for any `observer run`, and
+//! Runs the real `observer` binary for a test: [`ObserverProcess`] for any `observer run`, and
 //! [`Observer`] for the kernel tests' `observer run --events`, whose lines they read as JSON.
 
 use std::ffi::OsStr;
@@ -11,10 +11,10 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
-/// How long [`Observer::wait_for`] waits for a line.
+/// Bounds how long [`Observer::wait_for`] waits for a line.
 pub const WAIT: Duration = Duration::from_secs(20);
 
-/// A live `observer run`, its stdout (JSON lines) collected on a thread.
+/// Holds a live `observer run`, its stdout (JSON lines) collected on a thread.
 pub struct ObserverProcess {
     child: Child,
     /// Each line with the time the reading thread got it.
@@ -24,7 +24,7 @@ pub struct ObserverProcess {
     exited: bool,
 }
 
-/// Everything the observer printed.
+/// Holds everything the observer printed.
 #[derive(Debug, Default)]
 pub struct ObserverOutput {
     /// Alert objects (stdout lines other than `observer_started`).
@@ -37,7 +37,7 @@ pub struct ObserverOutput {
 }
 
 impl ObserverOutput {
-    /// The `observer_stopped` line (its counters) from stderr.
+    /// Returns the `observer_stopped` line (its counters) from stderr.
     pub fn stopped_line(&self) -> Value {
         stopped_line(&self.stderr)
     }
@@ -64,8 +64,9 @@ impl ObserverProcess {
         Self::spawn(Command::new(binary), args)
     }
 
-    /// [`ObserverProcess::start`] through `command`, a command line that ends in the observer
-    /// binary (a wrapper such as `setpriv … observer`), with `run ARGS…` appended.
+    /// Starts the observer as [`ObserverProcess::start`] does, through `command`, a command line
+    /// that ends in the observer binary (a wrapper such as `setpriv … observer`), with `run ARGS…`
+    /// appended.
     ///
     /// # Errors
     /// As [`ObserverProcess::start`].
@@ -116,7 +117,7 @@ impl ObserverProcess {
         }
     }
 
-    /// Where its kernel programs copy the bytes, and why: `observer_started`'s `capture_hook`
+    /// Says where its kernel programs copy the bytes, and why: `observer_started`'s `capture_hook`
     /// and `capture_hook_reason`, as "packets (auto: …)".
     pub fn capture_hook(&self) -> String {
         let started = self
@@ -132,7 +133,7 @@ impl ObserverProcess {
         )
     }
 
-    /// The stdout lines read so far, verbatim.
+    /// Returns the stdout lines read so far, verbatim.
     pub fn lines(&self) -> &[String] {
         &self.stdout
     }
@@ -167,7 +168,7 @@ impl ObserverProcess {
         }
     }
 
-    /// The lines printed until `until`, each with the time it was read (kept for
+    /// Returns the lines printed until `until`, each with the time it was read (kept for
     /// [`ObserverProcess::stop`] too).
     pub fn timed_lines_until(&mut self, until: Instant) -> Vec<(SystemTime, String)> {
         let mut lines = Vec::new();
@@ -194,7 +195,7 @@ impl ObserverProcess {
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGCONT) };
     }
 
-    /// Whether the process has not exited.
+    /// Says whether the process has not exited.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
@@ -259,8 +260,8 @@ pub fn check_schema(stdout: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An observer dropped without `stop` (a failed start beside it, a test that panicked) must
-/// not keep its programs attached (or the machine lock its parent inherited) under the next
+/// Kills an observer dropped without `stop` (a failed start beside it, a test that panicked): it
+/// must not keep its programs attached (or the machine lock its parent inherited) under the next
 /// test.
 impl Drop for ObserverProcess {
     fn drop(&mut self) {
@@ -271,7 +272,7 @@ impl Drop for ObserverProcess {
     }
 }
 
-/// A running `observer run --events` of the kernel tests, its lines read as JSON.
+/// Holds a running `observer run --events` of the kernel tests, its lines read as JSON.
 ///
 /// It hooks the syscalls unless the arguments name a hook: `auto` would take the packet hook
 /// wherever the machine offers a cgroup v2 hierarchy, and the tests of the syscall hook would
@@ -291,15 +292,17 @@ impl Observer {
         Self::start_with_env(binary, args, &[])
     }
 
-    /// [`Observer::start`] with `env` added to the observer's environment.
+    /// Starts the observer as [`Observer::start`] does, with `env` added to the observer's
+    /// environment.
     pub fn start_with_env(binary: impl AsRef<OsStr>, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(binary);
         command.envs(env.iter().copied());
         Self::spawn(command, args)
     }
 
-    /// [`Observer::start`] in a cgroup namespace of its own, rooted at `cgroup` (as a pod's is
-    /// on a cgroup v2 node): /proc then spells other processes' cgroups from there.
+    /// Starts the observer as [`Observer::start`] does, in a cgroup namespace of its own, rooted at
+    /// `cgroup` (as a pod's is on a cgroup v2 node): /proc then spells other processes' cgroups
+    /// from there.
     pub fn start_in_cgroup_namespace(
         binary: impl AsRef<OsStr>,
         cgroup: &Path,
@@ -316,7 +319,8 @@ impl Observer {
         Self::spawn(command, args)
     }
 
-    /// [`Observer::start`] through `command`, a command line that ends in the observer binary.
+    /// Starts the observer as [`Observer::start`] does, through `command`, a command line that ends
+    /// in the observer binary.
     pub fn spawn(command: Command, args: &[&str]) -> Self {
         let mut all = vec!["--events"];
         if !args.contains(&"--capture-hook") {
@@ -357,7 +361,7 @@ impl Observer {
     }
 }
 
-/// One line of `--events`, which are all JSON.
+/// Parses one line of `--events`, which are all JSON.
 fn parse(line: &str) -> Value {
     serde_json::from_str(line)
         .unwrap_or_else(|err| panic!("stdout line is not JSON ({err}): {line}"))

@@ -1,4 +1,5 @@
-//! Loopback ports for tests that listen: free ones, never handed out twice by one process.
+//! Hands out loopback ports for tests that listen: free ones, never handed out twice by one
+//! process.
 //!
 //! Each port is one the kernel gives to a bind of port 0 on 127.0.0.1, checked free on `[::1]`
 //! too, so two test files (two test binaries) cannot both be handed a port one of them holds,
@@ -10,7 +11,7 @@ use std::{
     sync::Mutex,
 };
 
-/// Ports this process handed out already.
+/// Holds the ports this process handed out already.
 static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 
 /// Returns a port free on 127.0.0.1 and on `[::1]` now, not returned before in this process.

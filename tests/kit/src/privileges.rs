@@ -1,4 +1,4 @@
-//! Whether a test that loads the observer's eBPF programs can run here, and how it skips.
+//! Says whether a test that loads the observer's eBPF programs can run here, and how it skips.
 //!
 //! On a normal user's plain `cargo test` such tests skip and say why; under `cargo xtask test`,
 //! which sets `OBSERVER_REQUIRE_EBPF`, they fail instead, so a CI that cannot load the programs
@@ -6,7 +6,7 @@
 
 use std::io::Write;
 
-/// Why the observer cannot load its programs here: not root, or built without them.
+/// Says why the observer cannot load its programs here: not root, or built without them.
 pub fn kernel_unavailable() -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -15,14 +15,14 @@ pub fn kernel_unavailable() -> Option<String> {
     programs_missing().map(str::to_owned)
 }
 
-/// Why the observer has no programs to load: it was built without them.
+/// Says why the observer has no programs to load: it was built without them.
 pub fn programs_missing() -> Option<&'static str> {
     (!observer::capture::kernel::PROGRAMS_EMBEDDED).then_some(
         "the observer was built without its eBPF programs (build with `cargo xtask build`)",
     )
 }
 
-/// Whether the calling test can start the observer with its programs here (root, programs
+/// Says whether the calling test can start the observer with its programs here (root, programs
 /// embedded). When it cannot, it says so (see [`skip`]) and the test should return early.
 pub fn can_run() -> bool {
     match kernel_unavailable() {

@@ -1,4 +1,4 @@
-//! Synthetic OpenIM 3.5.1 traffic as the capture layer delivers it: real byte streams in
+//! Generates synthetic OpenIM 3.5.1 traffic as the capture layer delivers it: real byte streams in
 //! `Event`s, for benches, integration tests and the fuzz seeds.
 //!
 //! What is generated, as OpenIM 3.5.1 does it:
@@ -36,19 +36,28 @@ use crate::message::{
     SingleMsgToUserPlatform, UserResultsAsSent,
 };
 
+/// Names the gRPC method of the pushes generated.
 pub const PUSH_PATH: &str = "/OpenIMServer.msggateway.msgGateway/SuperGroupOnlineBatchPushOneMsg";
+/// Names the OpenIM instance of the generated cluster.
 pub const INSTANCE: &str = "im";
+/// Names the namespace of the generated cluster.
 pub const NAMESPACE: &str = "openim";
-/// The kernel's `comm` is the first 15 bytes of the executable name.
+/// Names the proxy process as the kernel's `comm` does, the first 15 bytes of the executable
+/// name.
 pub const PROXY_COMM: &str = "openim-msggatew";
+/// Names the push process as the kernel's `comm` does.
 pub const PUSH_COMM: &str = "openim-push";
+/// Numbers the proxy process.
 pub const PROXY_PID: u32 = 2101;
+/// Numbers the push process.
 pub const PUSH_PID: u32 = 3303;
+/// Numbers the gateways' WebSocket port.
 pub const WEBSOCKET_PORT: u16 = 80;
+/// Numbers the gateways' gRPC port.
 pub const GRPC_PORT: u16 = 88;
-/// Around 2025-11-30, so rendered timestamps look like a capture's.
+/// Starts the clock around 2025-11-30, so rendered timestamps look like a capture's.
 const START_NS: u64 = 1_764_500_000_000_000_000;
-/// Kernel socket addresses live in the direct map.
+/// Numbers the first socket in the direct map, where kernel socket addresses live.
 const FIRST_SOCKET: u64 = 0xffff_8880_0400_0000;
 
 #[derive(Clone, Debug)]
@@ -97,7 +106,7 @@ impl Default for Scenario {
     }
 }
 
-/// The generated events, in time order, and what a correct observer should conclude.
+/// Holds the generated events, in time order, and what a correct observer should conclude.
 pub struct Traffic {
     pub events: Vec<Event>,
     pub users: Vec<String>,
@@ -108,14 +117,16 @@ pub struct Traffic {
     pub push_members: Vec<String>,
 }
 
-/// A fixed-seed SplitMix64, so every run generates the same traffic.
+/// Draws numbers from a fixed-seed SplitMix64, so every run generates the same traffic.
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// Starts the sequence at `seed`.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// Returns the next number of the sequence.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut mixed = self.0;
@@ -124,11 +135,13 @@ impl SplitMix64 {
         mixed ^ (mixed >> 31)
     }
 
+    /// Returns a number below `bound`, or 0 when `bound` is 0.
     pub fn below(&mut self, bound: usize) -> usize {
         (self.next_u64() % bound.max(1) as u64) as usize
     }
 }
 
+/// Returns the address of gateway `index`: 10.244.3.(10 + `index`).
 pub fn gateway_ip(index: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 244, 3, 10 + index as u8))
 }
@@ -145,7 +158,7 @@ struct Generator {
     max_chunk: usize,
 }
 
-/// One connection's identity, copied into each of its events.
+/// Holds one connection's identity, copied into each of its events.
 #[derive(Clone)]
 struct Endpoints {
     connection: ConnectionId,
@@ -158,7 +171,7 @@ struct Endpoints {
     port_class: PortClass,
 }
 
-/// Stream positions of a connection's two directions.
+/// Holds the stream positions of a connection's two directions.
 #[derive(Default)]
 struct Offsets {
     send: u64,
@@ -220,7 +233,7 @@ impl Generator {
         });
     }
 
-    /// One syscall of `bytes`, reported in chunks of at most `max_chunk`.
+    /// Records one syscall of `bytes`, reported in chunks of at most `max_chunk`.
     fn syscall(
         &mut self,
         endpoints: &Endpoints,
@@ -428,7 +441,8 @@ fn upgrade_answer(index: usize) -> Vec<u8> {
     .into_bytes()
 }
 
-/// One `SuperGroupOnlineBatchPushOneMsg` on a new connection, as grpc-go writes and reads it.
+/// Generates one `SuperGroupOnlineBatchPushOneMsg` on a new connection, as grpc-go writes and reads
+/// it.
 fn push_call(
     generator: &mut Generator,
     member: &str,
