@@ -1,5 +1,5 @@
-//! Prometheus metrics on `--metrics-addr`: what the observer read, dropped, failed to decode,
-//! tracks and alerted, and how long traffic takes to become an alert.
+//! Exports Prometheus metrics on `--metrics-addr`: what the observer read, dropped, failed to
+//! decode, tracks and alerted, and how long traffic takes to become an alert.
 //!
 //! Counters mirror the kernel's and the engine's own totals: `update` adds what grew since the
 //! last snapshot, so the exported series are monotonic like Prometheus expects.
@@ -42,13 +42,14 @@ use crate::{
 };
 
 type Labels = [(&'static str, &'static str); 1];
-/// A gateway by its address, as alerts name it.
+/// Labels a gateway by its address, as alerts name it.
 type GatewayLabels = [(&'static str, String); 1];
-/// `build_info`'s labels: version, commit, capture hook.
+/// Names `build_info`'s labels: version, commit, capture hook.
 type BuildLabels = [(&'static str, &'static str); 3];
-/// The service push calls and its routing, learned from the wire.
+/// Labels the service push calls and its routing, learned from the wire.
 type RoutingLabels = [(&'static str, String); 2];
 
+/// Describes why the metrics endpoint cannot be served.
 #[derive(Debug, Error)]
 pub enum MetricsError {
     #[error("cannot serve metrics on {addr}: {source}")]
@@ -58,7 +59,7 @@ pub enum MetricsError {
     },
 }
 
-/// Totals last exported, to turn snapshots into counter increments.
+/// Holds the totals last exported, to turn snapshots into counter increments.
 #[derive(Default)]
 struct Exported {
     kernel: KernelCounters,
@@ -68,7 +69,7 @@ struct Exported {
     capture: HashMap<&'static str, (u64, u64)>,
 }
 
-/// Every kind of alert (`Alert::kind`), exported from 0.
+/// Lists every kind of alert (`Alert::kind`), exported from 0.
 const ALERT_KINDS: [&str; 6] = [
     "route_mismatch",
     "ring_divergence",
@@ -78,24 +79,25 @@ const ALERT_KINDS: [&str; 6] = [
     "capture_degraded",
 ];
 
-/// Distinct gateway labels `misrouted_recipients_total` keeps; later gateways count as
+/// Bounds the distinct gateway labels `misrouted_recipients_total` keeps; later gateways count as
 /// `other`, so a flood of addresses cannot grow the registry without bound.
 const MAX_GATEWAY_LABELS: usize = 256;
 
-/// The commit the binary was built from, when the build said (`OPENIM_OBSERVER_COMMIT`).
+/// Names the commit the binary was built from, when the build said (`OPENIM_OBSERVER_COMMIT`).
 pub const COMMIT: &str = match option_env!("OPENIM_OBSERVER_COMMIT") {
     Some(commit) => commit,
     None => "unknown",
 };
 
-/// Upper bounds of the `kernel_to_alert_seconds` buckets: ×1.5–2 steps from 100 µs to 100 ms,
-/// where alerts land (the 5 ms goal and the first safety drain, 10 ms on, each fall on a
+/// Sets the upper bounds of the `kernel_to_alert_seconds` buckets: ×1.5–2 steps from 100 µs to
+/// 100 ms, where alerts land (the 5 ms goal and the first safety drain, 10 ms on, each fall on a
 /// bound), then two coarse bounds for alerts that waited on a gateway's answer or a window.
 const KERNEL_TO_ALERT_BUCKETS: [f64; 20] = [
     0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01,
     0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 1.0, 10.0,
 ];
 
+/// Holds the observer's metric families and the registries `/metrics` renders.
 pub struct Metrics {
     registry: Registry,
     /// Series without the `openim_observer_` prefix (`process_*`).
@@ -407,7 +409,7 @@ impl Metrics {
             .set(1);
     }
 
-    /// What `/readyz` answers from, shared with the daemon that sets it.
+    /// Returns what `/readyz` answers from, shared with the daemon that sets it.
     pub fn readiness(&self) -> Arc<Readiness> {
         Arc::clone(&self.readiness)
     }
@@ -420,7 +422,7 @@ impl Metrics {
         self.registry.register_collector(collector);
     }
 
-    /// The exposition in `format`.
+    /// Renders the exposition in `format`.
     pub fn render_as(&self, format: Format) -> String {
         let mut text = String::new();
         // Writing to a String cannot fail.
@@ -433,7 +435,7 @@ impl Metrics {
         }
     }
 
-    /// The OpenMetrics exposition.
+    /// Renders the OpenMetrics exposition.
     pub fn render(&self) -> String {
         self.render_as(Format::OpenMetrics)
     }

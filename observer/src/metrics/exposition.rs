@@ -1,4 +1,4 @@
-//! The two exposition formats `/metrics` answers in, chosen by the scraper's `Accept` as
+//! Names the two exposition formats `/metrics` answers in, chosen by the scraper's `Accept` as
 //! Prometheus' own clients choose: OpenMetrics 1.0 when asked for, the plain text format 0.0.4
 //! otherwise.
 //!
@@ -6,7 +6,7 @@
 //! `# EOF` or `# UNIT` line, and a counter's `# HELP` and `# TYPE` name its samples' `_total`
 //! name, as that format requires (OpenMetrics names the family without the suffix).
 
-/// An exposition format of `/metrics`.
+/// Names an exposition format of `/metrics`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// `application/openmetrics-text; version=1.0.0`.
@@ -56,7 +56,7 @@ impl Format {
         }
     }
 
-    /// The `Content-Type` of a body in this format.
+    /// Returns the `Content-Type` of a body in this format.
     pub fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",

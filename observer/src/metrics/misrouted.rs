@@ -1,15 +1,15 @@
-//! The users misrouted right now, as the printed route_mismatch alerts tell: a user counts
+//! Counts the users misrouted right now, as the printed route_mismatch alerts tell: a user counts
 //! from an alert until its fold window would have closed.
 
 use std::{collections::HashMap, time::Instant};
 
 use crate::model::UserId;
 
-/// Users tracked at most; beyond it a new user is counted only once an old one expires, so
+/// Bounds the users tracked; beyond it a new user is counted only once an old one expires, so
 /// the gauge is a floor under a flood of mismatches, never unbounded memory.
 const MAX_USERS: usize = 100_000;
 
-/// Users with a route_mismatch alert printed within its fold window.
+/// Tracks the users with a route_mismatch alert printed within its fold window.
 #[derive(Debug, Default)]
 pub(super) struct MisroutedUsers {
     /// User → when its latest window closes.
@@ -33,7 +33,7 @@ impl MisroutedUsers {
         }
     }
 
-    /// The users still misrouted at `now`, dropping the others.
+    /// Counts the users still misrouted at `now`, dropping the others.
     pub(super) fn count(&mut self, now: Instant) -> usize {
         self.expire(now);
         self.until.len()

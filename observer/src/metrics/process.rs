@@ -1,5 +1,5 @@
-//! The standard `process_*` series every Prometheus client exports, read from `/proc/self` at
-//! each scrape.
+//! Exports the standard `process_*` series every Prometheus client exports, read from `/proc/self`
+//! at each scrape.
 
 use prometheus_client::{
     collector::Collector,
@@ -11,7 +11,7 @@ use prometheus_client::{
 #[derive(Debug, Default)]
 pub struct ProcessMetrics;
 
-/// What `/proc/self/stat` and `/proc/stat` say of this process.
+/// Holds what `/proc/self/stat` and `/proc/stat` say of this process.
 #[derive(Debug, Default, PartialEq)]
 struct Stat {
     cpu_seconds: f64,
@@ -120,7 +120,7 @@ fn parse_stat(stat: &str, boot: &str, ticks: f64, page: f64) -> Option<Stat> {
     })
 }
 
-/// The soft limit on open descriptors (`Max open files` in `/proc/self/limits`).
+/// Returns the soft limit on open descriptors (`Max open files` in `/proc/self/limits`).
 fn max_fds() -> Option<f64> {
     let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
     let line = limits

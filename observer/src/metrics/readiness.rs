@@ -1,8 +1,8 @@
-//! Whether the observer can see traffic yet, which `/readyz` answers.
+//! Says whether the observer can see traffic yet, which `/readyz` answers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Whether the observer can see traffic yet: `/readyz` answers 200 only once it can.
+/// Records whether the observer can see traffic yet: `/readyz` answers 200 only once it can.
 #[derive(Debug, Default)]
 pub struct Readiness {
     attached: AtomicBool,

@@ -1,4 +1,4 @@
-//! The HTTP endpoint on `--metrics-addr`: `/metrics` in the format the scraper asks for,
+//! Serves the HTTP endpoint on `--metrics-addr`: `/metrics` in the format the scraper asks for,
 //! `/healthz` and `/readyz`, bounded in connections and time, and still answering when the
 //! process runs out of file descriptors.
 
@@ -18,6 +18,11 @@ use super::{Format, Metrics, MetricsError};
 
 /// Binds the metrics address now, so a bad address is a startup error rather than a silent
 /// background failure.
+///
+/// # Errors
+///
+/// Fails with [`MetricsError::Bind`] when the address cannot be bound (bad address, in use, or not
+/// permitted).
 pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
     TcpListener::bind(addr)
         .await
@@ -30,9 +35,9 @@ pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
 /// Connections served at once: each holds a descriptor, and the endpoint must not be the way
 /// a neighbour exhausts the observer's.
 const MAX_CONCURRENT_CONNECTIONS: usize = 64;
-/// One connection's whole exchange; a scraper that stalls must not hold its slot longer.
+/// Bounds one connection's whole exchange; a scraper that stalls must not hold its slot longer.
 const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
-/// Under descriptor exhaustion, how long the one connection the reserve lets in may take.
+/// Bounds, under descriptor exhaustion, how long the one connection the reserve lets in may take.
 const RESERVE_DEADLINE: Duration = Duration::from_millis(500);
 /// Pauses after a failed accept, doubling from the first to the last while failures repeat.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
@@ -138,7 +143,7 @@ async fn answer(mut stream: TcpStream, metrics: &Mutex<Metrics>) -> std::io::Res
     }
 }
 
-/// The content type of the probes' and errors' bodies.
+/// Names the content type of the probes' and errors' bodies.
 const PLAIN: &str = "text/plain; charset=utf-8";
 
 async fn respond(

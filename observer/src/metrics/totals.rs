@@ -264,7 +264,7 @@ impl Metrics {
         }
     }
 
-    /// Where each capture reason of `capture_degraded` stands, and its totals since start.
+    /// Sets where each capture reason of `capture_degraded` stands, and its totals since start.
     pub fn capture_health(&mut self, health: &[ReasonHealth]) {
         for reason in health {
             let name = reason.reason.name();
