@@ -1,5 +1,5 @@
-//! Every diagnosis the observer prints, in one place: the engine's alerts (what happened, what
-//! it costs OpenIM's users, the fix) and the offline tools' explanations. The texts quote
+//! Words every diagnosis the observer prints, in one place: the engine's alerts (what happened,
+//! what it costs OpenIM's users, the fix) and the offline tools' explanations. The texts quote
 //! facts; deciding that something happened is the detectors' and the tools' job.
 
 use std::{
@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::alert::PushRoutingMode;
 use crate::model::{Gateway, GatewayAnswer, IpText, MismatchCause};
 
-/// What the two rings learned from the wire disagree on, as a ring divergence quotes it.
+/// Records what the two rings learned from the wire disagree on, as a ring divergence quotes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Divergence {
     /// The proxy's ring as inferred (its `Host` spelling of push's gateways).
@@ -29,8 +29,8 @@ pub struct Divergence {
     pub sample_split_share: f64,
 }
 
-/// A push for `user` went to a gateway other than those holding its WebSocket, in words
-/// (`spelling_difference` is what separates the two rings' member strings, when learnt).
+/// Explains that a push for `user` went to a gateway other than those holding its WebSocket, in
+/// words (`spelling_difference` is what separates the two rings' member strings, when learnt).
 /// Written where it is printed, piece by piece, never kept as text: see `alert::RouteMismatch`.
 pub struct RouteMismatchDiagnosis<'a, Placed> {
     pub user: &'a str,
@@ -41,7 +41,7 @@ pub struct RouteMismatchDiagnosis<'a, Placed> {
     pub cause: MismatchCause,
 }
 
-/// A piece of a route mismatch's paragraph. The alert writer copies the paragraph's own words
+/// Holds a piece of a route mismatch's paragraph. The alert writer copies the paragraph's own words
 /// as they are (none needs a JSON escape; the tests hold every variant to serde_json), escapes
 /// what it quotes, and keeps each gateway's words, the same few in every line, rather than
 /// spelling the IP afresh.
@@ -58,7 +58,11 @@ impl<'a, Placed> RouteMismatchDiagnosis<'a, Placed>
 where
     Placed: Iterator<Item = &'a Gateway> + Clone,
 {
-    /// The paragraph, piece by piece, in order.
+    /// Writes the paragraph, piece by piece, in order.
+    ///
+    /// # Errors
+    ///
+    /// Fails with the first error `write` returns, and writes nothing after it.
     pub fn write_parts<E>(
         &self,
         mut write: impl FnMut(DiagnosisPart<'_>) -> Result<(), E>,
@@ -152,7 +156,7 @@ where
     }
 }
 
-/// A gateway by its member string and IP, or its IP alone.
+/// Words a gateway by its member string and IP, or its IP alone.
 pub struct GatewayInWords<'g>(pub &'g Gateway);
 
 impl Display for GatewayInWords<'_> {
@@ -169,7 +173,7 @@ impl Display for GatewayInWords<'_> {
     }
 }
 
-/// The proxy sent a WebSocket upgrade (for `user`, when it named one) to a gRPC port.
+/// Explains that the proxy sent a WebSocket upgrade (for `user`, when it named one) to a gRPC port.
 pub fn ws_upgrade_on_grpc_port(user: Option<&str>, ip: IpAddr, port: u16) -> String {
     format!(
         "a WebSocket upgrade{} was sent to {ip}:{port}, a gRPC port: the proxy dials its ring \
@@ -181,7 +185,8 @@ pub fn ws_upgrade_on_grpc_port(user: Option<&str>, ip: IpAddr, port: u16) -> Str
     )
 }
 
-/// The proxy's and push's rings, as learnt from the wire, send users to different gateways.
+/// Explains that the proxy's and push's rings, as learnt from the wire, send users to different
+/// gateways.
 pub fn ring_divergence(divergence: &Divergence) -> String {
     format!(
         "msggateway-proxy places users with a ring over {} members like '{}', push delivers with a \
@@ -218,7 +223,7 @@ pub fn push_routing(service: &str, mode: PushRoutingMode) -> String {
     }
 }
 
-/// What a pusher that opens a connection per call looks like, and what it costs.
+/// Describes what a pusher that opens a connection per call looks like, and what it costs.
 pub struct Churn<'a> {
     pub comm: &'a str,
     pub pid: u32,
@@ -228,7 +233,7 @@ pub struct Churn<'a> {
     pub open_connections: u64,
 }
 
-/// A pusher opens a new gRPC connection per call and does not close them.
+/// Explains that a pusher opens a new gRPC connection per call and does not close them.
 pub fn push_connection_churn(churn: &Churn<'_>) -> String {
     let Churn {
         comm,
@@ -247,8 +252,7 @@ pub fn push_connection_churn(churn: &Churn<'_>) -> String {
     )
 }
 
-/// The last line of `observer audit`: why the two rings split users, or why they do not.
-/// Cluster mode lost its shared state (`recovered`: got it back).
+/// Explains that cluster mode lost its shared state (`recovered`: got it back).
 pub fn shared_state_unreachable(recovered: bool) -> String {
     if recovered {
         "Redis answers again: this node's placements and ring evidence were written back, and \
@@ -265,8 +269,8 @@ pub fn shared_state_unreachable(recovered: bool) -> String {
     }
 }
 
-/// Started on a live node: WebSockets upgraded before the observer watched have unknown users
-/// (`recovered`: the last of them closed).
+/// Explains that the observer started on a live node: WebSockets upgraded before the observer
+/// watched have unknown users (`recovered`: the last of them closed).
 pub fn joined_mid_stream(recovered: bool) -> String {
     if recovered {
         "Every WebSocket adopted at start has closed: every placement is seen again.".to_owned()
@@ -279,7 +283,7 @@ pub fn joined_mid_stream(recovered: bool) -> String {
     }
 }
 
-/// The settings a capture degradation's diagnosis quotes.
+/// Holds the settings a capture degradation's diagnosis quotes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CaptureSettings {
     pub ring_bytes: u32,
@@ -288,8 +292,8 @@ pub struct CaptureSettings {
     pub memory_budget: usize,
 }
 
-/// The observer lost sight of watched traffic for a capture reason (`recovered`: it sees
-/// again). `reason` is the alert's reason name.
+/// Explains that the observer lost sight of watched traffic for a capture reason (`recovered`: it
+/// sees again). `reason` is the alert's reason name.
 pub fn capture_degraded(reason: &str, recovered: bool, settings: &CaptureSettings) -> String {
     let CaptureSettings {
         ring_bytes,
@@ -349,6 +353,7 @@ pub fn capture_degraded(reason: &str, recovered: bool, settings: &CaptureSetting
     }
 }
 
+/// Writes the last line of `observer audit`: why the two rings split users, or why they do not.
 pub fn audit_why(spellings_differ: bool, difference: &str) -> String {
     if spellings_differ {
         format!(
@@ -360,14 +365,14 @@ pub fn audit_why(spellings_differ: bool, difference: &str) -> String {
     }
 }
 
-/// The gateway one ring picks for a user, and that gateway's member string.
+/// Names the gateway one ring picks for a user, and that gateway's member string.
 #[derive(Serialize, Debug)]
 pub struct Pick<'a> {
     pub gateway: usize,
     pub member: &'a str,
 }
 
-/// Where both rings send one user (`observer explain`; also its JSON form).
+/// Records where both rings send one user (`observer explain`; also its JSON form).
 #[derive(Serialize, Debug)]
 pub struct Explanation<'a> {
     pub user: &'a str,
@@ -378,7 +383,7 @@ pub struct Explanation<'a> {
     pub difference: &'a str,
 }
 
-/// `observer explain` in words: both picks, and why they differ or agree.
+/// Words `observer explain`: both picks, and why they differ or agree.
 pub fn explanation(explanation: &Explanation, spellings_differ: bool) -> String {
     let Explanation {
         user,

@@ -1,4 +1,4 @@
-//! A bit-exact port of the consistent hash OpenIM 3.5.1 uses (stathat.com/c/consistent v1.0.0),
+//! Ports, bit for bit, the consistent hash OpenIM 3.5.1 uses (stathat.com/c/consistent v1.0.0),
 //! and the member-string templates its two routing components build their rings from.
 //!
 //! Each member owns `POINTS_PER_MEMBER` points on a 32-bit circle: point k of member m is the
@@ -13,6 +13,7 @@ use thiserror::Error;
 /// stathat's `NumberOfReplicas` default, which OpenIM does not change.
 pub const POINTS_PER_MEMBER: usize = 20;
 
+/// Describes a ring with no members or a member template that cannot build one.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RingError {
     #[error("the ring has no members")]
@@ -23,7 +24,7 @@ pub enum RingError {
     UnknownPlaceholder { template: String, name: String },
 }
 
-/// An immutable ring: points sorted by hash, each with the index of its member.
+/// Holds an immutable ring: points sorted by hash, each with the index of its member.
 #[derive(Clone, Debug)]
 pub struct Ring {
     members: Vec<String>,
@@ -76,17 +77,26 @@ impl Ring {
         }
     }
 
+    /// Returns the member strings, in the order they were added.
     pub fn members(&self) -> &[String] {
         &self.members
     }
 
-    /// The member that holds `key`, as `consistent.Get(key)` answers.
+    /// Returns the member that holds `key`, as `consistent.Get(key)` answers.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`RingError::Empty`] when the ring has no members.
     pub fn get(&self, key: &str) -> Result<&str, RingError> {
         self.get_index(key)
             .map(|index| self.members[index].as_str())
     }
 
-    /// Index (in `members()`) of the member that holds `key`.
+    /// Returns the index (in `members()`) of the member that holds `key`.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`RingError::Empty`] when the ring has no members.
     pub fn get_index(&self, key: &str) -> Result<usize, RingError> {
         if self.point_hashes.is_empty() {
             return Err(RingError::Empty);
@@ -102,7 +112,7 @@ impl Ring {
     }
 }
 
-/// Decimal text of 0..POINTS_PER_MEMBER without allocating.
+/// Returns the decimal text of 0..POINTS_PER_MEMBER without allocating.
 fn itoa_small(value: usize) -> &'static str {
     const DIGITS: [&str; POINTS_PER_MEMBER] = [
         "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
@@ -111,8 +121,8 @@ fn itoa_small(value: usize) -> &'static str {
     DIGITS[value]
 }
 
-/// `count` numeric user ids shaped like OpenIM's (ten digits), the same ones on every call, so
-/// shares measured over them are comparable between runs (SplitMix64 from a fixed seed).
+/// Returns `count` numeric user ids shaped like OpenIM's (ten digits), the same ones on every call,
+/// so shares measured over them are comparable between runs (SplitMix64 from a fixed seed).
 pub fn sample_user_ids(count: usize) -> Vec<String> {
     let mut state: u64 = 0x0F3E_11A1_2023_0351;
     (0..count)
@@ -127,16 +137,22 @@ pub fn sample_user_ids(count: usize) -> Vec<String> {
         .collect()
 }
 
-/// How openim-msggateway-proxy spells a gateway in 3.5.1 (no port).
+/// Spells a gateway as openim-msggateway-proxy does in 3.5.1 (no port).
 pub const PROXY_MEMBER_TEMPLATE: &str = "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local";
-/// How openim-push spells a gateway in 3.5.1 (its gRPC port appended).
+/// Spells a gateway as openim-push does in 3.5.1 (its gRPC port appended).
 pub const PUSH_MEMBER_TEMPLATE: &str = "{instance}-openim-msggateway-{i}.{instance}-openim-msggateway-headless.{namespace}.svc.cluster.local:88";
 
-/// A member-string template with `{instance}`, `{i}` and `{namespace}` placeholders.
+/// Holds a member-string template with `{instance}`, `{i}` and `{namespace}` placeholders.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberTemplate(String);
 
 impl MemberTemplate {
+    /// Parses a template, checking its placeholders.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`RingError::UnknownPlaceholder`] for a placeholder other than `{instance}`,
+    /// `{i}` and `{namespace}`, and [`RingError::TemplateWithoutIndex`] when `{i}` is missing.
     pub fn parse(template: &str) -> Result<Self, RingError> {
         let mut rest = template;
         let mut has_index = false;
@@ -165,11 +181,12 @@ impl MemberTemplate {
         Ok(Self(template.to_owned()))
     }
 
+    /// Returns the template as given.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 
-    /// The member strings for replicas 0..replicas, in the order OpenIM adds them.
+    /// Returns the member strings for replicas 0..replicas, in the order OpenIM adds them.
     pub fn members(&self, instance: &str, namespace: &str, replicas: usize) -> Vec<String> {
         (0..replicas)
             .map(|index| {

@@ -1,7 +1,7 @@
-//! How OpenIM's two routing components spell the same gateway, and what separates two
+//! Describes how OpenIM's two routing components spell the same gateway, and what separates two
 //! spellings, in plain words.
 
-/// Whether the proxy's and push's rings still split users, as a `ring_divergence` line says.
+/// Says whether the proxy's and push's rings still split users, as a `ring_divergence` line says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RingDivergenceState {
@@ -46,7 +46,7 @@ pub fn describe_member_difference(proxy: &str, push: &str) -> String {
     )
 }
 
-/// Byte length of the longest common prefix, on a character boundary of both.
+/// Returns the byte length of the longest common prefix, on a character boundary of both.
 fn common_prefix_len(left: &str, right: &str) -> usize {
     left.chars()
         .zip(right.chars())
@@ -55,7 +55,7 @@ fn common_prefix_len(left: &str, right: &str) -> usize {
         .sum()
 }
 
-/// Byte length of the longest common suffix, on a character boundary of both.
+/// Returns the byte length of the longest common suffix, on a character boundary of both.
 fn common_suffix_len(left: &str, right: &str) -> usize {
     left.chars()
         .rev()
