@@ -1,4 +1,4 @@
-//! What of an HTTP/2 header block may leave the process: the values of pseudo-headers,
+//! Decides what of an HTTP/2 header block may leave the process: the values of pseudo-headers,
 //! `content-type` and `grpc-*` (what the engine reads), nothing else's. gRPC metadata such as
 //! `token`, `authorization` or `operationid` is masked however it is spelt on the wire.
 //!
@@ -20,20 +20,21 @@ use crate::hpack::{
     DEFAULT_TABLE_SIZE, ENTRY_OVERHEAD, STATIC_TABLE_LEN, huffman_decode, static_name,
 };
 
-/// Bytes of a literal name or a Huffman value buffered to learn its decoded form.
+/// Bounds the bytes of a literal name or a Huffman value buffered to learn its decoded form.
 const MAX_STRING: usize = 8192;
-/// The largest dynamic table mirrored, which bounds its names' memory per direction: four times
-/// the protocol's default, which gRPC stacks keep. A peer's size update past it loses the
+/// Sets the largest dynamic table mirrored, which bounds its names' memory per direction: four
+/// times the protocol's default, which gRPC stacks keep. A peer's size update past it loses the
 /// direction.
 const MAX_TABLE_SIZE: usize = 4 * DEFAULT_TABLE_SIZE;
 const MAX_INTEGER: u64 = 1 << 24;
 const MASK: u8 = b'*';
 
-/// Whether a header's value is one the engine reads.
+/// Says whether a header's value is one the engine reads.
 fn kept(name: &[u8]) -> bool {
     name.starts_with(b":") || name == b"content-type" || name.starts_with(b"grpc-")
 }
 
+/// Follows one direction's HTTP/2 header blocks, keeping only the values the engine reads.
 #[derive(Clone, Debug)]
 pub struct HeaderWhitelist {
     /// The peer encoder's dynamic table as (name, entry size), newest first.
@@ -111,7 +112,7 @@ impl HeaderWhitelist {
         }
     }
 
-    /// Whether this direction's blocks can no longer be followed.
+    /// Says whether this direction's blocks can no longer be followed.
     pub fn is_lost(&self) -> bool {
         self.lost
     }
@@ -252,7 +253,7 @@ impl HeaderWhitelist {
         }
     }
 
-    /// A string of `length` bytes on the wire ended; `buffer` holds them where they were
+    /// Ends a string of `length` bytes on the wire; `buffer` holds them where they were
     /// needed (a name, a Huffman value added to the table).
     fn string_done(&mut self, of: StringOf, huffman: bool, buffer: &[u8], length: u64) {
         let decoded = |bytes: &[u8]| -> Option<Vec<u8>> {
@@ -285,7 +286,7 @@ impl HeaderWhitelist {
         }
     }
 
-    /// The field's name is read (`None`: it cannot be known); its value comes next.
+    /// Takes the field's name, once read (`None`: it cannot be known); its value comes next.
     fn name_known(&mut self, name: Option<Vec<u8>>) {
         match name {
             Some(name) => {
@@ -300,7 +301,7 @@ impl HeaderWhitelist {
         }
     }
 
-    /// The name of table index `index` (static, then dynamic).
+    /// Returns the name of table index `index` (static, then dynamic).
     fn name_of(&self, index: u64) -> Option<Vec<u8>> {
         let index = usize::try_from(index).ok()?;
         if let Some(name) = static_name(index) {

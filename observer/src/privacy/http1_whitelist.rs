@@ -1,4 +1,4 @@
-//! What of an HTTP/1 head may leave the process: a whitelist, followed byte by byte across
+//! Decides what of an HTTP/1 head may leave the process: a whitelist, followed byte by byte across
 //! chunks (a token split over two writes or two iovec entries is masked all the same).
 //!
 //! Kept: the request line's method and path, the query values the engine reads and only those
@@ -14,15 +14,15 @@
 
 use crate::decode::http1::{QUERY_KEYS, QueryKey, hex_digit, query_unescape};
 
-/// Header values the engine reads, and the WebSocket version (a number), compared
+/// Names the header values the engine reads, and the WebSocket version (a number), compared
 /// case-insensitively. Not `Sec-WebSocket-Protocol`, where applications put tokens, nor the key.
 const KEPT_HEADERS: [&[u8]; 4] = [b"host", b"upgrade", b"connection", b"sec-websocket-version"];
-/// Longer names are never a kept one: they are not buffered further. A kept query key spelled
-/// wholly in `%XX` escapes (`isBackground`, 36 bytes) still fits.
+/// Bounds the names buffered: a longer name is never a kept one and is not buffered further. A
+/// kept query key spelled wholly in `%XX` escapes (`isBackground`, 36 bytes) still fits.
 const MAX_NAME: usize = 36;
 const MASK: u8 = b'*';
 
-/// One direction of one connection. `request` for what the client sends.
+/// Follows one direction of one connection. `request` for what the client sends.
 #[derive(Clone, Debug)]
 pub struct Http1Whitelist {
     state: State,
@@ -61,10 +61,12 @@ enum State {
 }
 
 impl Http1Whitelist {
+    /// Builds the whitelist of what a client sends.
     pub fn request() -> Self {
         Self::starting_at(State::Method)
     }
 
+    /// Builds the whitelist of what a server answers.
     pub fn response() -> Self {
         Self::starting_at(State::StatusLine)
     }
@@ -79,7 +81,7 @@ impl Http1Whitelist {
         }
     }
 
-    /// The position in the head is no longer known (a gap): everything from here is masked.
+    /// Marks a gap: the position in the head is no longer known, so everything from here is masked.
     pub fn lose(&mut self) {
         self.state = State::Body;
     }
@@ -209,8 +211,8 @@ impl Http1Whitelist {
         }
     }
 
-    /// A byte of the value of `key`'s first pair: let through, unless it breaks the pair (a bad
-    /// escape, masked; a `;`, kept, as Go drops the pair either way).
+    /// Passes a byte of the value of `key`'s first pair: let through, unless it breaks the pair (a
+    /// bad escape, masked; a `;`, kept, as Go drops the pair either way).
     fn kept_value(&mut self, key: QueryKey, byte: u8) -> u8 {
         let broken = |whitelist: &mut Self| {
             whitelist.state = State::QueryValue { kept: None };
@@ -242,7 +244,8 @@ impl Http1Whitelist {
         byte
     }
 
-    /// The key just read, if it is one the engine reads and its first pair is still to come.
+    /// Returns the key just read, if it is one the engine reads and its first pair is still to
+    /// come.
     fn kept_key(&self) -> Option<QueryKey> {
         if self.overlong || self.name.contains(&b';') {
             return None;
@@ -251,14 +254,15 @@ impl Http1Whitelist {
         (!self.taken[key as usize]).then_some(key)
     }
 
-    /// A pair without `=` is its key with the empty value: the first of that key.
+    /// Ends a pair without `=`, which is its key with the empty value: the first of that key.
     fn end_bare_key(&mut self) {
         if let Some(key) = self.kept_key() {
             self.taken[key as usize] = true;
         }
     }
 
-    /// The request target ends at a space (then the version), a fragment or a line end.
+    /// Reads the end of the request target: it ends at a space (then the version), a fragment or a
+    /// line end.
     fn query_end(&mut self, byte: u8) -> u8 {
         match byte {
             b' ' => self.state = State::Version,
@@ -289,7 +293,7 @@ impl Http1Whitelist {
     }
 }
 
-/// Whether `byte` ends the request target's query: a space (the version follows), a fragment,
+/// Says whether `byte` ends the request target's query: a space (the version follows), a fragment,
 /// or a line end.
 fn is_query_end(byte: u8) -> bool {
     matches!(byte, b' ' | b'#' | b'\r' | b'\n')

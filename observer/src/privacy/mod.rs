@@ -1,4 +1,4 @@
-//! Privacy: what keeps credentials and message content out of every output.
+//! Keeps credentials and message content out of every output.
 //!
 //! - `redact`: credentials in HTTP/1 bytes (the upgrade's `token`, `Authorization`, `Cookie`),
 //!   overwritten at capture so no layer above holds them.

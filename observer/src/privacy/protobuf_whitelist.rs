@@ -1,12 +1,12 @@
-//! The protobuf side of the output whitelist: a stream's DATA bytes read as gRPC messages, and
-//! each message's fields kept only where the engine reads them (`Schema`), whatever the
-//! chunking. A masked field keeps its framing: a length-delimited value is zeroed, a varint
-//! becomes an over-long zero of the same length, a fixed one is zeroed. What cannot be walked
-//! (a compressed message, protobuf that does not parse) is zeroed to the message's end.
+//! Follows the protobuf side of the output whitelist: a stream's DATA bytes read as gRPC messages,
+//! and each message's fields kept only where the engine reads them (`Schema`), whatever the
+//! chunking. A masked field keeps its framing: a length-delimited value is zeroed, a varint becomes
+//! an over-long zero of the same length, a fixed one is zeroed. What cannot be walked (a compressed
+//! message, protobuf that does not parse) is zeroed to the message's end.
 
 const GRPC_MESSAGE_HEADER_LEN: usize = 5;
 
-/// Where a stream's DATA bytes are in its gRPC messages.
+/// Records where a stream's DATA bytes are in its gRPC messages.
 #[derive(Clone, Debug)]
 pub(super) enum MessagePosition {
     Header {
@@ -80,7 +80,7 @@ impl MessagePosition {
     }
 }
 
-/// The protobuf messages the engine reads, and which of their fields it reads.
+/// Names the protobuf messages the engine reads, and which of their fields it reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Schema {
     /// `OnlineBatchPushOneMsgReq` / `OnlinePushMsgReq`: 1 `msgData`, 2 the recipients.
@@ -118,7 +118,7 @@ impl Schema {
     }
 }
 
-/// The protobuf walk of one message body: its fields, and those of the one level of nested
+/// Holds the protobuf walk of one message body: its fields, and those of the one level of nested
 /// message its schema walks, each kept or masked by its rule.
 #[derive(Clone, Debug)]
 pub(super) struct BodyScan {
@@ -167,7 +167,7 @@ impl BodyScan {
         }
     }
 
-    /// The schema of the message the next field belongs to.
+    /// Returns the schema of the message the next field belongs to.
     fn current_schema(&self) -> Schema {
         self.inner.map_or(self.schema, |(schema, _)| schema)
     }
@@ -228,7 +228,7 @@ impl BodyScan {
         }
     }
 
-    /// One byte of a key, a length or a varint value; returns what to write in its place.
+    /// Reads one byte of a key, a length or a varint value; returns what to write in its place.
     fn read_byte(&mut self, byte: u8) -> u8 {
         let more = byte & 0x80 != 0;
         let bits = u64::from(byte & 0x7f);
@@ -312,7 +312,7 @@ impl BodyScan {
         }
     }
 
-    /// The value of a length-delimited field starts after the current byte.
+    /// Starts the value of a length-delimited field after the current byte.
     fn start_length_delimited(&mut self, field_number: u64, length: u64) {
         // `consumed` has not yet counted the length's last byte.
         let room = match self.inner {

@@ -1,7 +1,7 @@
-//! Credentials in HTTP/1 bytes: the WebSocket upgrade's `token` query value and the
+//! Overwrites credentials in HTTP/1 bytes: the WebSocket upgrade's `token` query value and the
 //! `Authorization` / `Cookie` headers, overwritten in place wherever captured bytes may go.
 
-/// Header names whose values are credentials, compared case-insensitively.
+/// Names the headers whose values are credentials, compared case-insensitively.
 const SECRET_HEADERS: [&[u8]; 4] = [
     b"authorization",
     b"proxy-authorization",
@@ -20,10 +20,10 @@ pub fn redact_secrets(payload: &mut [u8]) {
     redact_secret_headers(payload);
 }
 
-/// Every `=` is a candidate (memchr finds them many bytes at a time) and only those after
-/// `token` are values to redact: the same matches as a case-insensitive search for `token=`,
-/// which compared six bytes at every position (a tenth of the engine's instructions under a
-/// wave of WebSocket upgrades).
+/// Redacts `token` values. Every `=` is a candidate (memchr finds them many bytes at a time) and
+/// only those after `token` are values to redact: the same matches as a case-insensitive search for
+/// `token=`, which compared six bytes at every position (a tenth of the engine's instructions under
+/// a wave of WebSocket upgrades).
 fn redact_token_values(payload: &mut [u8]) {
     const NAME: &[u8] = b"token";
     let mut search_from = 0usize;

@@ -1,4 +1,4 @@
-//! What of a watched connection's captured bytes may leave the process (`observer run
+//! Decides what of a watched connection's captured bytes may leave the process (`observer run
 //! --events` / `--record`, and so `observer replay`): a whitelist of what the engine reads,
 //! applied per connection as its chunks arrive in order, in place, keeping every length, so the
 //! decoders read a filtered stream into the same facts.
@@ -43,7 +43,7 @@ const MAX_STREAMS: usize = 64;
 /// GOAWAY's last stream id and error code, before its debug data.
 const GOAWAY_FIXED_LEN: usize = 8;
 
-/// Per-connection whitelist state: keep one per connection id, feed every `Data` event's
+/// Holds the per-connection whitelist state: keep one per connection id, feed every `Data` event's
 /// payload in capture order through `filter`, and drop it when the connection closes.
 #[derive(Clone, Debug)]
 pub struct OutputWhitelist {
@@ -72,7 +72,7 @@ enum Protocol {
 }
 
 impl OutputWhitelist {
-    /// For a connection to a port of `port_class`.
+    /// Builds the state for a connection to a port of `port_class`.
     pub fn new(port_class: PortClass) -> Self {
         Self {
             protocol: if port_class == PortClass::WebSocket {
@@ -130,7 +130,7 @@ impl OutputWhitelist {
 }
 
 impl Protocol {
-    /// What a send side's first chunk says, however short it is: the start of the HTTP/2
+    /// Reads what a send side's first chunk says, however short it is: the start of the HTTP/2
     /// preface (checked byte by byte as it goes on: a `P` that goes on as `POST` loses the
     /// direction), else of a request line, else neither.
     fn sniffed(first: &[u8]) -> Self {
@@ -167,7 +167,7 @@ impl Protocol {
     }
 }
 
-/// One direction of an HTTP/2 connection, followed byte by byte.
+/// Follows one direction of an HTTP/2 connection, byte by byte.
 #[derive(Clone, Debug)]
 struct Side {
     /// What its gRPC messages are.
