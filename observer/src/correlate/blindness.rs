@@ -1,4 +1,4 @@
-//! Blindness is an alert: when the observer loses sight of watched traffic it says so
+//! Reports blindness as an alert: when the observer loses sight of watched traffic it says so
 //! (`capture_degraded`), and again when it sees again (`"state":"recovered"`).
 //!
 //! Two sources: totals that only grow (the kernel's ring-full drops and skipped runs;
@@ -22,12 +22,12 @@ use super::EngineCounters;
 
 use observer_records::Counter;
 
-/// Processes remembered per reason between two reads; more are summed without a name.
+/// Bounds the processes remembered per reason between two reads; more are summed without a name.
 const MAX_PROCESSES_PER_REASON: usize = 32;
-/// Distinct connections counted per reason between two reads.
+/// Bounds the distinct connections counted per reason between two reads.
 const MAX_CONNECTIONS_PER_REASON: usize = 65_536;
 
-/// What the decoders lost since the last `take`, by reason and process.
+/// Records what the decoders lost since the last `take`, by reason and process.
 #[derive(Debug, Default)]
 pub struct BlindSpots {
     by_reason: BTreeMap<DegradedReason, ReasonSpots>,
@@ -49,7 +49,8 @@ struct ProcessSpots {
 }
 
 impl BlindSpots {
-    /// `connection` of `process` lost sight for `reason`, `bytes` of payload (0 if unknown).
+    /// Records that `connection` of `process` lost sight for `reason`, `bytes` of payload (0 if
+    /// unknown).
     pub fn record(
         &mut self,
         reason: DegradedReason,
@@ -77,12 +78,13 @@ impl BlindSpots {
         }
     }
 
+    /// Says whether nothing was lost since the last `take`.
     pub fn is_empty(&self) -> bool {
         self.by_reason.is_empty()
     }
 }
 
-/// Thresholds of `capture_degraded` (`observer run` flags).
+/// Holds the thresholds of `capture_degraded` (`observer run` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlindnessLimits {
     /// Growth of a reason's count within one read (a second) that starts an episode.
@@ -123,7 +125,7 @@ pub struct CaptureHealth {
     events: BTreeMap<DegradedReason, u64>,
 }
 
-/// Totals that only grow, at one read.
+/// Holds the totals that only grow, at one read.
 #[derive(Clone, Copy, Debug, Default)]
 struct Totals {
     ring_full_drops: u64,
@@ -155,7 +157,7 @@ impl Totals {
     }
 }
 
-/// Where a reason stands, for `/metrics`.
+/// Describes where a reason stands, for `/metrics`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReasonHealth {
     pub reason: DegradedReason,
@@ -166,7 +168,7 @@ pub struct ReasonHealth {
     pub events: u64,
 }
 
-/// The capture reasons, in the order `/metrics` lists them.
+/// Lists the capture reasons, in the order `/metrics` lists them.
 pub const CAPTURE_REASONS: [DegradedReason; 6] = [
     DegradedReason::RingFull,
     DegradedReason::RunsSkipped,
@@ -177,6 +179,7 @@ pub const CAPTURE_REASONS: [DegradedReason; 6] = [
 ];
 
 impl CaptureHealth {
+    /// Builds the watch from the `capture_degraded` thresholds and the capture's settings.
     pub fn new(limits: BlindnessLimits, settings: CaptureSettings) -> Self {
         Self {
             limits,
@@ -282,7 +285,7 @@ impl CaptureHealth {
         )
     }
 
-    /// Every capture reason's state and totals.
+    /// Returns every capture reason's state and totals.
     pub fn health(&self) -> Vec<ReasonHealth> {
         CAPTURE_REASONS
             .into_iter()
@@ -310,7 +313,7 @@ fn add(total: &mut Affected, more: &Affected) {
     sum(&mut total.runs, more.runs);
 }
 
-/// What each capture reason hides, in words.
+/// Says what each capture reason hides, in words.
 fn affects(reason: DegradedReason) -> &'static str {
     match reason {
         DegradedReason::RingFull => {
@@ -337,7 +340,7 @@ fn affects(reason: DegradedReason) -> &'static str {
     }
 }
 
-/// What one reason lost in a second: events, what they affected, and the processes.
+/// Holds what one reason lost in a second: events, what they affected, and the processes.
 type Growth = (u64, Affected, Vec<AffectedProcess>);
 
 /// Sorts what was lost between two reads by reason: ring drops, skipped runs and full tables

@@ -1,5 +1,5 @@
-//! Per pusher, how many gRPC connections it opens, holds and calls on: a pusher that opens a
-//! connection per call and never closes them raises `push_connection_churn`.
+//! Counts, per pusher, how many gRPC connections it opens, holds and calls on: a pusher that opens
+//! a connection per call and never closes them raises `push_connection_churn`.
 
 use std::collections::VecDeque;
 
@@ -24,6 +24,7 @@ struct PusherActivity {
     last_alert_ns: Option<u64>,
 }
 
+/// Watches each pusher's gRPC connections for `push_connection_churn`.
 pub struct Churn {
     min_new_connections: u64,
     window_secs: u64,
@@ -37,6 +38,7 @@ pub struct Churn {
 }
 
 impl Churn {
+    /// Builds an empty watch with the limits' window, threshold and bound.
     pub fn new(limits: &RouteLimits) -> Self {
         Self {
             min_new_connections: limits.churn_min_new_connections,
@@ -49,15 +51,17 @@ impl Churn {
         }
     }
 
-    /// The gRPC connections it counts as open.
+    /// Returns the gRPC connections it counts as open.
     pub fn connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
         self.pushers_by_connection.keys().copied()
     }
 
+    /// Counts the connections left untracked because the table was full.
     pub fn connections_evicted(&self) -> u64 {
         self.connections_evicted
     }
 
+    /// Records a gRPC connection `pusher` opened, and assesses the pusher at once.
     pub fn opened(
         &mut self,
         connection: ConnectionId,
@@ -82,6 +86,7 @@ impl Churn {
         self.assess_pusher(pusher.pid, ts_ns, alerts);
     }
 
+    /// Records a call on `connection`, for its pusher's window.
     pub fn called(&mut self, connection: ConnectionId, ts_ns: u64) {
         if let Some(pusher_pid) = self.pushers_by_connection.get(&connection)
             && let Some(activity) = self.pushers.get_mut(pusher_pid)
@@ -90,6 +95,7 @@ impl Churn {
         }
     }
 
+    /// Records the close of `connection`: its pusher holds one connection fewer.
     pub fn closed(&mut self, connection: ConnectionId) {
         if let Some(pusher_pid) = self.pushers_by_connection.remove(&connection)
             && let Some(activity) = self.pushers.get_mut(&pusher_pid)
@@ -98,6 +104,7 @@ impl Churn {
         }
     }
 
+    /// Assesses every pusher (raising `push_connection_churn` where due).
     pub fn assess(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
         let pids: Vec<u32> = self.pushers.keys().copied().collect();
         for pid in pids {

@@ -1,4 +1,4 @@
-//! One decoder per live connection, chosen by port class and first bytes, turning capture
+//! Keeps one decoder per live connection, chosen by port class and first bytes, turning capture
 //! events into routing `Observation`s.
 //!
 //! - WebSocket ports: the proxy's upgrade request places a user; the answer confirms it.
@@ -81,6 +81,7 @@ struct Connection {
     buffered: usize,
 }
 
+/// Holds the decoders of the live connections and what they counted.
 pub struct ConnectionDecoders {
     limits: Limits,
     max_connections: usize,
@@ -104,20 +105,22 @@ pub struct ConnectionDecoders {
     texts: SharedTexts,
 }
 
-/// What a gRPC port's server may send before its client's first bytes and be held for them: an
-/// HTTP/2 server's SETTINGS and WINDOW_UPDATE are a few dozen bytes. Past this the connection is
+/// Bounds what a gRPC port's server may send before its client's first bytes and be held for them:
+/// an HTTP/2 server's SETTINGS and WINDOW_UPDATE are a few dozen bytes. Past this the connection is
 /// taken for gRPC without them.
 const MAX_SERVER_FIRST_BYTES: usize = 4096;
 
-/// Facts a chunk usually completes (a call's request, or its answer and trailers) with room to
-/// spare; a packet hook's chunk of 512 KiB of resets could complete tens of thousands.
+/// Sizes the kept facts for what a chunk usually completes (a call's request, or its answer and
+/// trailers) with room to spare; a packet hook's chunk of 512 KiB of resets could complete tens of
+/// thousands.
 const KEPT_GRPC_FACTS: usize = 64;
 
-/// Upgraded WebSocket connections remembered per decoder slot (`max_connections`): with the
-/// decoders themselves, `tracked` stays within `max_connections * (1 + UPGRADED_PER_SLOT)`.
+/// Bounds the upgraded WebSocket connections remembered per decoder slot (`max_connections`): with
+/// the decoders themselves, `tracked` stays within `max_connections * (1 + UPGRADED_PER_SLOT)`.
 pub const UPGRADED_PER_SLOT: usize = 16;
 
 impl ConnectionDecoders {
+    /// Builds an empty table for at most `max_connections` decoders, each within `limits`.
     pub fn new(limits: Limits, max_connections: usize) -> Self {
         Self {
             limits,
@@ -134,17 +137,18 @@ impl ConnectionDecoders {
         }
     }
 
-    /// What the decoders lost since the last call, by reason and process.
+    /// Takes what the decoders lost since the last call, by reason and process.
     pub fn take_blind_spots(&mut self) -> BlindSpots {
         std::mem::take(&mut self.blind_spots)
     }
 
+    /// Says whether `connection` is tracked.
     #[cfg(test)]
     pub fn is_tracked(&self, connection: ConnectionId) -> bool {
         self.connections.contains_key(&connection)
     }
 
-    /// Estimated bytes held: entries at their fixed cost, decoders' buffers as they are.
+    /// Estimates the bytes held: entries at their fixed cost, decoders' buffers as they are.
     pub fn memory(&self, memory: &mut budget::MemoryCounters) {
         memory.decoder_buffer_bytes = self.buffered_bytes;
         memory.connection_bytes = self.connections.len() * CONNECTION_BYTES
@@ -260,7 +264,7 @@ impl ConnectionDecoders {
         freed
     }
 
-    /// Counters of closed connections plus those of the live ones.
+    /// Returns the counters of closed connections plus those of the live ones.
     pub fn counters(&self) -> ConnectionCounters {
         let mut counters = self.counters.clone();
         counters.tracked = self.connections.len() + self.upgraded.len();
@@ -272,6 +276,7 @@ impl ConnectionDecoders {
         counters
     }
 
+    /// Feeds one capture event, and appends what it teaches to `observations`.
     pub fn on_event(&mut self, event: &Event, observations: &mut Vec<Observation>) {
         match &event.kind {
             EventKind::TcpConnect => {
@@ -298,7 +303,7 @@ impl ConnectionDecoders {
         }
     }
 
-    /// A connection established before the observer started (`capture::adopt`).
+    /// Adopts a connection established before the observer started (`capture::adopt`).
     fn adopt(&mut self, event: &Event, observations: &mut Vec<Observation>) {
         self.counters.adopted += 1;
         match event.port_class {
@@ -372,7 +377,7 @@ impl ConnectionDecoders {
         self.feed(event, direction, offset, payload, observations);
     }
 
-    /// The first chunks of a gRPC port's connection, until its client's first bytes tell what
+    /// Holds the first chunks of a gRPC port's connection until its client's first bytes tell what
     /// it is (`Protocol::Undetermined`); then each chunk held so far and this one go to the
     /// decoder chosen, in stream order.
     fn decide_protocol(

@@ -1,4 +1,4 @@
-//! The detectors, fed `Observation`s in time order, and the thin dispatcher between them.
+//! Holds the detectors, fed `Observation`s in time order, and the thin dispatcher between them.
 //!
 //! Each detector keeps its own state and file: `placements` (user → live WebSockets),
 //! `push_calls` (pending calls, judged against the placements into `route_mismatch`),
@@ -30,7 +30,7 @@ use super::{
     upgrade_on_grpc::{self, UpgradesOnGrpc},
 };
 
-/// Bounds and windows; the daemon sets them from flags.
+/// Holds the bounds and windows; the daemon sets them from flags.
 #[derive(Clone, Debug)]
 pub struct RouteLimits {
     pub max_users: usize,
@@ -71,6 +71,7 @@ impl Default for RouteLimits {
     }
 }
 
+/// Counts what the detectors saw, judged and evicted.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RouteCounters {
     pub placements: u64,
@@ -95,6 +96,7 @@ pub struct RouteCounters {
     pub push_service: Option<String>,
 }
 
+/// Runs every detector on the observations, in time order.
 pub struct Detectors {
     pub(super) placements: Placements,
     pub(super) push_calls: PushCalls,
@@ -112,6 +114,7 @@ pub struct Detectors {
 }
 
 impl Detectors {
+    /// Builds the detectors with the daemon's limits.
     pub fn new(limits: RouteLimits) -> Self {
         Self {
             cluster: None,
@@ -128,6 +131,7 @@ impl Detectors {
         }
     }
 
+    /// Returns what the detectors counted.
     pub fn counters(&self) -> RouteCounters {
         let placements = self.placements.counters();
         let calls = self.push_calls.counters();
@@ -148,11 +152,12 @@ impl Detectors {
         }
     }
 
+    /// Counts the users with a live placement.
     pub fn tracked_users(&self) -> usize {
         self.placements.users()
     }
 
-    /// Estimated bytes of users, pending calls and fold windows.
+    /// Estimates the bytes of users, pending calls and fold windows.
     pub fn memory(&self, memory: &mut budget::MemoryCounters) {
         memory.user_bytes = self.placements.users() * budget::USER_BYTES;
         memory.pending_call_bytes =
@@ -165,7 +170,7 @@ impl Detectors {
         self.placements.evict(bytes.div_ceil(budget::USER_BYTES))
     }
 
-    /// What judging a push call consults.
+    /// Returns what judging a push call consults.
     fn judge(&mut self) -> (&mut PushCalls, Judge<'_>) {
         (
             &mut self.push_calls,
@@ -181,6 +186,7 @@ impl Detectors {
         )
     }
 
+    /// Hands one observation to the detectors it concerns.
     pub fn observe(&mut self, observation: Observation, alerts: &mut Vec<Alert>) {
         match observation {
             Observation::GrpcConnectionOpened {
@@ -335,7 +341,7 @@ impl Detectors {
         }
     }
 
-    /// The placement on `connection` (if any) ends; cluster mode tells the other nodes.
+    /// Ends the placement on `connection` (if any); cluster mode tells the other nodes.
     fn end_placement(&mut self, connection: ConnectionId) {
         let user = self.placements.end(connection);
         if let Some(cluster) = &mut self.cluster
@@ -349,12 +355,13 @@ impl Detectors {
         }
     }
 
-    /// Cluster mode from now on, as `node`.
+    /// Switches to cluster mode from now on, as `node`.
     pub fn join_cluster(&mut self, node: &str) {
         self.cluster = Some(ClusterSide::new(node));
     }
 
-    /// A connection closed that the decoders did not know: the end of an adopted placement?
+    /// Handles the close of a connection the decoders did not know: the end of an adopted
+    /// placement?
     pub fn closed_by_key(&mut self, key: ConnectionKey) {
         if !self.placements.has_adopted() {
             return;
@@ -435,7 +442,7 @@ impl Detectors {
         self.rings.merge(evidence, now_ns);
     }
 
-    /// Time passes: windows close, unanswered calls time out, settled rings are compared,
+    /// Lets time pass: windows close, unanswered calls time out, settled rings are compared,
     /// churn is assessed. The daemon calls it about once a second.
     pub fn tick(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
         let (calls, mut judge) = self.judge();
@@ -449,7 +456,7 @@ impl Detectors {
         self.churn.assess(now_ns, alerts);
     }
 
-    /// End of input (replay) or shutdown: judge what is pending and emit folded counts now.
+    /// Judges what is pending and emits folded counts now: end of input (replay) or shutdown.
     pub fn finish(&mut self, now_ns: u64, alerts: &mut Vec<Alert>) {
         let (calls, mut judge) = self.judge();
         calls.finish(now_ns, &mut judge, alerts);

@@ -1,4 +1,4 @@
-//! What the decoders' facts mean in routing terms: an `Observation` for each fact that places
+//! Reads what the decoders' facts mean in routing terms: an `Observation` for each fact that places
 //! a user, calls a gateway or answers a call, and a blind spot for each that says the decoder
 //! lost sight of its connection.
 
@@ -16,7 +16,7 @@ use super::{
     shared_texts::SharedTexts,
 };
 
-/// A decoder that stopped seeing its connection is a blind spot. Joining mid-stream is not
+/// Notes a decoder that stopped seeing its connection as a blind spot. Joining mid-stream is not
 /// counted here: every connection open when the observer starts does it.
 pub(super) fn note_http2_loss(
     spots: &mut BlindSpots,
@@ -59,7 +59,7 @@ pub(super) fn note_http1_loss(
     }
 }
 
-/// What the observation builders need of a connection, borrowed apart from its decoder, and
+/// Holds what the observation builders need of a connection, borrowed apart from its decoder, and
 /// the texts every connection shares.
 pub(super) struct ConnectionView<'a> {
     pub(super) process: &'a Process,

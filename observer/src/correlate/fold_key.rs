@@ -1,6 +1,6 @@
-//! What makes two alerts of the folding kinds "the same" within a fold window, and a mismatch's
-//! key by borrowed parts: in a misrouted cluster most mismatches repeat one already alerted,
-//! and a repeat is then looked up without building (allocating) its key.
+//! Defines what makes two alerts of the folding kinds "the same" within a fold window, and a
+//! mismatch's key by borrowed parts: in a misrouted cluster most mismatches repeat one already
+//! alerted, and a repeat is then looked up without building (allocating) its key.
 
 use std::{
     hash::{Hash, Hasher},
@@ -10,6 +10,7 @@ use std::{
 use compact_str::CompactString;
 use smallvec::SmallVec;
 
+/// Says which alerts fold together within a fold window.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FoldKey {
     Mismatch {
@@ -25,7 +26,7 @@ pub enum FoldKey {
     },
 }
 
-/// `FoldKey::Mismatch` by reference; hashes exactly as the key it stands for.
+/// Borrows the parts of a `FoldKey::Mismatch`; hashes exactly as the key it stands for.
 #[derive(Clone, Copy, Debug)]
 pub struct MismatchKey<'a> {
     pub user: &'a str,
@@ -35,6 +36,7 @@ pub struct MismatchKey<'a> {
 }
 
 impl MismatchKey<'_> {
+    /// Copies the parts into the key this stands for.
     pub fn to_owned_key(self) -> FoldKey {
         FoldKey::Mismatch {
             user: CompactString::new(self.user),
@@ -44,10 +46,10 @@ impl MismatchKey<'_> {
     }
 }
 
-/// Two writes: the user's bytes and the gateway pushed to. Where the user is placed is left out
-/// of the hash on purpose and only compared: judging a recipient looks its placements up first,
-/// and a hash that needed them waited for that lookup's cache miss before this table's lookup
-/// could start. Without them the CPU runs both lookups at once (the worst-case engine bench:
+/// Hashes in two writes: the user's bytes and the gateway pushed to. Where the user is placed is
+/// left out of the hash on purpose and only compared: judging a recipient looks its placements up
+/// first, and a hash that needed them waited for that lookup's cache miss before this table's
+/// lookup could start. Without them the CPU runs both lookups at once (the worst-case engine bench:
 /// events/s ×1.12, per-event p99 −25%). A user pushed to the same gateway while placed on
 /// different ones (rare: placements change on reconnects) shares a hash, which costs a
 /// comparison, never a wrong fold; so do keys told apart by an address's family.

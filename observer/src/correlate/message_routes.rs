@@ -24,11 +24,11 @@ use crate::{
 
 use super::{FoldKey, RouteLimits};
 
-/// Calls of one message remembered at most (a broadcast makes one per gateway, a ring one per
+/// Bounds the calls of one message remembered (a broadcast makes one per gateway, a ring one per
 /// gateway holding recipients): OpenIM runs tens of gateways.
 const MAX_CALLS_PER_MESSAGE: usize = 64;
 
-/// How push routed the calls of one message seen so far.
+/// Records how push routed the calls of one message seen so far.
 #[derive(Debug)]
 struct MessageRoute {
     /// Each call's gateway and a fingerprint of its recipient list.
@@ -52,7 +52,7 @@ impl MessageRoute {
     }
 }
 
-/// A miss waiting for the rest of its message's calls.
+/// Holds a miss waiting for the rest of its message's calls.
 #[derive(Debug)]
 struct Parked {
     message: u64,
@@ -65,7 +65,7 @@ struct Parked {
     alert: Alert,
 }
 
-/// When a miss is judged (see [`MessageRoutes::judgment`]).
+/// Says when a miss is judged (see [`MessageRoutes::judgment`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Judgment {
     /// At once: a `route_mismatch` unless its fold window is open.
@@ -76,7 +76,7 @@ pub enum Judgment {
     Skip,
 }
 
-/// What the routing table counts.
+/// Holds what the routing table counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RouteLearningCounters {
     /// Misses held back until their message's calls were all seen.
@@ -91,7 +91,7 @@ pub struct RouteLearningCounters {
     pub calls_unjudged_without_ids: u64,
 }
 
-/// Push's routing as learned from its calls, and the misses it may still cover.
+/// Holds push's routing as learned from its calls, and the misses it may still cover.
 pub struct MessageRoutes {
     window_ns: u64,
     /// How long a message's route is kept: until its last held miss is due, a call without an
@@ -270,7 +270,7 @@ impl MessageRoutes {
         }
     }
 
-    /// A held miss is a miss unless its message went, under broadcast, to a gateway that holds
+    /// Judges a held miss: a miss unless its message went, under broadcast, to a gateway that holds
     /// the user's WebSocket.
     fn judge(&mut self, parked: Parked, folds: &mut FoldWindows<FoldKey>, alerts: &mut Vec<Alert>) {
         if let Some(route) = self.messages.get_mut(&parked.message)
@@ -330,7 +330,7 @@ impl MessageRoutes {
         None
     }
 
-    /// A message's window has passed: calls to two gateways with no list in common are a ring.
+    /// Closes a message's window: calls to two gateways with no list in common are a ring.
     fn closed(&mut self, route: &MessageRoute, now_ns: u64, alerts: &mut Vec<Alert>) {
         if route.split() && self.learn(PushRoutingMode::Ring).is_some() {
             self.announce(now_ns, alerts);
@@ -368,7 +368,7 @@ impl MessageRoutes {
         self.announced = Some(now);
     }
 
-    /// The most gateways one message still remembered went to.
+    /// Returns the most gateways one message still remembered went to.
     fn gateways_seen(&self) -> usize {
         self.messages
             .values()

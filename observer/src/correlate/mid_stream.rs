@@ -1,6 +1,6 @@
-//! Placements the observer could not see: WebSockets adopted at start were upgraded before it
-//! watched, so whose they are is unknown. While any is open, a push to a user without a seen
-//! placement may be a misroute the observer cannot judge: it says so once with
+//! Tracks the placements the observer could not see: WebSockets adopted at start were upgraded
+//! before it watched, so whose they are is unknown. While any is open, a push to a user without a
+//! seen placement may be a misroute the observer cannot judge: it says so once with
 //! `capture_degraded` (`joined_mid_stream`), and again (`recovered`) when the last of them
 //! closed.
 
@@ -12,6 +12,7 @@ use crate::{
     openim::diagnosis,
 };
 
+/// Tracks the adopted WebSockets whose user is unknown, and the pushes they leave unjudged.
 #[derive(Default)]
 pub struct MidStream {
     /// Adopted WebSocket connections still open, their user unknown. Bounded by what the
@@ -23,15 +24,17 @@ pub struct MidStream {
 }
 
 impl MidStream {
+    /// Records a WebSocket adopted at start, its user unknown.
     pub fn websocket_adopted(&mut self, connection: ConnectionId) {
         self.unseen.insert(connection);
     }
 
+    /// Returns the adopted WebSockets still open whose user is unknown.
     pub fn unseen_connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
         self.unseen.iter().copied()
     }
 
-    /// A push went to `recipients_without_placement` users whose placement was not seen.
+    /// Notes a push to `recipients_without_placement` users whose placement was not seen.
     pub fn unjudged(
         &mut self,
         recipients_without_placement: usize,
@@ -49,6 +52,7 @@ impl MidStream {
         alerts.push(self.alert(ts_ns, ts_ns, DegradedState::Degraded));
     }
 
+    /// Forgets `connection`; the last of them closing ends the degraded episode.
     pub fn closed(&mut self, connection: ConnectionId, ts_ns: u64, alerts: &mut Vec<Alert>) {
         if !self.unseen.remove(&connection) || !self.unseen.is_empty() {
             return;

@@ -1,5 +1,4 @@
-//! Correlate: turns decoded traffic into routing facts and checks the two routing paths
-//! against each other.
+//! Turns decoded traffic into routing facts and checks the two routing paths against each other.
 //!
 //! `Engine` is the whole pipeline after capture: events in (live or replayed, in time order),
 //! alerts out. It needs no privileges, so replays and tests drive it directly. Events go
@@ -43,6 +42,7 @@ pub use shared::{
     JoinCounters, PlacementLookup, RemotePlacement, RingSide, SharedFact, SharedRingEvidence,
 };
 
+/// Holds the engine's limits and settings.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     pub routes: RouteLimits,
@@ -68,6 +68,7 @@ impl Default for EngineConfig {
     }
 }
 
+/// Counts what the engine saw, tracked and held.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct EngineCounters {
     pub events: u64,
@@ -79,6 +80,7 @@ pub struct EngineCounters {
     pub cluster: Option<JoinCounters>,
 }
 
+/// Turns capture events into alerts: the connection decoders and the detectors behind them.
 pub struct Engine {
     decoders: ConnectionDecoders,
     /// Connections adopted at start, by their two ends: placements recovered in cluster mode
@@ -95,6 +97,7 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Builds an engine with no connection, user or call tracked yet.
     pub fn new(config: EngineConfig) -> Self {
         let mut detectors = Detectors::new(config.routes);
         if let Some(node) = &config.node {
@@ -186,14 +189,14 @@ impl Engine {
         self.name_node(&mut alerts[first_new..]);
     }
 
-    /// End of input: judges pending calls and emits what windows were holding back.
+    /// Judges pending calls at the end of input and emits what windows were holding back.
     pub fn finish(&mut self, alerts: &mut Vec<Alert>) {
         let first_new = alerts.len();
         self.detectors.finish(self.latest_ts_ns, alerts);
         self.name_node(&mut alerts[first_new..]);
     }
 
-    /// Cluster mode: the facts to share and the lookups to make since the last call.
+    /// Takes, in cluster mode, the facts to share and the lookups to make since the last call.
     pub fn take_shared(&mut self, facts: &mut Vec<SharedFact>, lookups: &mut Vec<PlacementLookup>) {
         if let Some(cluster) = &mut self.detectors.cluster {
             facts.append(&mut cluster.facts);
@@ -201,8 +204,8 @@ impl Engine {
         }
     }
 
-    /// Cluster mode: the answer to lookup `id`, the placements other nodes saw for its users
-    /// (users without any left out); completes the judgment that asked.
+    /// Takes, in cluster mode, the answer to lookup `id`: the placements other nodes saw for its
+    /// users (users without any left out); completes the judgment that asked.
     pub fn joined(
         &mut self,
         id: u64,
@@ -214,14 +217,14 @@ impl Engine {
         self.name_node(&mut alerts[first_new..]);
     }
 
-    /// Cluster mode, at start: placements this node made before the observer restarted whose
-    /// connections are still established, as `(user, placement)`. Pushes for their users are
-    /// judged again, and a close of the connection (matched by its two ends) ends them.
+    /// Takes over, in cluster mode at start, the placements this node made before the observer
+    /// restarted whose connections are still established, as `(user, placement)`. Pushes for their
+    /// users are judged again, and a close of the connection (matched by its two ends) ends them.
     pub fn adopt(&mut self, placements: Vec<(String, RemotePlacement)>) {
         self.detectors.adopt(placements);
     }
 
-    /// Cluster mode: merges the cluster-wide ring members and recent placements, so the ring
+    /// Merges, in cluster mode, the cluster-wide ring members and recent placements, so the ring
     /// verdict rests on what every node saw.
     pub fn merge_ring_evidence(&mut self, evidence: &SharedRingEvidence) {
         // The engine's own clock: event time in a replay, wall time live.
@@ -229,12 +232,12 @@ impl Engine {
         self.detectors.merge_ring_evidence(evidence, now_ns);
     }
 
-    /// What the decoders lost since the last call (for `blindness::CaptureHealth`).
+    /// Takes what the decoders lost since the last call (for `blindness::CaptureHealth`).
     pub fn take_blind_spots(&mut self) -> blindness::BlindSpots {
         self.decoders.take_blind_spots()
     }
 
-    /// Estimated bytes held, by table, and what was shed.
+    /// Estimates the bytes held, by table, and what was shed.
     pub fn memory(&self) -> MemoryCounters {
         let mut memory = MemoryCounters {
             budget_bytes: self.memory_budget.bytes,
@@ -246,7 +249,7 @@ impl Engine {
         memory
     }
 
-    /// Over budget, sheds the least useful state until an eighth of the budget is free again
+    /// Sheds, over budget, the least useful state until an eighth of the budget is free again
     /// (so that shedding is rare, not one entry per event): decoder buffers first (those of
     /// connections that never decoded anything before the others), users placed longest ago
     /// last.
@@ -263,7 +266,7 @@ impl Engine {
         }
     }
 
-    /// Cluster mode: every alert names the node whose observer raised it.
+    /// Names, in cluster mode, the node whose observer raised each alert.
     fn name_node(&self, alerts: &mut [Alert]) {
         if let Some(cluster) = &self.detectors.cluster {
             for alert in alerts {
@@ -272,6 +275,7 @@ impl Engine {
         }
     }
 
+    /// Returns what the engine counted so far.
     pub fn counters(&self) -> EngineCounters {
         EngineCounters {
             events: self.events,

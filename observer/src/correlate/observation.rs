@@ -1,11 +1,11 @@
-//! `Observation`: what happened on the wire, in routing terms. `connections` produces them from
-//! decoded traffic; the detectors consume them.
+//! Defines `Observation`: what happened on the wire, in routing terms. `connections` produces them
+//! from decoded traffic; the detectors consume them.
 
 use std::sync::Arc;
 
 use crate::model::{ConnectionId, ConnectionKey, Gateway, MessageIds, Process, UserId, UserResult};
 
-/// What happened on the wire, in routing terms.
+/// Says what happened on the wire, in routing terms.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Observation {
     /// A process connected to a watched gRPC port.

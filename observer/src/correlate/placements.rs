@@ -1,4 +1,4 @@
-//! Where the proxy placed each user: user → the live WebSocket placements (gateway, `Host`,
+//! Tracks where the proxy placed each user: user → the live WebSocket placements (gateway, `Host`,
 //! platform), each ended when its connection closes or its upgrade is refused.
 
 use std::{hash::BuildHasher, sync::Arc};
@@ -16,6 +16,8 @@ use crate::{
 
 use super::RouteLimits;
 
+/// Records one live WebSocket placement: the connection, the gateway, the platform, since when, by
+/// which proxy.
 #[derive(Clone, Debug)]
 pub struct Placement {
     pub connection: ConnectionId,
@@ -27,6 +29,7 @@ pub struct Placement {
     pub node: Option<Arc<str>>,
 }
 
+/// Counts the placements made, evicted and replaced.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PlacementCounters {
     pub placements: u64,
@@ -38,7 +41,7 @@ pub struct PlacementCounters {
     pub placements_replaced: u64,
 }
 
-/// One user's live placements, oldest first. Nearly every user holds one: inline in the
+/// Holds one user's live placements, oldest first. Nearly every user holds one: inline in the
 /// bucket, so judging a recipient reads the bucket its lookup found instead of one more heap
 /// line.
 struct UserPlacements {
@@ -46,6 +49,7 @@ struct UserPlacements {
     placements: SmallVec<[Placement; 1]>,
 }
 
+/// Holds every user's live placements, within the limits' bounds on users and connections.
 pub struct Placements {
     max_users: usize,
     max_per_user: usize,
@@ -67,6 +71,7 @@ pub struct Placements {
 }
 
 impl Placements {
+    /// Builds an empty table with the limits' bounds on users, placements and connections.
     pub fn new(limits: &RouteLimits) -> Self {
         Self {
             max_users: limits.max_users,
@@ -81,15 +86,17 @@ impl Placements {
         }
     }
 
+    /// Returns what the table counted.
     pub fn counters(&self) -> PlacementCounters {
         self.counters
     }
 
+    /// Counts the users with a live placement.
     pub fn users(&self) -> usize {
         self.by_user.len()
     }
 
-    /// The live placements of `user`, oldest first.
+    /// Returns the live placements of `user`, oldest first.
     pub fn of(&self, user: &str) -> Option<&[Placement]> {
         self.by_user
             .find(self.hasher.hash_one(user), |entry| entry.user == user)
@@ -114,7 +121,7 @@ impl Placements {
         Some(entry.remove().0.placements)
     }
 
-    /// The proxy asked a gateway to take `user` on `connection`.
+    /// Records that the proxy asked a gateway to take `user` on `connection`.
     pub fn place(
         &mut self,
         connection: ConnectionId,
@@ -195,7 +202,7 @@ impl Placements {
         }
     }
 
-    /// Whether `connection` still holds a placement when a new one comes on it: its socket is
+    /// Says whether `connection` still holds a placement when a new one comes on it: its socket is
     /// gone, its close unseen, and its address reused. Counted in `placements_replaced`; the
     /// caller ends it as a close would (`place` does so otherwise).
     pub fn reused(&mut self, connection: ConnectionId) -> bool {
@@ -204,7 +211,7 @@ impl Placements {
         reused
     }
 
-    /// The placement on `connection`, if any, ends: refused, or closed. Returns its user.
+    /// Ends the placement on `connection`, if any: refused, or closed. Returns its user.
     pub fn end(&mut self, connection: ConnectionId) -> Option<String> {
         let user = self.users_by_connection.remove(&connection)?;
         if let Some(entry) = self.entry_mut(&user) {
@@ -218,18 +225,18 @@ impl Placements {
         Some(user.into_string())
     }
 
-    /// An adopted placement's connection closed. Returns its user.
+    /// Ends an adopted placement whose connection closed. Returns its user.
     pub fn end_adopted(&mut self, key: ConnectionKey) -> Option<String> {
         let connection = self.adopted.remove(&key)?;
         self.end(connection)
     }
 
-    /// The connections holding placements.
+    /// Returns the connections holding placements.
     pub fn connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
         self.users_by_connection.keys().copied()
     }
 
-    /// Whether `connection` numbers a placement adopted in cluster mode (not a kernel socket).
+    /// Says whether `connection` numbers a placement adopted in cluster mode (not a kernel socket).
     pub fn is_adopted(&self, connection: ConnectionId) -> bool {
         connection < self.next_adopted
     }
@@ -261,13 +268,14 @@ impl Placements {
         evicted
     }
 
+    /// Says whether any placement adopted in cluster mode is still held.
     pub fn has_adopted(&self) -> bool {
         !self.adopted.is_empty()
     }
 }
 
-/// A user's placements as an alert prints them: one entry per gateway, its platforms merged.
-/// `local_node` names this node in cluster mode.
+/// Summarizes a user's placements as an alert prints them: one entry per gateway, its platforms
+/// merged. `local_node` names this node in cluster mode.
 pub fn summarize(placements: &[Placement], local_node: Option<&str>) -> Vec<PlacementInfo> {
     let mut summary: Vec<PlacementInfo> = Vec::with_capacity(placements.len());
     for placement in placements {

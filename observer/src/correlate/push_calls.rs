@@ -1,5 +1,5 @@
-//! Push calls waiting for the gateway's answer, and the judgment once it comes (or cannot):
-//! every recipient whose WebSocket is placed on another gateway is a `route_mismatch`.
+//! Keeps push calls waiting for the gateway's answer, and makes the judgment once it comes (or
+//! cannot): every recipient whose WebSocket is placed on another gateway is a `route_mismatch`.
 
 use std::{collections::HashMap as StdHashMap, net::IpAddr};
 
@@ -21,6 +21,7 @@ use super::{
     shared::{AwaitingJoin, ClusterSide, SharedFact},
 };
 
+/// Counts the calls seen, answered, evicted, and left without an answer.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CallCounters {
     pub push_calls: u64,
@@ -29,7 +30,7 @@ pub struct CallCounters {
     pub calls_without_answer: u64,
 }
 
-/// What judging a call consults and where its alerts fold.
+/// Holds what judging a call consults and where its alerts fold.
 pub struct Judge<'a> {
     pub placements: &'a Placements,
     pub rings: &'a mut RingVerdicts,
@@ -44,6 +45,7 @@ pub struct Judge<'a> {
     pub recipients_judged: &'a mut u64,
 }
 
+/// Holds the push calls waiting for their answer, within the limits' bound.
 pub struct PushCalls {
     max_pending: usize,
     answer_timeout_secs: u64,
@@ -52,6 +54,7 @@ pub struct PushCalls {
 }
 
 impl PushCalls {
+    /// Builds an empty table with the limits' bound and answer timeout.
     pub fn new(limits: &RouteLimits) -> Self {
         Self {
             max_pending: limits.max_pending_calls,
@@ -61,21 +64,23 @@ impl PushCalls {
         }
     }
 
+    /// Returns what the table counted.
     pub fn counters(&self) -> CallCounters {
         self.counters
     }
 
-    /// The connections with calls waiting for an answer.
+    /// Returns the connections with calls waiting for an answer.
     pub fn connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
         self.pending.keys().map(|(connection, _)| *connection)
     }
 
+    /// Counts the calls waiting for an answer.
     pub fn pending(&self) -> usize {
         self.pending.len()
     }
 
-    /// Push called stream `stream_id` of `connection`; the call waits for its answer. A full
-    /// table first judges its oldest calls without their answer (as their timeout would),
+    /// Records that push called stream `stream_id` of `connection`; the call waits for its answer.
+    /// A full table first judges its oldest calls without their answer (as their timeout would),
     /// counted as evicted, rather than refusing the newest.
     pub fn called(
         &mut self,
@@ -99,6 +104,8 @@ impl PushCalls {
         self.pending.insert((connection, stream_id), call);
     }
 
+    /// Judges the call on stream `stream_id` of `connection` with the gateway's answer, if it
+    /// waits.
     pub fn answered(
         &mut self,
         (connection, stream_id): (ConnectionId, u32),
@@ -113,7 +120,7 @@ impl PushCalls {
         }
     }
 
-    /// Calls on a closing connection will get no answer: they are judged without one.
+    /// Judges the calls on a closing connection without an answer: they will get none.
     pub fn closed(
         &mut self,
         connection: ConnectionId,
@@ -135,7 +142,7 @@ impl PushCalls {
         }
     }
 
-    /// Calls without an answer after the timeout are judged without one.
+    /// Judges without an answer the calls that got none within the timeout.
     pub fn expire(&mut self, now_ns: u64, judge: &mut Judge<'_>, alerts: &mut Vec<Alert>) {
         let timeout = self.answer_timeout_secs * NANOS_PER_SEC;
         let expired: Vec<(ConnectionId, u32)> = self
@@ -152,7 +159,7 @@ impl PushCalls {
         }
     }
 
-    /// End of input: every pending call is judged without an answer.
+    /// Judges every pending call without an answer, at the end of input.
     pub fn finish(&mut self, now_ns: u64, judge: &mut Judge<'_>, alerts: &mut Vec<Alert>) {
         let pending: Vec<PendingCall> = self.pending.drain().map(|(_, call)| call).collect();
         for call in pending {
@@ -162,8 +169,8 @@ impl PushCalls {
     }
 }
 
-/// How many recipients ahead of the one being judged its two lookups are prefetched: each is a
-/// cache miss in a table of up to 100,000 users. Four did best on the worst-case engine bench
+/// Counts how many recipients ahead of the one being judged its two lookups are prefetched: each is
+/// a cache miss in a table of up to 100,000 users. Four did best on the worst-case engine bench
 /// (two and eight: ×0.97–×0.98 of it).
 const PREFETCH_AHEAD: usize = 4;
 
@@ -246,7 +253,7 @@ fn judge_call(
     );
 }
 
-/// The gateway's answers to one call, by recipient.
+/// Holds the gateway's answers to one call, by recipient.
 enum Answers<'a> {
     /// One answer per recipient, in the request's order, as OpenIM's gateway writes them: a
     /// recipient's answer is the one at its own position, found without a table.
@@ -306,7 +313,7 @@ pub fn judge_joined(
     }
 }
 
-/// What the gateway's answer for one user says, and the platforms it lists.
+/// Reads what the gateway's answer for one user says, and the platforms it lists.
 fn gateway_answer(answer: Option<&UserResult>) -> (GatewayAnswer, Vec<PlatformResult>) {
     match answer {
         None => (GatewayAnswer::Unknown, Vec::new()),
@@ -327,7 +334,7 @@ fn gateway_answer(answer: Option<&UserResult>) -> (GatewayAnswer, Vec<PlatformRe
     }
 }
 
-/// One recipient against its placements: a `route_mismatch` unless one of them is on the
+/// Judges one recipient against its placements: a `route_mismatch` unless one of them is on the
 /// gateway the call went to.
 fn judge_user(
     user: &str,
@@ -386,7 +393,7 @@ fn judge_user(
     }
 }
 
-/// The `route_mismatch` for `user`, placed on `placed`, in `call`.
+/// Builds the `route_mismatch` for `user`, placed on `placed`, in `call`.
 fn mismatch_alert(
     user: &str,
     placements: &[Placement],

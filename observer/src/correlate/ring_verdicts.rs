@@ -1,4 +1,4 @@
-//! When to compare the learned rings (`rings`): once membership has settled, at most once a
+//! Decides when to compare the learned rings (`rings`): once membership has settled, at most once a
 //! settle period, a divergence reported once per membership and closed once the rings agree
 //! again; and why one user's push missed its WebSocket (`cause`).
 
@@ -18,11 +18,13 @@ use super::{
     shared::SharedRingEvidence,
 };
 
-/// Placements that must arrive before `cause` compares the rings again while they have not
-/// decided (at least this many, and at least a quarter of the evidence: amortised, a
+/// Counts the placements that must arrive before `cause` compares the rings again while they have
+/// not decided (at least this many, and at least a quarter of the evidence: amortised, a
 /// comparison costs a few lookups per placement).
 const MIN_PLACEMENTS_BEFORE_REJUDGING: usize = 32;
 
+/// Decides when the learned rings are compared, reports their divergence, and explains a user's
+/// miss.
 pub struct RingVerdicts {
     /// Learned ring membership must be stable this long before a verdict.
     settle_secs: u64,
@@ -48,7 +50,7 @@ pub struct RingVerdicts {
     incident: Option<Incident>,
 }
 
-/// A reported divergence, open until the rings agree again.
+/// Records a reported divergence, open until the rings agree again.
 #[derive(Clone, Copy, Debug)]
 struct Incident {
     since_ns: u64,
@@ -57,6 +59,7 @@ struct Incident {
 }
 
 impl RingVerdicts {
+    /// Builds the verdicts; membership must settle for `settle_secs` before one.
     pub fn new(settle_secs: u64) -> Self {
         Self {
             settle_secs,
@@ -73,7 +76,7 @@ impl RingVerdicts {
         }
     }
 
-    /// The proxy placed `user` on `ip`, addressing it as `host`.
+    /// Records that the proxy placed `user` on `ip`, addressing it as `host`.
     pub fn placement(&mut self, host: Option<&str>, ip: IpAddr, user: &str, ts_ns: u64) {
         if let Some(host) = host {
             let learned = self.rings.learn_proxy_host(host, ip);
@@ -87,7 +90,7 @@ impl RingVerdicts {
         }
     }
 
-    /// Push called the gateway at `ip`, addressing it as `authority`.
+    /// Records that push called the gateway at `ip`, addressing it as `authority`.
     pub fn push_call(&mut self, authority: Option<&str>, ip: IpAddr, ts_ns: u64) {
         if let Some(authority) = authority {
             let learned = self.rings.learn_push_member(authority, ip);
@@ -118,7 +121,7 @@ impl RingVerdicts {
         }
     }
 
-    /// What separates the two sides' spelling of one gateway, in plain words, if they differ.
+    /// Says what separates the two sides' spelling of one gateway, in plain words, if they differ.
     pub fn spelling_difference(&mut self) -> Option<Arc<str>> {
         let rings = &self.rings;
         self.spelling_difference
@@ -198,13 +201,13 @@ impl RingVerdicts {
         }
     }
 
-    /// The gateway IP one candidate ring picks for `user`, if known.
+    /// Returns the gateway IP one candidate ring picks for `user`, if known.
     fn pick_ip(&mut self, candidate: Candidate, user: &str) -> Option<IpAddr> {
         self.rings.pick(candidate, user).and_then(|pick| pick.ip)
     }
 
-    /// The last verdict, compared again while it is undetermined once enough placements came
-    /// (the first mismatches of a scale-out come before the settled verdict does).
+    /// Returns the last verdict, compared again while it is undetermined once enough placements
+    /// came (the first mismatches of a scale-out come before the settled verdict does).
     fn judged_for_cause(&mut self) -> VerdictKind {
         let enough = MIN_PLACEMENTS_BEFORE_REJUDGING.max(self.rings.evidence_len() / 4);
         let rejudge = match self.judged {
@@ -229,8 +232,8 @@ impl RingVerdicts {
         self.push_routing = mode;
     }
 
-    /// A learned member changed: texts quoting the members must be rebuilt, and a verdict
-    /// waits for membership to settle.
+    /// Notes that a learned member changed: texts quoting the members must be rebuilt, and a
+    /// verdict waits for membership to settle.
     fn members_changed(&mut self, learned: Learned, ts_ns: u64) {
         if learned == Learned::Nothing {
             return;
@@ -349,7 +352,8 @@ impl RingVerdicts {
         ))
     }
 
-    /// The gateway push's rebuilt ring picks for `user`: its member and, once dialled, its IP.
+    /// Returns the gateway push's rebuilt ring picks for `user`: its member and, once dialled, its
+    /// IP.
     #[cfg(test)]
     pub(crate) fn push_ring_pick(&mut self, user: &str) -> Option<(String, Option<IpAddr>)> {
         self.rings
@@ -357,7 +361,7 @@ impl RingVerdicts {
             .map(|pick| (pick.member, pick.ip))
     }
 
-    /// The gateway the proxy-spelled candidate ring picks for `user`.
+    /// Returns the gateway the proxy-spelled candidate ring picks for `user`.
     #[cfg(test)]
     pub(crate) fn proxy_ring_pick(&mut self, user: &str) -> Option<(String, Option<IpAddr>)> {
         self.rings
@@ -366,7 +370,8 @@ impl RingVerdicts {
     }
 }
 
-/// What a `resolved` line says. (Kept here until `openim::diagnosis` holds it with the rest.)
+/// Writes what a `resolved` line says. (Kept here until `openim::diagnosis` holds it with the
+/// rest.)
 fn resolved_diagnosis(incident: &Incident, lasted_secs: u64) -> String {
     format!(
         "Resolved: msggateway-proxy now places users where push's ring sends them. The divergence \

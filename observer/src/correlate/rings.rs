@@ -27,19 +27,22 @@ use hashbrown::HashMap;
 use crate::openim::hashring::{Ring, sample_user_ids};
 use crate::openim::{diagnosis::Divergence, members::describe_member_difference};
 
-/// Placements remembered as evidence (user → gateway IP of its latest placement).
+/// Bounds the placements remembered as evidence (user → gateway IP of its latest placement).
 const MAX_EVIDENCE: usize = 100_000;
-/// Users whose two candidate picks differ that must agree with one candidate before a verdict.
+/// Counts the users whose two candidate picks differ that must agree with one candidate before a
+/// verdict.
 const MIN_DECIDING_USERS: usize = 3;
-/// Keys hashed to estimate the share of all users the two rings split.
+/// Counts the keys hashed to estimate the share of all users the two rings split.
 const SAMPLE_KEYS: usize = 10_000;
-/// Names remembered per side: OpenIM runs tens of gateways; a flood of names must not grow
-/// this without bound.
+/// Bounds the names remembered per side: OpenIM runs tens of gateways; a flood of names must not
+/// grow this without bound.
 const MAX_NAMES: usize = 4096;
-/// Ordinals at or above this are not read as StatefulSet ordinals, so that one odd name cannot
-/// make the rebuilt rings huge.
+/// Bounds the StatefulSet ordinals: ones at or above this are not read as such, so that one odd
+/// name cannot make the rebuilt rings huge.
 const MAX_REPLICAS: u32 = 1024;
 
+/// Holds the gateway names each side dialled and the placements seen, and rebuilds the two
+/// candidate rings from them.
 #[derive(Debug, Default)]
 pub struct LearnedRings {
     /// Gateway names as the proxy's `Host` spells them.
@@ -54,7 +57,7 @@ pub struct LearnedRings {
     candidates: Option<Candidates>,
 }
 
-/// The names one side dialled, and how they spell an ordinal.
+/// Holds the names one side dialled, and how they spell an ordinal.
 #[derive(Debug, Default)]
 struct Side {
     /// Name → IP dialled.
@@ -75,7 +78,7 @@ enum Spelling {
     Unordered,
 }
 
-/// What learning a name changed.
+/// Says what learning a name changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Learned {
     Nothing,
@@ -85,7 +88,7 @@ pub enum Learned {
     Membership,
 }
 
-/// The two candidate rings over the same gateways: gateway `i` is member `i` of both.
+/// Holds the two candidate rings over the same gateways: gateway `i` is member `i` of both.
 #[derive(Debug)]
 struct Candidates {
     /// Gateway `i`'s IP, when a side dialled it.
@@ -100,7 +103,7 @@ struct Candidates {
     older_push_spelled: Option<Vec<Ring>>,
 }
 
-/// Which candidate a user's gateway comes from.
+/// Says which candidate a user's gateway comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Candidate {
     /// Push's members, spelled as the proxy's `Host` spells them.
@@ -109,7 +112,7 @@ pub enum Candidate {
     PushSpelled,
 }
 
-/// A gateway one candidate ring picks for a user.
+/// Describes a gateway one candidate ring picks for a user.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pick {
     pub member: String,
@@ -117,6 +120,7 @@ pub struct Pick {
     pub ip: Option<IpAddr>,
 }
 
+/// Says what comparing the candidate rings over the placements found, with the evidence.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
     /// Not enough placements that tell the candidates apart (always so with one gateway), or no
@@ -133,7 +137,7 @@ pub enum Verdict {
     },
 }
 
-/// A [`Verdict`] without its evidence, as `ring_verdicts` remembers it.
+/// Holds a [`Verdict`] without its evidence, as `ring_verdicts` remembers it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum VerdictKind {
     #[default]
@@ -155,7 +159,7 @@ impl Verdict {
     }
 }
 
-/// How the evidence falls between the two candidates.
+/// Counts how the evidence falls between the two candidates.
 #[derive(Clone, Copy, Debug, Default)]
 struct Tally {
     /// Placements made under the current members.
@@ -215,8 +219,8 @@ impl LearnedRings {
         }
     }
 
-    /// What the rings' member lists depend on: the replica count and both spellings (and, for
-    /// names without ordinals, how many there are).
+    /// Returns what the rings' member lists depend on: the replica count and both spellings (and,
+    /// for names without ordinals, how many there are).
     fn layout(&self) -> (u32, Spelling, Spelling, usize, usize) {
         let unordered = |side: &Side| match side.spelling {
             Spelling::Unordered => side.names.len(),
@@ -231,20 +235,20 @@ impl LearnedRings {
         )
     }
 
-    /// The replica count the ordinals show: the highest seen on either side plus one.
+    /// Returns the replica count the ordinals show: the highest seen on either side plus one.
     fn replicas(&self) -> u32 {
         self.push
             .ordinal_replicas()
             .max(self.proxy.ordinal_replicas())
     }
 
-    /// How many gateways the proxy's names show (its highest ordinal plus one, or its names);
-    /// `None` before it named one.
+    /// Returns how many gateways the proxy's names show (its highest ordinal plus one, or its
+    /// names); `None` before it named one.
     pub fn proxy_replicas(&self) -> Option<usize> {
         self.proxy.replicas_shown()
     }
 
-    /// How many gateways push's names show (its highest ordinal plus one, or its names);
+    /// Returns how many gateways push's names show (its highest ordinal plus one, or its names);
     /// `None` before it named one.
     pub fn push_replicas(&self) -> Option<usize> {
         self.push.replicas_shown()
@@ -265,12 +269,12 @@ impl LearnedRings {
         }
     }
 
-    /// Placements remembered as evidence.
+    /// Counts the placements remembered as evidence.
     pub fn evidence_len(&self) -> usize {
         self.evidence.len()
     }
 
-    /// A pair of names one gateway (one IP) goes by on the two sides, if they differ.
+    /// Returns a pair of names one gateway (one IP) goes by on the two sides, if they differ.
     pub fn spelling_difference(&self) -> Option<(String, String)> {
         self.proxy.names.iter().find_map(|(host, ip)| {
             self.push
@@ -281,7 +285,7 @@ impl LearnedRings {
         })
     }
 
-    /// Whether some gateway goes by the same name on both sides.
+    /// Says whether some gateway goes by the same name on both sides.
     fn spelled_alike(&self) -> bool {
         self.proxy
             .names
@@ -289,7 +293,7 @@ impl LearnedRings {
             .any(|(host, ip)| self.push.names.get(host) == Some(ip))
     }
 
-    /// Whether every gateway `0..n-1` of the rebuilt rings was seen on both sides.
+    /// Says whether every gateway `0..n-1` of the rebuilt rings was seen on both sides.
     pub fn complete(&mut self) -> bool {
         self.candidates()
             .is_some_and(|candidates| candidates.complete)
@@ -326,7 +330,7 @@ impl LearnedRings {
         })
     }
 
-    /// The gateway `candidate` picks for `user`, if push's side is known.
+    /// Returns the gateway `candidate` picks for `user`, if push's side is known.
     pub fn pick(&mut self, candidate: Candidate, user: &str) -> Option<Pick> {
         let candidates = self.candidates()?;
         let ring = candidates.ring(candidate);
@@ -337,7 +341,7 @@ impl LearnedRings {
         })
     }
 
-    /// The rings' members, proxy-spelled then push-spelled, in the order they are added.
+    /// Returns the rings' members, proxy-spelled then push-spelled, in the order they are added.
     pub fn members(&mut self) -> Option<(Vec<String>, Vec<String>)> {
         let candidates = self.candidates()?;
         Some((
@@ -389,7 +393,7 @@ impl LearnedRings {
         }
     }
 
-    /// Which candidate the placements follow, as far as they tell, without the evidence a
+    /// Says which candidate the placements follow, as far as they tell, without the evidence a
     /// reported verdict quotes.
     pub fn verdict_kind(&mut self) -> VerdictKind {
         if self.spelling_difference().is_none() {
@@ -500,7 +504,7 @@ impl LearnedRings {
         })
     }
 
-    /// The proxy's name for one of push's gateways: the `Host` seen for its IP, else push's
+    /// Returns the proxy's name for one of push's gateways: the `Host` seen for its IP, else push's
     /// name with the difference seen on another gateway applied (a suffix added or removed).
     fn proxy_spelling(
         &self,
@@ -568,7 +572,7 @@ impl Side {
         }
     }
 
-    /// The IP of the gateway with `ordinal`, if this side dialled it.
+    /// Returns the IP of the gateway with `ordinal`, if this side dialled it.
     fn ordinal_ip(&self, ordinal: u32) -> Option<IpAddr> {
         let Spelling::Ordinal { prefix, suffix } = &self.spelling else {
             return None;

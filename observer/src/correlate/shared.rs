@@ -1,5 +1,5 @@
-//! Cluster mode's side of the engine: what this node's observer tells the others, and the joins
-//! it completes with what they saw.
+//! Holds cluster mode's side of the engine: what this node's observer tells the others, and the
+//! joins it completes with what they saw.
 //!
 //! The engine stays synchronous: it appends facts (placements, ring members, push outcomes) to
 //! a buffer the daemon forwards to Redis, and when a push call names recipients this node holds
@@ -16,17 +16,18 @@ use crate::model::{
 
 use super::pending_call::PendingCall;
 
-/// Judgments parked for a lookup at most; more are judged with local placements only (counted).
+/// Bounds the judgments parked for a lookup; more are judged with local placements only (counted).
 const MAX_AWAITING_JOINS: usize = 16_384;
-/// A parked judgment whose lookup never came back is dropped after this long (counted).
+/// Bounds a parked judgment's wait: one whose lookup never came back is dropped after this long
+/// (counted).
 const JOIN_TIMEOUT_NS: u64 = 30 * NANOS_PER_SEC;
-/// A ring member seen again is told again at most this often (its shared entry expires unless
-/// refreshed; telling it on every call would queue a fact per push).
+/// Spaces the telling of a ring member: one seen again is told again at most this often (its shared
+/// entry expires unless refreshed; telling it on every call would queue a fact per push).
 const MEMBER_REFRESH_NS: u64 = 60 * NANOS_PER_SEC;
-/// Ring members remembered for that refresh (gateways × two spellings).
+/// Bounds the ring members remembered for that refresh (gateways × two spellings).
 const MAX_MEMBERS: usize = 4_096;
 
-/// Which side of OpenIM spelled a ring member: the proxy (`Host`) or push (`:authority`).
+/// Says which side of OpenIM spelled a ring member: the proxy (`Host`) or push (`:authority`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RingSide {
     Proxy,
@@ -34,6 +35,7 @@ pub enum RingSide {
 }
 
 impl RingSide {
+    /// Returns the side's name: `proxy` or `push`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Proxy => "proxy",
@@ -42,7 +44,7 @@ impl RingSide {
     }
 }
 
-/// What this node saw that the other nodes need.
+/// Says what this node saw that the other nodes need.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SharedFact {
     /// The proxy on this node asked a gateway to take `user`.
@@ -74,7 +76,7 @@ pub enum SharedFact {
     },
 }
 
-/// A placement another node saw (or this node, before its observer restarted).
+/// Describes a placement another node saw (or this node, before its observer restarted).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemotePlacement {
     pub node: String,
@@ -85,15 +87,15 @@ pub struct RemotePlacement {
     pub proxy: Process,
 }
 
-/// Recipients of a judged call that this node holds no placement for: the daemon looks them up
-/// and answers with `Engine::joined(id, …)`.
+/// Lists the recipients of a judged call that this node holds no placement for: the daemon looks
+/// them up and answers with `Engine::joined(id, …)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlacementLookup {
     pub id: u64,
     pub users: Vec<String>,
 }
 
-/// The cluster's shared ring evidence, merged into this node's learned rings.
+/// Holds the cluster's shared ring evidence, merged into this node's learned rings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SharedRingEvidence {
     /// `(member, gateway IP)` per side.
@@ -103,6 +105,7 @@ pub struct SharedRingEvidence {
     pub placements: Vec<(String, IpAddr)>,
 }
 
+/// Counts the lookups, the joins completed, dropped and expired, and the placements adopted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct JoinCounters {
     pub lookups: u64,
@@ -114,13 +117,15 @@ pub struct JoinCounters {
     pub placements_adopted: u64,
 }
 
-/// A judgment waiting for other nodes' placements.
+/// Holds a judgment waiting for other nodes' placements.
 pub struct AwaitingJoin {
     pub call: PendingCall,
     pub results: Option<Vec<UserResult>>,
     pub ts_ns: u64,
 }
 
+/// Holds this node's side of the cluster: its name, the facts and lookups to send, and the
+/// judgments waiting.
 pub struct ClusterSide {
     pub node: Arc<str>,
     pub facts: Vec<SharedFact>,
@@ -135,6 +140,7 @@ pub struct ClusterSide {
 }
 
 impl ClusterSide {
+    /// Builds the cluster side of node `node`, with nothing to send and no judgment waiting.
     pub fn new(node: &str) -> Self {
         Self {
             node: node.into(),
@@ -163,6 +169,7 @@ impl ClusterSide {
         true
     }
 
+    /// Takes the judgment parked under lookup `id`, if it still waits.
     pub fn unpark(&mut self, id: u64) -> Option<AwaitingJoin> {
         let join = self.awaiting.remove(&id);
         if join.is_some() {
@@ -180,7 +187,7 @@ impl ClusterSide {
         self.counters.joins_expired += (before - self.awaiting.len()) as u64;
     }
 
-    /// A member was seen: told when new, moved, or not told for a while.
+    /// Notes that a member was seen: told when new, moved, or not told for a while.
     pub fn member_seen(&mut self, side: RingSide, member: &str, ip: IpAddr, ts_ns: u64) {
         let key = (side, member.to_owned());
         let due = match self.members_told.get(&key) {

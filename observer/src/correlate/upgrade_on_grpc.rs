@@ -1,5 +1,5 @@
-//! WebSocket upgrades the proxy sent to a gRPC port: one `ws_upgrade_on_grpc_port` per gateway
-//! port and proxy, folded, naming the users it tried to place and what the port answered.
+//! Reports the WebSocket upgrades the proxy sent to a gRPC port: one `ws_upgrade_on_grpc_port` per
+//! gateway port and proxy, folded, naming the users it tried to place and what the port answered.
 
 use std::{collections::HashMap, net::IpAddr};
 
@@ -11,10 +11,10 @@ use crate::{
 
 use super::FoldKey;
 
-/// Users named in one alert at most.
+/// Bounds the users named in one alert.
 const MAX_USERS_NAMED: usize = 100;
 
-/// A WebSocket upgrade request seen on a gRPC port.
+/// Describes a WebSocket upgrade request seen on a gRPC port.
 pub struct Request {
     pub connection: ConnectionId,
     pub ts_ns: u64,
@@ -23,6 +23,8 @@ pub struct Request {
     pub proxy: Process,
 }
 
+/// Raises `ws_upgrade_on_grpc_port`, and remembers each such connection until it closes so that
+/// its answer finds the alert.
 #[derive(Default)]
 pub struct UpgradesOnGrpc {
     /// Each such connection's alert key, until it closes, so its answer finds the alert.
@@ -30,6 +32,8 @@ pub struct UpgradesOnGrpc {
 }
 
 impl UpgradesOnGrpc {
+    /// Raises `ws_upgrade_on_grpc_port` for a WebSocket upgrade seen on a gRPC port, or folds it
+    /// into the alert already raised for its gateway port and proxy.
     pub fn requested(
         &mut self,
         request: Request,
@@ -77,7 +81,8 @@ impl UpgradesOnGrpc {
         folds.first(key, alert, alerts);
     }
 
-    /// The gRPC port answered such an upgrade in HTTP/1: its status goes into the alert.
+    /// Records that the gRPC port answered such an upgrade in HTTP/1: its status goes into the
+    /// alert.
     pub fn answered(
         &self,
         connection: ConnectionId,
@@ -98,11 +103,12 @@ impl UpgradesOnGrpc {
         }
     }
 
-    /// The connections whose upgrade is remembered until they close.
+    /// Returns the connections whose upgrade is remembered until they close.
     pub fn connections(&self) -> impl Iterator<Item = ConnectionId> + '_ {
         self.keys_by_connection.keys().copied()
     }
 
+    /// Forgets the upgrade on `connection`, which closed.
     pub fn closed(&mut self, connection: ConnectionId) {
         self.keys_by_connection.remove(&connection);
     }

@@ -34,7 +34,8 @@ pub(crate) fn process(pid: u32, comm: &str) -> Process {
     }
 }
 
-/// A distinct source port per connection, towards gateway `on`'s WebSocket port.
+/// Builds the ends of a connection: a distinct source port per connection, towards gateway `on`'s
+/// WebSocket port.
 pub(crate) fn endpoints(connection: u64, on: u8) -> ConnectionKey {
     ConnectionKey {
         local: (IpAddr::from([10, 244, 9, 1]), 30_000 + connection as u16).into(),

@@ -1,4 +1,5 @@
-//! The engine under a flood keeps to its memory budget and sheds the least useful state first.
+//! Checks that the engine under a flood keeps to its memory budget and sheds the least useful state
+//! first.
 
 use bytes::Bytes;
 
@@ -45,7 +46,7 @@ fn data(connection: u64, ts_ns: u64, port_class: PortClass, offset: u64, bytes: 
     )
 }
 
-/// What the flood sends: the client preface, then a frame header announcing a frame
+/// Builds what the flood sends: the client preface, then a frame header announcing a frame
 /// the decoder must buffer (0x0ffff0 bytes, just under its 1 MiB limit, so the filler never
 /// completes it), then filler.
 fn garbage(length: usize) -> Vec<u8> {
