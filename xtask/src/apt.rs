@@ -1,4 +1,4 @@
-//! Debian/Ubuntu packages a task needs, installed with apt when their program is missing.
+//! Installs with apt the Debian/Ubuntu packages a task needs, when their program is missing.
 
 use std::process::Command;
 
@@ -7,11 +7,20 @@ use anyhow::{Context, Result, bail};
 use crate::{capture, step};
 
 /// Makes sure `program` runs, installing `package` with apt if it does not.
+///
+/// # Errors
+///
+/// Fails when `program` does not run and apt cannot install `package` (see [`install`]).
 pub fn ensure(program: &str, package: &str) -> Result<()> {
     ensure_with(program, "--version", package)
 }
 
-/// [`ensure`] for a program that prints its version with `version_arg` (`go version`).
+/// Does what [`ensure`] does, for a program that prints its version with `version_arg`
+/// (`go version`).
+///
+/// # Errors
+///
+/// Fails when `program` does not run and apt cannot install `package` (see [`install`]).
 pub fn ensure_with(program: &str, version_arg: &str, package: &str) -> Result<()> {
     let installed = Command::new(program)
         .arg(version_arg)
@@ -23,7 +32,12 @@ pub fn ensure_with(program: &str, version_arg: &str, package: &str) -> Result<()
     install(package)
 }
 
-/// `apt-get install -y PACKAGE`, refreshing the package lists first when apt does not know it.
+/// Runs `apt-get install -y PACKAGE`, refreshing the package lists first when apt does not know it.
+///
+/// # Errors
+///
+/// Fails when apt has no candidate for `package`, even after `apt-get update`, or when `apt-cache`,
+/// the update or the install fails.
 pub fn install(package: &str) -> Result<()> {
     let how =
         format!("{package} is missing: install it (Debian/Ubuntu: `apt-get install -y {package}`)");

@@ -1,5 +1,5 @@
-//! The lab's Go and Python client stacks (tests/src/lab/stack.rs), which the client-matrix tests
-//! run: Go and Debian's grpc-go and gorilla/websocket sources (GOPATH mode), and a virtualenv
+//! Installs the lab's Go and Python client stacks (tests/src/lab/stack.rs), which the client-matrix
+//! tests run: Go and Debian's grpc-go and gorilla/websocket sources (GOPATH mode), and a virtualenv
 //! with the pinned grpcio and websockets. Installed once; later runs find them.
 
 use std::path::Path;
@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 
 use crate::{apt, venv, workspace_root};
 
-/// Where Debian's `golang-*-dev` packages put their sources, and the package of each source the
-/// Go stack imports.
+/// Names where Debian's `golang-*-dev` packages put their sources, and the package of each source
+/// the Go stack imports.
 const DEBIAN_GOPATH_SRC: &str = "/usr/share/gocode/src";
 const GO_SOURCES: [(&str, &str); 2] = [
     ("google.golang.org/grpc", "golang-google-grpc-dev"),
@@ -18,10 +18,17 @@ const GO_SOURCES: [(&str, &str); 2] = [
         "golang-github-gorilla-websocket-dev",
     ),
 ];
-/// The same paths as `PYTHON_VENV` and `PYTHON_REQUIREMENTS` in tests/src/lab/stack.rs.
+/// Names the same paths as `PYTHON_VENV` and `PYTHON_REQUIREMENTS` in tests/src/lab/stack.rs.
 const PYTHON_VENV: &str = "target/tools/python-clients";
 const PYTHON_REQUIREMENTS: &str = "tests/clients/python/requirements.txt";
 
+/// Installs Go with the grpc-go and gorilla/websocket sources, and the Python virtualenv, unless
+/// they are in place.
+///
+/// # Errors
+///
+/// Fails when apt cannot install a missing package, or the requirements cannot be read, the
+/// virtualenv made or its copy of the requirements written.
 pub fn ensure() -> Result<()> {
     ensure_go()?;
     ensure_python()
@@ -37,8 +44,8 @@ fn ensure_go() -> Result<()> {
     Ok(())
 }
 
-/// The virtualenv, made anew when the requirements changed since it was made (a copy of them
-/// inside it says which it holds).
+/// Ensures the virtualenv, made anew when the requirements changed since it was made (a copy of
+/// them inside it says which it holds).
 fn ensure_python() -> Result<()> {
     let root = workspace_root();
     let venv = root.join(PYTHON_VENV);

@@ -48,6 +48,11 @@ impl Problem {
 /// Runs every check from the workspace `root`, printing each problem on its own line. The
 /// observer's subcommands and flags come from `observer`'s `--help` when a binary is given,
 /// else from the clap definitions under observer/src.
+///
+/// # Errors
+///
+/// Fails when a Markdown file cannot be read, the observer's command line cannot be read from its
+/// help or its source, or any check finds a problem.
 pub fn check(root: &Path, observer: Option<&Path>) -> Result<()> {
     let files = markdown_files(root)?;
     let mut problems = Vec::new();
@@ -82,15 +87,15 @@ pub fn check(root: &Path, observer: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-/// The rustdoc lints `rustdoc` denies: every warning. Beyond broken intra-doc links, they are
-/// links to private items from public docs (moot with private items documented), malformed
-/// HTML in a comment, bare URLs and redundant explicit links: each a comment that renders wrong.
-/// What `rustdoc` cannot see (a summary line that starts with a verb) is left to review.
+/// Names the rustdoc lints `rustdoc` denies: every warning. Beyond broken intra-doc links, they are
+/// links to private items from public docs (moot with private items documented), malformed HTML in
+/// a comment, bare URLs and redundant explicit links: each a comment that renders wrong. What
+/// `rustdoc` cannot see (a summary line that starts with a verb) is left to review.
 const RUSTDOCFLAGS: &str = "-D warnings";
 
-/// The workspace member the host's `cargo doc` leaves out: the eBPF programs build for
-/// `bpfel-unknown-none` only (on the host the crate is an empty binary), so they are documented
-/// for that target, with the pinned nightly, as `cargo xtask build` builds them.
+/// Names the workspace member the host's `cargo doc` leaves out: the eBPF programs build for
+/// `bpfel-unknown-none` only (on the host the crate is an empty binary), so they are documented for
+/// that target, with the pinned nightly, as `cargo xtask build` builds them.
 const EBPF_CRATE: &str = "observer-ebpf";
 
 /// Runs `cargo doc` over every crate with private items documented and every rustdoc warning

@@ -1,7 +1,7 @@
-//! The fuzz smoke `cargo xtask test` runs: every target of observer/fuzz (a cargo-fuzz crate
-//! outside the workspace) built with the pinned nightly and run for a few seconds from a fixed
-//! seed over its checked-in seeds and its local corpus, so that a target that stops building or
-//! trips on its first inputs fails CI.
+//! Runs the fuzz smoke of `cargo xtask test`: every target of observer/fuzz (a cargo-fuzz crate
+//! outside the workspace) built with the pinned nightly and run for a few seconds from a fixed seed
+//! over its checked-in seeds and its local corpus, so that a target that stops building or trips on
+//! its first inputs fails CI.
 
 use std::{
     ffi::OsString,
@@ -13,17 +13,17 @@ use anyhow::{Context, Result, bail};
 
 use crate::{Toolchain, capture, data_dir, status, step, workspace_root};
 
-/// The cargo-fuzz release xtask installs (from crates.io, `--locked`) and caches.
+/// Names the cargo-fuzz release xtask installs (from crates.io, `--locked`) and caches.
 const CARGO_FUZZ_VERSION: &str = "0.13.1";
-/// The fuzz crate, relative to the workspace root.
+/// Names the fuzz crate, relative to the workspace root.
 const FUZZ_DIR: &str = "observer/fuzz";
-/// Mutations per target after the seeds and corpus are replayed: the engine target, the
+/// Counts the mutations per target after the seeds and corpus are replayed: the engine target, the
 /// slowest, does them in about 12 s on a busy 2-core machine, the others in 1 to 3 s.
 const SMOKE_RUNS: &str = "20000";
-/// A bound on each target's run, whatever its speed.
+/// Bounds each target's run, whatever its speed.
 const SMOKE_MAX_SECONDS: &str = "30";
 
-/// Where cargo-fuzz is installed: outside target/, so `cargo clean` keeps it.
+/// Returns where cargo-fuzz is installed: outside target/, so `cargo clean` keeps it.
 fn cargo_fuzz_root() -> Result<PathBuf> {
     Ok(data_dir()?.join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}")))
 }
@@ -52,7 +52,7 @@ fn install_cargo_fuzz() -> Result<PathBuf> {
     Ok(bin)
 }
 
-/// `cargo +<pinned nightly> fuzz …` in the fuzz crate, cargo-fuzz first on PATH.
+/// Builds a `cargo +<pinned nightly> fuzz …` command in the fuzz crate, cargo-fuzz first on PATH.
 fn cargo_fuzz(toolchain: &Toolchain, cargo_fuzz_bin: &Path) -> Command {
     let mut path = OsString::from(cargo_fuzz_bin);
     if let Some(existing) = std::env::var_os("PATH") {
@@ -72,6 +72,13 @@ fn cargo_fuzz(toolchain: &Toolchain, cargo_fuzz_bin: &Path) -> Command {
     command
 }
 
+/// Builds every fuzz target with the pinned nightly and runs each over its seeds and corpus for a
+/// bounded number of mutations.
+///
+/// # Errors
+///
+/// Fails when cargo-fuzz cannot be installed, `cargo fuzz list` names no target, the build fails, a
+/// target has no seeds, or a target's run fails.
 pub fn smoke(toolchain: &Toolchain) -> Result<()> {
     let cargo_fuzz_bin = install_cargo_fuzz()?;
     let listed = capture(cargo_fuzz(toolchain, &cargo_fuzz_bin).arg("list"))?;

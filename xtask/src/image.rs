@@ -1,4 +1,4 @@
-//! `cargo xtask image`: the container image, built on this machine without a Docker daemon and
+//! Builds the container image of `cargo xtask image` on this machine without a Docker daemon and
 //! without pulling anything.
 //!
 //! The image holds the release observer and the shared libraries it loads (glibc, libgcc_s and
@@ -25,15 +25,15 @@ use crate::{Toolchain, apt, capture, host_cargo, step, workspace_root};
 
 /// Tells tests/tests/image.rs which archive to run.
 pub const ARCHIVE_ENV: &str = "OPENIM_IMAGE_ARCHIVE";
-/// The commit the observer reports in `build_info`, read when it is compiled
+/// Names the variable of the commit the observer reports in `build_info`, read when it is compiled
 /// (observer/src/metrics.rs); also deploy/Dockerfile's build argument.
 pub const COMMIT_ENV: &str = "OPENIM_OBSERVER_COMMIT";
-/// What `build_info` says when the commit is not known.
+/// Holds what `build_info` says when the commit is not known.
 const UNKNOWN_COMMIT: &str = "unknown";
 
-/// Where deploy/Dockerfile's runtime stage finds the root filesystem in the builder stage.
+/// Says where deploy/Dockerfile's runtime stage finds the root filesystem in the builder stage.
 const ROOTFS_IN_BUILDER: &str = "out/rootfs";
-/// The entrypoint deploy/Dockerfile names.
+/// Holds the entrypoint deploy/Dockerfile names.
 const BINARY_IN_IMAGE: &str = "usr/local/bin/observer";
 const IMAGE_NAME: &str = "openim-observer";
 
@@ -49,6 +49,12 @@ pub struct ImageArgs {
     rootfs: Option<PathBuf>,
 }
 
+/// Builds the image, and with `--test` runs its test; with `--rootfs`, builds only the release
+/// observer and the image's root filesystem.
+///
+/// # Errors
+///
+/// Fails when a build, the root filesystem's layout or the image's test fails.
 pub fn image(toolchain: &Toolchain, args: &ImageArgs) -> Result<()> {
     if let Some(rootfs) = &args.rootfs {
         build_release(toolchain, &commit())?;
@@ -69,6 +75,11 @@ pub fn image(toolchain: &Toolchain, args: &ImageArgs) -> Result<()> {
 
 /// Builds the release observer and the image around it; returns the OCI archive's path. Also
 /// installs runc, which the image's test runs it with.
+///
+/// # Errors
+///
+/// Fails when buildah or runc is missing and cannot be installed, the release build, the root
+/// filesystem's layout or buildah fails, or `observer --version` prints no version.
 pub fn build(toolchain: &Toolchain) -> Result<PathBuf> {
     apt::ensure("buildah", "buildah")?;
     apt::ensure("runc", "runc")?;
@@ -137,8 +148,8 @@ pub fn build(toolchain: &Toolchain) -> Result<PathBuf> {
     Ok(archive)
 }
 
-/// The commit to build from: `$OPENIM_OBSERVER_COMMIT` when set (a Docker build, whose context
-/// has no .git), else `git rev-parse --short HEAD`, else `unknown` (a tree outside git).
+/// Returns the commit to build from: `$OPENIM_OBSERVER_COMMIT` when set (a Docker build, whose
+/// context has no .git), else `git rev-parse --short HEAD`, else `unknown` (a tree outside git).
 pub fn commit() -> String {
     if let Some(commit) = std::env::var(COMMIT_ENV)
         .ok()
@@ -172,7 +183,7 @@ fn release_binary() -> PathBuf {
     workspace_root().join("target/release/observer")
 }
 
-/// The scratch directories of one image build, removed when it ends however it ends.
+/// Holds the scratch directories of one image build, removed when it ends however it ends.
 struct WorkDirs {
     /// Stands in for deploy/Dockerfile's builder stage: holds `out/rootfs`.
     builder: PathBuf,
@@ -253,8 +264,8 @@ fn lay_out_rootfs(binary: &Path, rootfs: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The files the dynamic loader maps for `binary`: ldd's `name => /path (address)` lines and
-/// the loader's own `/path (address)`. The vDSO has no file and is skipped.
+/// Returns the files the dynamic loader maps for `binary`: ldd's `name => /path (address)` lines
+/// and the loader's own `/path (address)`. The vDSO has no file and is skipped.
 fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
     let listing = capture(Command::new("ldd").arg(binary))
         .with_context(|| format!("listing the shared libraries of {}", binary.display()))?;

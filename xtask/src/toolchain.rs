@@ -1,5 +1,6 @@
-//! The nightly that builds the eBPF programs. Its one pin is `observer-ebpf/rust-toolchain.toml`;
-//! xtask (and CI through it) and deploy/Dockerfile all read the channel from there.
+//! Finds and installs the nightly that builds the eBPF programs. Its one pin is
+//! `observer-ebpf/rust-toolchain.toml`; xtask (and CI through it) and deploy/Dockerfile all read
+//! the channel from there.
 
 use std::{
     path::{Path, PathBuf},
@@ -10,10 +11,14 @@ use anyhow::{Context, Result, bail};
 
 use crate::{capture, status, workspace_root};
 
-/// Where the pin lives, relative to the workspace root.
+/// Names where the pin lives, relative to the workspace root.
 pub const TOOLCHAIN_FILE: &str = "observer-ebpf/rust-toolchain.toml";
 
-/// The pinned channel, e.g. `nightly-2026-05-20`: the name to pass as `cargo +<pin>`.
+/// Returns the pinned channel, e.g. `nightly-2026-05-20`: the name to pass as `cargo +<pin>`.
+///
+/// # Errors
+///
+/// Fails when the toolchain file cannot be read or names no `channel`.
 pub fn pinned_nightly() -> Result<String> {
     let path = workspace_root().join(TOOLCHAIN_FILE);
     let text =
@@ -26,6 +31,11 @@ pub fn pinned_nightly() -> Result<String> {
 /// In order: the pinned toolchain itself; else the floating `nightly` when it is the same build
 /// (its commit-date is the day before the pin's date), registered under the pin's name, so
 /// machines without a route to the toolchain servers work; else `rustup toolchain install`.
+///
+/// # Errors
+///
+/// Fails when the pin cannot be read, or registering or installing the toolchain, finding its
+/// sysroot or adding rust-src to it fails.
 pub fn install_pinned_nightly() -> Result<String> {
     let pin = pinned_nightly()?;
     if !is_installed(&pin) {
@@ -43,7 +53,7 @@ pub fn install_pinned_nightly() -> Result<String> {
     Ok(pin)
 }
 
-/// The value of the first `channel = "…"` line.
+/// Returns the value of the first `channel = "…"` line.
 fn channel(toolchain_file: &str) -> Option<String> {
     toolchain_file.lines().find_map(|line| {
         let value = line
@@ -81,7 +91,7 @@ fn has_rust_src(sysroot: &Path) -> bool {
     sysroot.join("lib/rustlib/src/rust/library/core").is_dir()
 }
 
-/// The floating `nightly`'s sysroot when that toolchain is the pinned build.
+/// Returns the floating `nightly`'s sysroot when that toolchain is the pinned build.
 fn floating_nightly_matching(pin: &str) -> Option<PathBuf> {
     let pinned_date = pin.strip_prefix("nightly-")?;
     let version = capture(rustc("nightly").arg("-vV")).ok()?;
@@ -151,7 +161,7 @@ fn install(pin: &str) -> Result<()> {
     })
 }
 
-/// The day after `date` (`YYYY-MM-DD`), in the same format.
+/// Returns the day after `date` (`YYYY-MM-DD`), in the same format.
 fn next_day(date: &str) -> Option<String> {
     let mut parts = date.splitn(3, '-').map(str::parse::<u32>);
     let (year, month, day) = (

