@@ -1,4 +1,4 @@
-//! Pod identity for alerts (`observer run --kube`): which pod holds a gateway IP, and which pod
+//! Names pods for alerts (`observer run --kube`): which pod holds a gateway IP, and which pod
 //! a pusher or proxy process runs in.
 //!
 //! Pods come from a watch on the Kubernetes API and are kept in a bounded [`PodIndex`]. A
@@ -25,6 +25,7 @@ use crate::alert::{
     Alert, AlertBody, GatewayInfo, PodRef, ProcessInfo, RouteMismatch, WorkloadRef,
 };
 
+/// Describes why `--kube` cannot build a Kubernetes client.
 #[derive(Debug, Error)]
 pub enum IdentityError {
     #[error("--kube: no in-cluster service account and no kubeconfig: {0}")]
@@ -33,7 +34,7 @@ pub enum IdentityError {
     Client(String),
 }
 
-/// The environment variable the DaemonSet sets from `spec.nodeName` (the downward API).
+/// Names the environment variable the DaemonSet sets from `spec.nodeName` (the downward API).
 pub const NODE_NAME_ENV: &str = "NODE_NAME";
 
 /// Returns the name of the node this observer runs on, as every alert names it: `explicit`
@@ -49,14 +50,20 @@ pub fn node_name(explicit: Option<&str>) -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
-/// The kernel's hostname (the UTS namespace's), without a system call's buffer to size.
+/// Returns the kernel's hostname (the UTS namespace's), without a system call's buffer to size.
 fn hostname() -> Option<String> {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
     let name = name.trim();
     (!name.is_empty()).then(|| name.to_owned())
 }
 
-/// A client for the cluster the observer runs in (its service account), or the kubeconfig's.
+/// Connects a client to the cluster the observer runs in (its service account), or the
+/// kubeconfig's.
+///
+/// # Errors
+///
+/// Fails with [`IdentityError::NoConfig`] when there is neither an in-cluster service account nor a
+/// kubeconfig, and [`IdentityError::Client`] when no client can be built from the config found.
 pub async fn connect() -> Result<kube::Client, IdentityError> {
     let config = kube::Config::infer()
         .await
@@ -64,7 +71,7 @@ pub async fn connect() -> Result<kube::Client, IdentityError> {
     kube::Client::try_from(config).map_err(|error| IdentityError::Client(one_line(&error)))
 }
 
-/// An error and its causes on one line.
+/// Writes an error and its causes on one line.
 fn one_line(error: &dyn std::error::Error) -> String {
     let mut line = error.to_string();
     let mut source = error.source();
@@ -80,7 +87,7 @@ fn one_line(error: &dyn std::error::Error) -> String {
     line.replace('\n', " ")
 }
 
-/// The pod index shared between the watch task (writer) and the output (reader).
+/// Shares the pod index between the watch task (writer) and the output (reader).
 pub type SharedPods = Arc<RwLock<PodIndex>>;
 
 /// Keeps `pods` in step with the pods of `namespaces` (every namespace when empty) until the
@@ -99,7 +106,7 @@ pub async fn watch_pods(client: kube::Client, pods: SharedPods, namespaces: Vec<
     futures_util::future::join_all(watches).await;
 }
 
-/// One watch: the whole cluster (`namespace` None) or one namespace.
+/// Runs one watch: the whole cluster (`namespace` None) or one namespace.
 async fn watch_scope(api: kube::Api<Pod>, pods: &SharedPods, namespace: Option<&str>) {
     let (capacity, label_keys) = {
         let shared = read(pods);
@@ -165,7 +172,7 @@ struct PodEntry {
     containers: Vec<ContainerEntry>,
 }
 
-/// A container of a pod: its name, the id its runtime gives it (the cgroup names it), the
+/// Describes a container of a pod: its name, the id its runtime gives it (the cgroup names it), the
 /// ports it declares.
 #[derive(Debug)]
 struct ContainerEntry {
@@ -175,7 +182,7 @@ struct ContainerEntry {
 }
 
 impl PodEntry {
-    /// The pod, naming the container whose runtime id is `container_id`.
+    /// Returns the pod, naming the container whose runtime id is `container_id`.
     fn with_container_id(&self, container_id: Option<&str>) -> PodRef {
         let container = container_id.and_then(|id| {
             self.containers
@@ -185,7 +192,7 @@ impl PodEntry {
         self.with_container(container)
     }
 
-    /// The pod, naming the container that declares `port`, else its only container.
+    /// Returns the pod, naming the container that declares `port`, else its only container.
     fn with_port(&self, port: u16) -> PodRef {
         let declaring = self
             .containers
@@ -206,7 +213,8 @@ impl PodEntry {
     }
 }
 
-/// Pods by UID and by IP, at most `capacity` pods; pods beyond it are counted and not named.
+/// Indexes pods by UID and by IP, at most `capacity` pods; pods beyond it are counted and not
+/// named.
 #[derive(Debug)]
 pub struct PodIndex {
     capacity: usize,
@@ -222,11 +230,12 @@ pub struct PodIndex {
 }
 
 impl PodIndex {
+    /// Builds an empty index of at most `capacity` pods that keeps no labels.
     pub fn new(capacity: usize) -> Self {
         Self::with_labels(capacity, Vec::new())
     }
 
-    /// An index that keeps, of each pod's labels, those named in `label_keys`.
+    /// Builds an index that keeps, of each pod's labels, those named in `label_keys`.
     pub fn with_labels(capacity: usize, label_keys: Vec<String>) -> Self {
         Self {
             capacity,
@@ -244,15 +253,17 @@ impl PodIndex {
         self.lists_loaded
     }
 
+    /// Builds an empty shared index of at most `capacity` pods that keeps no labels.
     pub fn shared(capacity: usize) -> SharedPods {
         Self::shared_with_labels(capacity, Vec::new())
     }
 
-    /// A shared index that keeps the labels named in `label_keys` (`--pod-labels`).
+    /// Builds a shared index that keeps the labels named in `label_keys` (`--pod-labels`).
     pub fn shared_with_labels(capacity: usize, label_keys: Vec<String>) -> SharedPods {
         Arc::new(RwLock::new(Self::with_labels(capacity, label_keys)))
     }
 
+    /// Counts the pods indexed.
     pub fn pod_count(&self) -> usize {
         self.by_uid.len()
     }
@@ -295,6 +306,7 @@ impl PodIndex {
         self.by_uid.insert(uid.clone(), entry);
     }
 
+    /// Forgets a deleted pod and its IPs.
     pub fn delete(&mut self, pod: &Pod) {
         if let Some(uid) = &pod.metadata.uid {
             self.forget_ips(uid);
@@ -341,24 +353,24 @@ impl PodIndex {
         }
     }
 
-    /// The pod that holds `ip`, without a container.
+    /// Returns the pod that holds `ip`, without a container.
     pub fn pod_by_ip(&self, ip: IpAddr) -> Option<PodRef> {
         let uid = self.by_ip.get(&ip.to_canonical())?;
         self.pod_by_uid(uid)
     }
 
-    /// The pod that holds `ip`, naming the container that serves `port`.
+    /// Returns the pod that holds `ip`, naming the container that serves `port`.
     pub fn pod_by_endpoint(&self, ip: IpAddr, port: u16) -> Option<PodRef> {
         let uid = self.by_ip.get(&ip.to_canonical())?;
         self.by_uid.get(uid).map(|entry| entry.with_port(port))
     }
 
-    /// The pod `uid`, without a container.
+    /// Returns the pod `uid`, without a container.
     pub fn pod_by_uid(&self, uid: &str) -> Option<PodRef> {
         self.by_uid.get(uid).map(|entry| entry.pod.clone())
     }
 
-    /// The pod `uid`, naming the container whose runtime id is `container_id`.
+    /// Returns the pod `uid`, naming the container whose runtime id is `container_id`.
     pub fn pod_by_container(&self, uid: &str, container_id: Option<&str>) -> Option<PodRef> {
         self.by_uid
             .get(uid)
@@ -366,8 +378,8 @@ impl PodIndex {
     }
 }
 
-/// The controller that owns `pod`, as `kubectl` names it: a ReplicaSet whose name ends in the
-/// pod's `pod-template-hash` is its Deployment's (the hash stripped); any other controller
+/// Returns the controller that owns `pod`, as `kubectl` names it: a ReplicaSet whose name ends in
+/// the pod's `pod-template-hash` is its Deployment's (the hash stripped); any other controller
 /// (StatefulSet, DaemonSet, Job, a bare ReplicaSet) by its own kind and name.
 fn workload_of(pod: &Pod) -> Option<WorkloadRef> {
     let owner = pod
@@ -400,7 +412,7 @@ fn workload_of(pod: &Pod) -> Option<WorkloadRef> {
     })
 }
 
-/// The containers of `pod` (init containers too: a process may run in one), with the runtime
+/// Lists the containers of `pod` (init containers too: a process may run in one), with the runtime
 /// ids the status gives them (`containerd://<id>`, kept without the scheme) and their ports.
 fn containers_of(pod: &Pod) -> Vec<ContainerEntry> {
     let Some(spec) = &pod.spec else {
@@ -433,7 +445,7 @@ fn containers_of(pod: &Pod) -> Vec<ContainerEntry> {
         .collect()
 }
 
-/// The IPs that identify `pod`: none for host-network pods (they share the node's IP) and for
+/// Lists the IPs that identify `pod`: none for host-network pods (they share the node's IP) and for
 /// finished pods (their IPs go to new pods).
 fn ips_of(pod: &Pod) -> Vec<IpAddr> {
     if pod
@@ -462,15 +474,16 @@ fn ips_of(pod: &Pod) -> Vec<IpAddr> {
     ips
 }
 
-/// Most cgroups remembered: far more than the containers of one node.
+/// Bounds the cgroups remembered: far more than the containers of one node.
 const MAX_CGROUPS: usize = 65_536;
-/// Most directories one scan visits, so a huge hierarchy costs a bounded amount of work.
+/// Bounds the directories one scan visits, so a huge hierarchy costs a bounded amount of work.
 const MAX_SCANNED_DIRECTORIES: usize = 200_000;
-/// The kubelet's pod cgroups sit a few levels down (`kubepods.slice/kubepods-burstable.slice/
-/// kubepods-burstable-pod….slice/cri-containerd-….scope`), deeper when the node itself is nested.
+/// Bounds the scan's depth: the kubelet's pod cgroups sit a few levels down (`kubepods.slice/
+/// kubepods-burstable.slice/kubepods-burstable-pod….slice/cri-containerd-….scope`), deeper when
+/// the node itself is nested.
 const MAX_SCAN_DEPTH: usize = 8;
 
-/// cgroup id → pod UID, learned by scanning the cgroup v2 hierarchy for the kubelet's pod
+/// Maps cgroup id → pod UID, learned by scanning the cgroup v2 hierarchy for the kubelet's pod
 /// directories. A miss rescans, at most once per `min_rescan_interval`: processes outside pods
 /// miss every time, and a new pod's cgroup appears between two scans.
 #[derive(Debug)]
@@ -483,6 +496,8 @@ pub struct CgroupIndex {
 }
 
 impl CgroupIndex {
+    /// Builds an empty index of the cgroup hierarchy at `root`, rescanned at most once per
+    /// `min_rescan_interval`.
     pub fn new(root: PathBuf, min_rescan_interval: Duration) -> Self {
         Self {
             root,
@@ -492,13 +507,14 @@ impl CgroupIndex {
         }
     }
 
-    /// The UID of the pod whose cgroup (or a container cgroup inside it) has id `cgroup_id`.
+    /// Returns the UID of the pod whose cgroup (or a container cgroup inside it) has id
+    /// `cgroup_id`.
     pub fn pod_uid(&mut self, cgroup_id: u64) -> Option<&str> {
         self.pod_container(cgroup_id).map(|(uid, _)| uid)
     }
 
-    /// The UID of the pod whose cgroup has id `cgroup_id`, and the runtime id of the container
-    /// when the cgroup is a container's.
+    /// Returns the UID of the pod whose cgroup has id `cgroup_id`, and the runtime id of the
+    /// container when the cgroup is a container's.
     pub fn pod_container(&mut self, cgroup_id: u64) -> Option<(&str, Option<&str>)> {
         let due = self
             .last_scan
@@ -546,7 +562,7 @@ impl CgroupIndex {
     }
 }
 
-/// The pod UID in a kubelet cgroup path, from the innermost component that names one: the
+/// Returns the pod UID in a kubelet cgroup path, from the innermost component that names one: the
 /// systemd driver's `kubepods-besteffort-pod<uid with '_' for '-'>.slice` (or
 /// `kubepods-pod….slice` for Guaranteed pods) or the cgroupfs driver's `pod<uid>`.
 pub fn pod_uid_from_cgroup_path(path: &Path) -> Option<String> {
@@ -560,7 +576,7 @@ pub fn pod_uid_from_cgroup_path(path: &Path) -> Option<String> {
     })
 }
 
-/// The container runtime id in a kubelet cgroup path's last component: the systemd driver's
+/// Returns the container runtime id in a kubelet cgroup path's last component: the systemd driver's
 /// `cri-containerd-<id>.scope` (`crio-`, `docker-` alike) or the cgroupfs driver's `<id>`, where
 /// the id is 64 hex digits; `None` for a pod's own cgroup.
 pub fn container_id_from_cgroup_path(path: &Path) -> Option<String> {
@@ -571,7 +587,7 @@ pub fn container_id_from_cgroup_path(path: &Path) -> Option<String> {
     is_id.then(|| id.to_owned())
 }
 
-/// A UID as Kubernetes writes it: 8-4-4-4-12 hex digits.
+/// Says whether `text` is a UID as Kubernetes writes it: 8-4-4-4-12 hex digits.
 fn is_uid(text: &str) -> bool {
     let groups: Vec<&str> = text.split('-').collect();
     groups.len() == 5
@@ -580,7 +596,7 @@ fn is_uid(text: &str) -> bool {
         })
 }
 
-/// Pod names for IPs and processes, from the watched pods and the node's cgroups.
+/// Names pods for IPs and processes, from the watched pods and the node's cgroups.
 #[derive(Debug)]
 pub struct PodDirectory {
     pods: SharedPods,
@@ -588,15 +604,17 @@ pub struct PodDirectory {
 }
 
 impl PodDirectory {
+    /// Builds a directory over the watched `pods` and the node's `cgroups`.
     pub fn new(pods: SharedPods, cgroups: CgroupIndex) -> Self {
         Self { pods, cgroups }
     }
 
+    /// Returns the pod that holds `ip`, without a container.
     pub fn pod_by_ip(&self, ip: IpAddr) -> Option<PodRef> {
         read(&self.pods).pod_by_ip(ip)
     }
 
-    /// The pod whose cgroup (or container cgroup inside it) has id `cgroup_id`, naming the
+    /// Returns the pod whose cgroup (or container cgroup inside it) has id `cgroup_id`, naming the
     /// container where the cgroup is one.
     pub fn pod_by_cgroup(&mut self, cgroup_id: u64) -> Option<PodRef> {
         let (uid, container) = self.cgroups.pod_container(cgroup_id)?;
