@@ -1,4 +1,4 @@
-//! The binary's global allocator: mimalloc, called the way its C API is fastest.
+//! Provides the binary's global allocator: mimalloc, called the way its C API is fastest.
 //!
 //! The `mimalloc` crate passes every Rust allocation to `mi_malloc_aligned`, whose fast path
 //! covers blocks up to 1 KiB only. A larger block whose size class is not a power of two is
@@ -14,9 +14,10 @@ use std::ffi::c_void;
 
 use libmimalloc_sys as ffi;
 
-/// The alignment every mimalloc block has.
+/// Names the alignment every mimalloc block has.
 const WORD: usize = std::mem::size_of::<usize>();
 
+/// Allocates through mimalloc, with the plain `mi_malloc` family for word-aligned layouts.
 pub struct Mimalloc;
 
 // SAFETY: every block comes from mimalloc and goes back to it (`mi_free` takes blocks of either

@@ -1,4 +1,4 @@
-//! One memory budget for everything the daemon keeps per connection, user, call and alert.
+//! Bounds in one memory budget everything the daemon keeps per connection, user, call and alert.
 //!
 //! Every table and buffer is accounted in estimated bytes against `--memory-budget`: a fixed
 //! cost per entry (the `*_BYTES` constants, measured with the benchmark's 100k-user run) plus,
@@ -8,32 +8,34 @@
 //! only then the users placed longest ago. A full table evicts its least recently useful
 //! entries instead of refusing new ones. Everything shed is counted (`MemoryCounters`).
 
-/// Default budget: the shipped DaemonSet's 256 MiB limit minus the binary and libraries
+/// Sets the default budget: the shipped DaemonSet's 256 MiB limit minus the binary and libraries
 /// (~30 MiB), the default 8 MiB ring and allocator slack. docs/install.md#sizing gives the rule.
 pub const DEFAULT_MEMORY_BUDGET: usize = 160 << 20;
 
-/// One decoded connection: its table entry, the boxed decoder with both directions' state and
-/// HPACK decoders, before any buffered byte.
+/// Estimates the bytes of one decoded connection: its table entry, the boxed decoder with both
+/// directions' state and HPACK decoders, before any buffered byte.
 pub const CONNECTION_BYTES: usize = 1024;
-/// One upgraded WebSocket kept only by its id until it closes.
+/// Estimates the bytes of one upgraded WebSocket kept only by its id until it closes.
 pub const UPGRADED_CONNECTION_BYTES: usize = 48;
-/// One user with a live placement: its id, placement (gateway, `Host`, proxy), the index by
-/// connection and the hash tables' slack; about 1.3 KB measured.
+/// Estimates the bytes of one user with a live placement: its id, placement (gateway, `Host`,
+/// proxy), the index by connection and the hash tables' slack; about 1.3 KB measured.
 pub const USER_BYTES: usize = 1300;
-/// One push call waiting for its answer, recipients included.
+/// Estimates the bytes of one push call waiting for its answer, recipients included.
 pub const PENDING_CALL_BYTES: usize = 1024;
-/// One open fold window: its key and the summary alert it holds.
+/// Estimates the bytes of one open fold window: its key and the summary alert it holds.
 pub const FOLD_WINDOW_BYTES: usize = 2048;
 
-/// Shares of the budget that bound each table's entries (the rest is buffers and users).
+/// Divides the budget into the shares that bound each table's entries (the rest is buffers and
+/// users).
 const CONNECTIONS_SHARE: usize = 4;
 const PENDING_CALLS_SHARE: usize = 16;
 const FOLD_WINDOWS_SHARE: usize = 8;
 
-/// A full table evicts this fraction of its entries at once, so eviction's scan of the table
+/// Sets the fraction of its entries a full table evicts at once, so eviction's scan of the table
 /// costs O(1) per insert on average.
 const EVICTION_BATCH_DIVISOR: usize = 64;
 
+/// Holds the memory budget (`--memory-budget`), in bytes, and the entry caps that follow from it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryBudget {
     pub bytes: usize,
@@ -48,30 +50,33 @@ impl Default for MemoryBudget {
 }
 
 impl MemoryBudget {
+    /// Builds a budget of `bytes`.
     pub fn new(bytes: usize) -> Self {
         Self { bytes }
     }
 
-    /// Connections decoded at once that the budget allows (at least one).
+    /// Counts the connections decoded at once that the budget allows (at least one).
     pub fn max_connections(&self) -> usize {
         (self.bytes / CONNECTIONS_SHARE / CONNECTION_BYTES).max(1)
     }
 
+    /// Counts the push calls waiting for their answer that the budget allows (at least one).
     pub fn max_pending_calls(&self) -> usize {
         (self.bytes / PENDING_CALLS_SHARE / PENDING_CALL_BYTES).max(1)
     }
 
+    /// Counts the open fold windows the budget allows (at least one).
     pub fn max_fold_windows(&self) -> usize {
         (self.bytes / FOLD_WINDOWS_SHARE / FOLD_WINDOW_BYTES).max(1)
     }
 
-    /// Users the budget holds if nothing else used it.
+    /// Counts the users the budget holds if nothing else used it.
     pub fn max_users(&self) -> usize {
         (self.bytes / USER_BYTES).max(1)
     }
 }
 
-/// What the budget holds and what was shed to keep to it; on `/metrics` and in the final
+/// Counts what the budget holds and what was shed to keep to it; on `/metrics` and in the final
 /// report.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MemoryCounters {
@@ -91,6 +96,7 @@ pub struct MemoryCounters {
 }
 
 impl MemoryCounters {
+    /// Sums the estimated bytes held now, over every table.
     pub fn accounted_bytes(&self) -> usize {
         self.decoder_buffer_bytes
             + self.connection_bytes
@@ -99,18 +105,18 @@ impl MemoryCounters {
             + self.fold_window_bytes
     }
 
-    /// Everything shed for memory so far.
+    /// Counts everything shed for memory so far.
     pub fn shed(&self) -> u64 {
         self.shed_undecoded_decoders + self.shed_decoders + self.shed_users
     }
 }
 
-/// How many entries a full table of `capacity` evicts at once.
+/// Counts the entries a full table of `capacity` evicts at once.
 pub fn eviction_batch(capacity: usize) -> usize {
     (capacity / EVICTION_BATCH_DIVISOR).max(1)
 }
 
-/// The keys of the `count` entries of a table with the lowest `rank` (least recently useful
+/// Returns the keys of the `count` entries of a table with the lowest `rank` (least recently useful
 /// first).
 pub fn least_useful<'a, K: Clone + 'a, V: 'a, R: Ord + Copy>(
     entries: impl Iterator<Item = (&'a K, &'a V)>,
@@ -129,8 +135,8 @@ pub fn least_useful<'a, K: Clone + 'a, V: 'a, R: Ord + Copy>(
     ranked.into_iter().map(|(_, key)| key.clone()).collect()
 }
 
-/// Peak and current resident memory of this process from /proc/self/status, in bytes; `None`
-/// where there is no procfs.
+/// Reads the peak and current resident memory of this process from /proc/self/status, in bytes;
+/// `None` where there is no procfs.
 pub fn resident_memory() -> Option<ResidentMemory> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let field = |name: &str| {
@@ -146,6 +152,7 @@ pub fn resident_memory() -> Option<ResidentMemory> {
     })
 }
 
+/// Holds the peak and current resident memory of the process, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ResidentMemory {
     pub peak_bytes: u64,

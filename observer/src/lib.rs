@@ -1,5 +1,5 @@
-//! OpenIM observer: catches the moment OpenIM's WebSocket placement (msggateway-proxy) and its
-//! push delivery (push) disagree about which msggateway holds a user.
+//! Implements the OpenIM observer, which catches the moment OpenIM's WebSocket placement
+//! (msggateway-proxy) and its push delivery (push) disagree about which msggateway holds a user.
 //!
 //! Data path: `capture` (kernel records → typed events) → `decode` (HTTP/1 upgrades, HTTP/2 +
 //! gRPC push calls) → `correlate` (placements, deliveries, learned rings) → `alert` (JSON).

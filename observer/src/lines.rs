@@ -1,4 +1,4 @@
-//! Lines of untrusted input (recordings, user and member lists, standard input) read with a
+//! Reads lines of untrusted input (recordings, user and member lists, standard input) with a
 //! bound on each line, so that a file without newlines (`/dev/zero`) is an error after a few
 //! kilobytes rather than all of memory.
 
@@ -6,6 +6,7 @@ use std::io::{self, BufRead, Read};
 
 use thiserror::Error;
 
+/// Describes a line that cannot be read: too long, not UTF-8, or a read error.
 #[derive(Debug, Error)]
 pub enum LineError {
     #[error("line {line} is longer than {max} bytes")]
@@ -16,7 +17,7 @@ pub enum LineError {
     Read(#[from] io::Error),
 }
 
-/// Each line of `reader` with its 1-based number and without its `\n`; at most `max_bytes`
+/// Yields each line of `reader` with its 1-based number and without its `\n`; at most `max_bytes`
 /// bytes are buffered for one line.
 pub struct BoundedLines<R> {
     reader: R,
@@ -26,6 +27,7 @@ pub struct BoundedLines<R> {
 }
 
 impl<R: BufRead> BoundedLines<R> {
+    /// Reads `reader` line by line, buffering at most `max_bytes` bytes for one line.
     pub fn new(reader: R, max_bytes: usize) -> Self {
         Self {
             reader,

@@ -1,4 +1,4 @@
-//! The `observer` command: a thin shell over the library.
+//! Runs the `observer` command, a thin shell over the library.
 
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
@@ -54,8 +54,8 @@ enum Command {
     Schema,
 }
 
-/// mimalloc rather than glibc's malloc: 14% fewer instructions for the engine on its bench
-/// (callgrind), at about the same peak RSS (docs/benchmarks.md has the figures).
+/// Allocates with mimalloc rather than glibc's malloc: 14% fewer instructions for the engine on its
+/// bench (callgrind), at about the same peak RSS (docs/benchmarks.md has the figures).
 #[global_allocator]
 static ALLOCATOR: observer::allocator::Mimalloc = observer::allocator::Mimalloc;
 

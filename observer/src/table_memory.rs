@@ -1,10 +1,10 @@
-//! Where the engine's largest tables keep their buckets: memory the kernel may back with 2 MiB
-//! pages. Judging a push call looks every recipient up in the placements and fold tables,
-//! tens of megabytes each with 100,000 users, at addresses no two lookups share: with 4 KiB
-//! pages nearly every lookup also misses the TLB, and the page walk delays even the prefetch
-//! that was meant to hide the miss. A 2 MiB page covers 512 times as much (the worst-case engine
-//! bench: events/s ×1.05–×1.07 with these two tables on huge pages, ×1.07 with the host's huge
-//! pages on for the whole process).
+//! Allocates where the engine's largest tables keep their buckets: memory the kernel may back with
+//! 2 MiB pages. Judging a push call looks every recipient up in the placements and fold tables,
+//! tens of megabytes each with 100,000 users, at addresses no two lookups share: with 4 KiB pages
+//! nearly every lookup also misses the TLB, and the page walk delays even the prefetch that was
+//! meant to hide the miss. A 2 MiB page covers 512 times as much (the worst-case engine bench:
+//! events/s ×1.05–×1.07 with these two tables on huge pages, ×1.07 with the host's huge pages on
+//! for the whole process).
 //!
 //! Only blocks of at least one huge page are mapped this way, aligned to one and advised with
 //! `MADV_HUGEPAGE` (honoured where the host's `transparent_hugepage` is `madvise` or `always`,
@@ -16,10 +16,10 @@ use std::{alloc::Layout, ptr::NonNull};
 
 use allocator_api2::alloc::{AllocError, Allocator, Global};
 
-/// The transparent huge page size on x86_64 and arm64 (with 4 KiB base pages).
+/// Names the transparent huge page size on x86_64 and arm64 (with 4 KiB base pages).
 const HUGE_PAGE: usize = 2 << 20;
 
-/// An allocator for a table's bucket array (`hashbrown::HashTable::new_in`).
+/// Allocates a table's bucket array (`hashbrown::HashTable::new_in`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HugePageTables;
 

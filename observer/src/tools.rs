@@ -1,5 +1,5 @@
-//! Offline subcommands that answer routing questions without a cluster: which member a ring
-//! picks for each user (`ring`), how many users OpenIM's two rings send to different gateways
+//! Runs the offline subcommands that answer routing questions without a cluster: which member a
+//! ring picks for each user (`ring`), how many users OpenIM's two rings send to different gateways
 //! (`audit`), and why one user is split (`explain`).
 //!
 //! OpenIM's msggateway-proxy places a user's WebSocket with a ring over member strings of one
@@ -24,7 +24,7 @@ use crate::openim::{
     members::describe_member_difference,
 };
 
-/// Errors a user of the tools can cause; each displays as one self-contained line.
+/// Describes the errors a user of the tools can cause; each displays as one self-contained line.
 #[derive(Debug, Error)]
 pub enum ToolError {
     #[error("cannot read {}: {reason}", path.display())]
@@ -50,16 +50,16 @@ pub enum ToolError {
     Write(io::Error),
 }
 
-/// Gateways a deployment can be given: far beyond any OpenIM cluster, and rings of this many
-/// members stay small.
+/// Bounds the gateways a deployment can be given: far beyond any OpenIM cluster, and rings of this
+/// many members stay small.
 pub const MAX_REPLICAS: usize = 1024;
-/// Synthetic user ids `audit` may generate.
+/// Bounds the synthetic user ids `audit` may generate.
 pub const MAX_SAMPLE: usize = 1_000_000;
-/// Users `audit` reads from a file (it holds them all).
+/// Bounds the users `audit` reads from a file (it holds them all).
 pub const MAX_AUDIT_USERS: usize = 1_000_000;
-/// Members a ring file may list.
+/// Bounds the members a ring file may list.
 pub const MAX_MEMBERS: usize = 10_000;
-/// Bytes of one user id or member string (a member is a DNS name and a port).
+/// Bounds the bytes of one user id or member string (a member is a DNS name and a port).
 pub const MAX_LINE_BYTES: usize = 512;
 
 /// Pick a member for each user id, as the Go library would, over members listed in a file.
@@ -76,6 +76,13 @@ pub struct RingArgs {
 
 impl RingArgs {
     /// Prints one `{"user":…,"member":…}` JSON object per line, in input order.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`ToolError::ReadFile`] or [`ToolError::TooManyLines`] when the members file
+    /// cannot be read or is too long, [`ToolError::NoMembers`] when it lists none,
+    /// [`ToolError::ReadFile`] or [`ToolError::ReadStdin`] when a user id cannot be read, and
+    /// [`ToolError::Write`] when `out` cannot be written.
     pub fn run(self, out: &mut impl Write) -> Result<(), ToolError> {
         let members = read_nonblank_lines(&self.members_file, MAX_MEMBERS)?;
         if members.is_empty() {
@@ -126,7 +133,7 @@ impl RingArgs {
     }
 }
 
-/// The contract other tools parse: exactly these two keys.
+/// Fixes the contract other tools parse: exactly these two keys.
 #[derive(Serialize)]
 struct RingPick<'a> {
     user: &'a str,
@@ -154,7 +161,7 @@ pub struct DeploymentArgs {
     pub push_template: String,
 }
 
-/// The parsed templates of a deployment, ready to build rings of any size.
+/// Holds the parsed templates of a deployment, ready to build rings of any size.
 struct Templates {
     proxy: MemberTemplate,
     push: MemberTemplate,
@@ -190,7 +197,7 @@ impl Templates {
         }
     }
 
-    /// The plain-words difference between the two spellings of gateway 0.
+    /// Returns the plain-words difference between the two spellings of gateway 0.
     fn difference(&self) -> (bool, String) {
         let members = |template: &MemberTemplate| {
             template
@@ -210,7 +217,7 @@ struct GatewayRings {
 }
 
 impl GatewayRings {
-    /// Gateway indexes (proxy, push) for `user`.
+    /// Returns the gateway indexes (proxy, push) for `user`.
     fn gateways(&self, user: &str) -> Result<(usize, usize), ToolError> {
         let pick = |ring: &Ring| ring.get_index(user).map_err(|_| ToolError::BadReplicas);
         Ok((pick(&self.proxy)?, pick(&self.push)?))
@@ -234,7 +241,7 @@ pub struct AuditArgs {
     pub json: bool,
 }
 
-/// One row of the audit, also its JSON line.
+/// Holds one row of the audit, also its JSON line.
 #[derive(Serialize, Debug)]
 struct AuditRow {
     replicas: usize,
@@ -247,6 +254,13 @@ struct AuditRow {
 
 impl AuditArgs {
     /// Prints a table for replica counts 1..=N with a one-line explanation, or JSON lines.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`ToolError::BadReplicas`] or [`ToolError::BadTemplate`] for a bad deployment,
+    /// [`ToolError::BadSample`] for a sample out of range, [`ToolError::ReadFile`],
+    /// [`ToolError::TooManyLines`] or [`ToolError::NoUsers`] when the users file cannot be read, is
+    /// too long or is empty, and [`ToolError::Write`] when `out` cannot be written.
     pub fn run(self, out: &mut impl Write) -> Result<(), ToolError> {
         let templates = self.deployment.templates()?;
         let (users, users_origin) = match &self.users_file {
@@ -318,6 +332,13 @@ pub struct ExplainArgs {
 }
 
 impl ExplainArgs {
+    /// Prints both rings' picks for the user and why they differ or agree, as text or one JSON
+    /// line.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`ToolError::BadReplicas`] or [`ToolError::BadTemplate`] for a bad deployment,
+    /// and [`ToolError::Write`] when `out` cannot be written.
     pub fn run(self, out: &mut impl Write) -> Result<(), ToolError> {
         let templates = self.deployment.templates()?;
         let replicas = self.deployment.replicas;
@@ -346,13 +367,13 @@ impl ExplainArgs {
     }
 }
 
-/// A clap parser for a count within `min..=max`: out of range is a one-line usage error.
+/// Builds a clap parser for a count within `min..=max`: out of range is a one-line usage error.
 pub(crate) fn in_range(min: usize, max: usize) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(min as u64..=max as u64)
 }
 
-/// Lines of a text file with trailing whitespace (and CR) removed, blank lines skipped; at
-/// most `max_lines` of them, each at most `MAX_LINE_BYTES`.
+/// Reads the lines of a text file with trailing whitespace (and CR) removed, blank lines skipped;
+/// at most `max_lines` of them, each at most `MAX_LINE_BYTES`.
 fn read_nonblank_lines(path: &Path, max_lines: usize) -> Result<Vec<String>, ToolError> {
     let read_error = |reason: LineError| ToolError::ReadFile {
         path: path.to_owned(),
