@@ -1,4 +1,4 @@
-//! openim-lab: a stand-in for an OpenIM msggateway cluster (3.5.1 by default; 3.6, 3.7, 3.8
+//! Builds openim-lab: a stand-in for an OpenIM msggateway cluster (3.5.1 by default; 3.6, 3.7, 3.8
 //! and main on request, see [`lab::release`]), built from real parts.
 //!
 //! Every pod is a network namespace with its own address on a bridge the lab creates, and runs
@@ -39,9 +39,13 @@ pub use lab::release::{Discovery, OpenImRelease, PushRouting};
 pub use lab::truth::{FloodReport, GroundTruth, MissCause, Summary, UserTruth};
 pub use lab::{Lab, LabConfig, ProxyMode};
 
-/// A workspace binary: `$env_var` if set, else `name` next to this executable or in its
+/// Finds a workspace binary: `$env_var` if set, else `name` next to this executable or in its
 /// parent directory (cargo puts test binaries in `target/<profile>/deps/` and the others in
 /// `target/<profile>/`).
+///
+/// # Errors
+///
+/// Fails when the current executable's path is unknown, or `name` is in neither directory.
 pub fn sibling_binary(name: &str, env_var: &str) -> anyhow::Result<std::path::PathBuf> {
     use anyhow::Context;
     if let Some(path) = std::env::var_os(env_var) {
@@ -59,7 +63,7 @@ pub fn sibling_binary(name: &str, env_var: &str) -> anyhow::Result<std::path::Pa
         })
 }
 
-/// Code generated from `proto/*.proto` (OpenIM's field numbers and gRPC names).
+/// Holds the code generated from `proto/*.proto` (OpenIM's field numbers and gRPC names).
 pub mod proto {
     pub mod sdkws {
         tonic::include_proto!("open_im_server.sdkws");

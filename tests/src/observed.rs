@@ -16,7 +16,11 @@ use crate::lab::LabConfig;
 use crate::lab::truth::GroundTruth;
 use crate::redis_server::RedisServer;
 
-/// The `observer` binary: `$OBSERVER_BIN`, else the one cargo built beside this executable.
+/// Finds the `observer` binary: `$OBSERVER_BIN`, else the one cargo built beside this executable.
+///
+/// # Errors
+///
+/// Fails when `$OBSERVER_BIN` is not set and cargo built no `observer` beside this executable.
 pub fn find_observer_binary() -> anyhow::Result<PathBuf> {
     crate::sibling_binary("observer", "OBSERVER_BIN")
 }
@@ -40,7 +44,7 @@ pub fn observe_lab(config: LabConfig, flags: &[&str]) -> (GroundTruth, ObserverO
     (truth, output)
 }
 
-/// The observer's `/metrics` page at `addr`, whole (status line and headers included).
+/// Scrapes the observer's `/metrics` page at `addr`, whole (status line and headers included).
 pub async fn scrape_metrics(addr: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr)
@@ -56,7 +60,7 @@ pub async fn scrape_metrics(addr: &str) -> String {
     response
 }
 
-/// The value of the series `name` (with its labels, if any) in a scraped `/metrics` page.
+/// Returns the value of the series `name` (with its labels, if any) in a scraped `/metrics` page.
 pub fn metric_value(scraped: &str, name: &str) -> f64 {
     scraped
         .lines()
@@ -64,9 +68,9 @@ pub fn metric_value(scraped: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} missing from:\n{scraped}"))
 }
 
-/// One observer per simulated node, the way a DaemonSet runs them: each scoped to its node's
-/// cgroup (`--cgroup-scope`, so it sees only that node's pods), named after the node and
-/// sharing state through a `redis-server` started for them.
+/// Runs one observer per simulated node, the way a DaemonSet runs them: each scoped to its node's
+/// cgroup (`--cgroup-scope`, so it sees only that node's pods), named after the node and sharing
+/// state through a `redis-server` started for them.
 pub struct NodeObservers {
     /// (node name, its observer), in node order.
     observers: Vec<(String, ObserverProcess)>,
@@ -74,7 +78,7 @@ pub struct NodeObservers {
     redis: RedisServer,
 }
 
-/// What one node's observer printed.
+/// Holds what one node's observer printed.
 #[derive(Debug)]
 pub struct NodeOutput {
     pub node: String,
@@ -84,6 +88,11 @@ pub struct NodeOutput {
 impl NodeObservers {
     /// Starts one observer per node of `lab` (which must have more than one node), each with
     /// `args` besides its scope, name and the Redis URL.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the lab's `redis-server` does not start, the lab has a single node, a cgroup path
+    /// is not UTF-8, or an observer does not start.
     pub fn start(binary: &Path, lab: &Lab, args: &[&str]) -> anyhow::Result<Self> {
         let redis = RedisServer::start().context("start the lab's redis-server")?;
         let url = redis.url();
@@ -112,13 +121,17 @@ impl NodeObservers {
         Ok(Self { observers, redis })
     }
 
-    /// The Redis the observers share, for tests that inspect or disturb it.
+    /// Returns the Redis the observers share, for tests that inspect or disturb it.
     pub fn redis(&mut self) -> &mut RedisServer {
         &mut self.redis
     }
 
     /// Stops every observer (all of them, even after one failed) and returns what each
     /// printed, in node order.
+    ///
+    /// # Errors
+    ///
+    /// Fails when an observer exits unsuccessfully; the error names its node.
     pub fn stop(self) -> anyhow::Result<Vec<NodeOutput>> {
         let stopped: Vec<anyhow::Result<NodeOutput>> = self
             .observers
@@ -134,7 +147,7 @@ impl NodeObservers {
     }
 }
 
-/// How the observer's per-user alerts compare with what really happened.
+/// Says how the observer's per-user alerts compare with what really happened.
 #[derive(Debug, Default)]
 pub struct Score {
     /// Connected users that missed a message in real time (the lab's ground truth).
@@ -148,6 +161,7 @@ pub struct Score {
 }
 
 impl Score {
+    /// Scores the per-user `alerts` against `truth`.
     pub fn new(truth: &GroundTruth, alerts: &[Value]) -> Self {
         let missed: BTreeSet<String> = truth
             .users
@@ -176,11 +190,13 @@ impl Score {
         }
     }
 
+    /// Counts the alerts of `kind`.
     pub fn count(&self, kind: &str) -> usize {
         self.kinds.get(kind).copied().unwrap_or(0)
     }
 
-    /// Share of alerted users that really missed a message (1 when nothing was alerted).
+    /// Returns the share of alerted users that really missed a message (1 when nothing was
+    /// alerted).
     pub fn precision(&self) -> f64 {
         ratio(
             self.alerted.len() - self.false_positives.len(),
@@ -188,7 +204,8 @@ impl Score {
         )
     }
 
-    /// Share of users that missed a message and were alerted (1 when nobody missed one).
+    /// Returns the share of users that missed a message and were alerted (1 when nobody missed
+    /// one).
     pub fn recall(&self) -> f64 {
         ratio(
             self.missed.len() - self.false_negatives.len(),

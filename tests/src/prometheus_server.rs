@@ -1,7 +1,7 @@
-//! A real Prometheus server (Debian's `prometheus` package; `cargo xtask test` and `.ci/run`
+//! Runs a real Prometheus server (Debian's `prometheus` package; `cargo xtask test` and `.ci/run`
 //! install it) for the metrics tests: started on a free loopback port with a temporary
-//! configuration and storage directory, scraping the targets given every second, and killed
-//! and removed when dropped. Also runs `promtool`.
+//! configuration and storage directory, scraping the targets given every second, and killed and
+//! removed when dropped. Also runs `promtool`.
 //!
 //! Included by the test files that use it (`#[path]`), not by the crate.
 
@@ -17,17 +17,17 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-/// How long a started server may take to say it is ready.
+/// Bounds how long a started server may take to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A running Prometheus.
+/// Holds a running Prometheus.
 pub struct PrometheusServer {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
 }
 
-/// Whether `program` (`prometheus`, `promtool`) can be run; when not, says why on stderr so a
+/// Says whether `program` (`prometheus`, `promtool`) can be run; when not, says why on stderr so a
 /// skipped test is visible.
 pub fn available(program: &str) -> bool {
     let runs = Command::new(program)
@@ -46,6 +46,10 @@ pub fn available(program: &str) -> bool {
 }
 
 /// Runs `promtool ARGS…` in `dir`.
+///
+/// # Errors
+///
+/// Fails when `promtool` cannot be run.
 pub fn promtool(dir: &Path, args: &[&str]) -> Result<Output> {
     Command::new("promtool")
         .args(args)
@@ -57,6 +61,11 @@ pub fn promtool(dir: &Path, args: &[&str]) -> Result<Output> {
 impl PrometheusServer {
     /// Starts Prometheus scraping `job`'s `targets` (`host:port`) every second, evaluating the
     /// `rules` (a rules file's text, if any) every second.
+    ///
+    /// # Errors
+    ///
+    /// Fails when no free port is found, the directory, rules or configuration cannot be written,
+    /// `prometheus` does not start, or it does not become ready.
     pub fn start(job: &str, targets: &[&str], rules: Option<&str>) -> Result<Self> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -125,6 +134,10 @@ impl PrometheusServer {
 
     /// Waits until `job`'s targets have been scraped successfully: Prometheus hands targets
     /// to its scrapers a few seconds after start, so earlier samples would be missed.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the targets are not scraped within 30 s.
     pub fn wait_for_targets(&self, job: &str) -> Result<()> {
         let started = Instant::now();
         let query = format!("up{{job=\"{job}\"}} == 1");
@@ -144,12 +157,17 @@ impl PrometheusServer {
         )
     }
 
-    /// Prometheus' own log (warnings and errors).
+    /// Returns Prometheus' own log (warnings and errors).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
     }
 
-    /// `GET path` (with its query string, already encoded): the status and the body.
+    /// Sends `GET path` (with its query string, already encoded) and returns the status and the
+    /// body.
+    ///
+    /// # Errors
+    ///
+    /// Fails when Prometheus cannot be reached or read from, or its response has no head or status.
     pub fn get(&self, path: &str) -> Result<(u16, String)> {
         let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
         let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1))?;
@@ -169,7 +187,11 @@ impl PrometheusServer {
         Ok((status, body.to_owned()))
     }
 
-    /// An API call's `data`, failing unless Prometheus answers `status: success`.
+    /// Returns an API call's `data`, failing unless Prometheus answers `status: success`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the request fails, the body is not JSON, or the status is not `success`.
     pub fn api(&self, path: &str) -> Result<Value> {
         let (status, body) = self.get(path)?;
         let answer: Value =
@@ -181,6 +203,10 @@ impl PrometheusServer {
     }
 
     /// Evaluates an instant query (`/api/v1/query`), failing on any error Prometheus reports.
+    ///
+    /// # Errors
+    ///
+    /// Fails as [`PrometheusServer::api`] does.
     pub fn query(&self, expr: &str) -> Result<Value> {
         self.api(&format!("/api/v1/query?query={}", encode_query(expr)))
     }

@@ -1,4 +1,4 @@
-//! A real `redis-server` for cluster mode (Debian's `redis-server` package; `cargo xtask test`
+//! Runs a real `redis-server` for cluster mode (Debian's `redis-server` package; `cargo xtask test`
 //! and `.ci/run` install it): started on a free loopback port with a temporary directory, no
 //! persistence, and removed when dropped. Tests kill and restart it to play Redis faults.
 
@@ -14,10 +14,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-/// How long a started server may take to answer PING.
+/// Bounds how long a started server may take to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// An ACL user the server is started with (the default user is then disabled), limited to
+/// Names an ACL user the server is started with (the default user is then disabled), limited to
 /// keys under `prefix`: how an observer shares OpenIM's own Redis.
 #[derive(Clone, Debug)]
 pub struct AclUser {
@@ -26,6 +26,7 @@ pub struct AclUser {
     pub prefix: String,
 }
 
+/// Holds a running `redis-server`, its port, directory and settings.
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
@@ -38,22 +39,44 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// Starts a server on a free port, with the default user.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the server's directory or port cannot be set up, or `redis-server` does not
+    /// start, exits, or does not answer PING within 10 s.
     pub fn start() -> Result<Self> {
         Self::start_with(None)
     }
 
+    /// Starts a server on a free port, as `acl` when given (the default user then disabled).
+    ///
+    /// # Errors
+    ///
+    /// Fails when the server's directory or port cannot be set up, or `redis-server` does not
+    /// start, exits, or does not answer PING within 10 s.
     pub fn start_with(acl: Option<AclUser>) -> Result<Self> {
         Self::launch(acl, Vec::new(), None)
     }
 
-    /// A server with `extra` arguments (e.g. `--replicaof`, `--cluster-enabled yes`), on a
+    /// Starts a server with `extra` arguments (e.g. `--replicaof`, `--cluster-enabled yes`), on a
     /// free port, or on `port` when given.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the server's directory or port cannot be set up, or `redis-server` does not
+    /// start, exits, or does not answer PING within 10 s.
     pub fn start_args(extra: Vec<String>, port: Option<u16>) -> Result<Self> {
         Self::launch_on(None, extra, None, port)
     }
 
-    /// A sentinel (`redis-server FILE --sentinel`) whose configuration file holds `config`
+    /// Starts a sentinel (`redis-server FILE --sentinel`) whose configuration file holds `config`
     /// after its `port` line.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the server's directory or port cannot be set up, or `redis-server` does not
+    /// start, exits, or does not answer PING within 10 s.
     pub fn start_sentinel(config: &str) -> Result<Self> {
         Self::launch(None, vec!["--sentinel".to_owned()], Some(config.to_owned()))
     }
@@ -95,7 +118,7 @@ impl RedisServer {
         Ok(server)
     }
 
-    /// `redis://[USER:PASSWORD@]127.0.0.1:PORT`.
+    /// Returns the server's URL, `redis://[USER:PASSWORD@]127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         match &self.acl {
             Some(user) => format!(
@@ -106,6 +129,7 @@ impl RedisServer {
         }
     }
 
+    /// Returns the server's port.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -119,6 +143,10 @@ impl RedisServer {
     }
 
     /// Starts the server again, empty, on the same port.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `redis-server` does not start, exits, or does not answer PING within 10 s.
     pub fn restart(&mut self) -> Result<()> {
         self.kill();
         let mut command = Command::new("redis-server");
@@ -178,7 +206,7 @@ impl RedisServer {
         )
     }
 
-    /// PING (after AUTH with the ACL user), over a plain socket.
+    /// Sends PING (after AUTH with the ACL user), over a plain socket.
     fn ping(&self) -> Result<()> {
         let address = SocketAddr::from((Ipv4Addr::LOCALHOST, self.port));
         let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(200))?;
@@ -191,13 +219,22 @@ impl RedisServer {
         expect_line(&mut stream, "+PONG")
     }
 
-    /// A synchronous client, as the ACL user when there is one.
+    /// Opens a synchronous client, as the ACL user when there is one.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the URL is refused or the server cannot be reached within 2 s.
     pub fn client(&self) -> Result<redis::Connection> {
         let client = redis::Client::open(self.url())?;
         Ok(client.get_connection_with_timeout(Duration::from_secs(2))?)
     }
 
-    /// One section of `INFO` (`memory`, `stats`, `commandstats`, …) as its `name:value` lines.
+    /// Returns one section of `INFO` (`memory`, `stats`, `commandstats`, …) as its `name:value`
+    /// lines.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the server cannot be reached or the command fails.
     pub fn info(&self, section: &str) -> Result<BTreeMap<String, String>> {
         let text: String = redis::cmd("INFO").arg(section).query(&mut self.client()?)?;
         Ok(text
@@ -209,14 +246,23 @@ impl RedisServer {
 
     /// Zeroes the server's statistics (`CONFIG RESETSTAT`), so `INFO stats` and
     /// `INFO commandstats` count from here.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the server cannot be reached or the command fails.
     pub fn reset_stats(&self) -> Result<()> {
         Ok(redis::cmd("CONFIG")
             .arg("RESETSTAT")
             .query(&mut self.client()?)?)
     }
 
-    /// Every key with its remaining TTL in milliseconds (-1: none) and its whole content as
+    /// Returns every key with its remaining TTL in milliseconds (-1: none) and its whole content as
     /// text, for checks that every key expires and that no secret was stored.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the server cannot be reached, a command fails, or a key has a type this does not
+    /// read.
     pub fn dump(&self) -> Result<Vec<StoredKey>> {
         let mut connection = self.client()?;
         let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut connection)?;
@@ -248,7 +294,7 @@ impl RedisServer {
     }
 }
 
-/// One key as [`RedisServer::dump`] found it.
+/// Holds one key as [`RedisServer::dump`] found it.
 #[derive(Clone, Debug)]
 pub struct StoredKey {
     pub key: String,
@@ -281,7 +327,11 @@ fn expect_line(stream: &mut TcpStream, expected: &str) -> Result<()> {
     }
 }
 
-/// A loopback port nothing listens on right now.
+/// Returns a loopback port nothing listens on right now.
+///
+/// # Errors
+///
+/// Fails when no loopback port can be bound.
 pub fn free_port() -> Result<u16> {
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free port")?;
     Ok(listener.local_addr()?.port())

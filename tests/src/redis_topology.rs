@@ -1,4 +1,4 @@
-//! The Redis topologies cluster mode supports, from real `redis-server` processes on free
+//! Runs the Redis topologies cluster mode supports, from real `redis-server` processes on free
 //! loopback ports: a Redis Cluster of three primaries and three replicas made by
 //! `redis-cli --cluster create`, and a primary with one replica watched by three sentinels
 //! (`redis-server FILE --sentinel`). Tests kill a primary and wait for its replica's promotion.
@@ -14,14 +14,14 @@ use anyhow::{Context, Result, bail};
 
 use crate::redis_server::{RedisServer, free_port};
 
-/// How long a cluster may take to form or a failover to complete.
+/// Bounds how long a cluster may take to form or a failover to complete.
 const FORM_TIMEOUT: Duration = Duration::from_secs(30);
-/// A node unreachable this long is failed over: small, so tests stay short.
+/// Bounds how long a node may be unreachable before it is failed over: small, so tests stay short.
 const NODE_TIMEOUT_MS: u32 = 1_000;
-/// The master name the sentinels monitor.
+/// Names the master the sentinels monitor.
 pub const SENTINEL_MASTER: &str = "observer";
 
-/// A Redis Cluster: three primaries, one replica each.
+/// Holds a Redis Cluster: three primaries, one replica each.
 pub struct RedisCluster {
     /// In creation order: the first three are the primaries `redis-cli` made.
     nodes: Vec<RedisServer>,
@@ -30,6 +30,11 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts six nodes, makes them a cluster and waits until every slot is served and every
     /// primary has a replica in sync.
+    ///
+    /// # Errors
+    ///
+    /// Fails when a node does not start, `redis-cli --cluster create` fails, or the cluster is not
+    /// whole within 30 s.
     pub fn start() -> Result<Self> {
         let mut nodes = Vec::new();
         for _ in 0..6 {
@@ -74,7 +79,7 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// The seed nodes as `--redis-cluster` takes them: every node's URL, comma-separated.
+    /// Returns the seed nodes as `--redis-cluster` takes them: every node's URL, comma-separated.
     pub fn seeds(&self) -> String {
         self.nodes
             .iter()
@@ -83,7 +88,7 @@ impl RedisCluster {
             .join(",")
     }
 
-    /// A node still running, to ask about the cluster.
+    /// Returns a node still running, to ask about the cluster.
     fn any(&self) -> Result<&RedisServer> {
         self.nodes
             .iter()
@@ -98,12 +103,16 @@ impl RedisCluster {
         Ok(info.contains("cluster_state:ok"))
     }
 
-    /// The ports of the nodes serving slots now (`CLUSTER SLOTS`).
+    /// Returns the ports of the nodes serving slots now (`CLUSTER SLOTS`).
+    ///
+    /// # Errors
+    ///
+    /// Fails when no node is running or `CLUSTER SLOTS` fails.
     pub fn primaries(&self) -> Result<BTreeSet<u16>> {
         Ok(self.slots()?.into_iter().map(|(_, _, port)| port).collect())
     }
 
-    /// `(first slot, last slot, primary's port)` per range.
+    /// Returns `(first slot, last slot, primary's port)` per range.
     fn slots(&self) -> Result<Vec<(u16, u16, u16)>> {
         let ranges: Vec<redis::Value> = redis::cmd("CLUSTER")
             .arg("SLOTS")
@@ -127,7 +136,11 @@ impl RedisCluster {
         Ok(slots)
     }
 
-    /// The slot of `key` (`CLUSTER KEYSLOT`).
+    /// Returns the slot of `key` (`CLUSTER KEYSLOT`).
+    ///
+    /// # Errors
+    ///
+    /// Fails when no node is running or `CLUSTER KEYSLOT` fails.
     pub fn slot_of(&self, key: &str) -> Result<u16> {
         Ok(redis::cmd("CLUSTER")
             .arg("KEYSLOT")
@@ -135,7 +148,11 @@ impl RedisCluster {
             .query(&mut self.any()?.client()?)?)
     }
 
-    /// The port of the primary serving `slot`.
+    /// Returns the port of the primary serving `slot`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the slots cannot be read or no primary serves `slot`.
     pub fn primary_of(&self, slot: u16) -> Result<u16> {
         self.slots()?
             .into_iter()
@@ -144,7 +161,7 @@ impl RedisCluster {
             .context("slot not served")
     }
 
-    /// Replicas whose link to their primary is up.
+    /// Counts the replicas whose link to their primary is up.
     fn replicas_in_sync(&self) -> Result<usize> {
         let mut count = 0;
         for node in &self.nodes {
@@ -160,6 +177,11 @@ impl RedisCluster {
 
     /// Kills the primary serving `slot` (SIGKILL) and waits until its replica serves the slot
     /// and the cluster is whole again. Returns the killed node's port.
+    ///
+    /// # Errors
+    ///
+    /// Fails when no primary serves `slot`, it is not one of the nodes, or the cluster is not whole
+    /// again within 30 s.
     pub fn fail_over(&mut self, slot: u16) -> Result<u16> {
         let port = self.primary_of(slot)?;
         let node = self
@@ -174,7 +196,11 @@ impl RedisCluster {
         Ok(port)
     }
 
-    /// Every key on every primary, and its slot, as `(slot, primary's port, key)`.
+    /// Returns every key on every primary, and its slot, as `(slot, primary's port, key)`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when a primary cannot be reached or a command fails.
     pub fn keys(&self) -> Result<Vec<(u16, u16, String)>> {
         let primaries = self.primaries()?;
         let mut keys = Vec::new();
@@ -197,7 +223,11 @@ impl RedisCluster {
         Ok(keys)
     }
 
-    /// Every key's content on every primary, for the checks that no secret was stored.
+    /// Returns every key's content on every primary, for the checks that no secret was stored.
+    ///
+    /// # Errors
+    ///
+    /// Fails when a primary cannot be reached or its keys cannot be read.
     pub fn dump(&self) -> Result<String> {
         let primaries = self.primaries()?;
         let mut dump = Vec::new();
@@ -218,7 +248,7 @@ impl RedisCluster {
     }
 }
 
-/// A primary, its replica and three sentinels monitoring it as [`SENTINEL_MASTER`].
+/// Holds a primary, its replica and three sentinels monitoring it as [`SENTINEL_MASTER`].
 pub struct RedisSentinels {
     /// The first primary, then its replica.
     servers: Vec<RedisServer>,
@@ -227,6 +257,11 @@ pub struct RedisSentinels {
 
 impl RedisSentinels {
     /// Starts them and waits until every sentinel knows the replica and the other sentinels.
+    ///
+    /// # Errors
+    ///
+    /// Fails when a server or sentinel does not start, a command fails, or the sentinels do not
+    /// know each other and the replica within 30 s.
     pub fn start() -> Result<Self> {
         let primary = RedisServer::start()?;
         let replica = RedisServer::start_args(
@@ -272,7 +307,7 @@ impl RedisSentinels {
         Ok(topology)
     }
 
-    /// The sentinels as `--redis-sentinel` takes them, comma-separated.
+    /// Returns the sentinels as `--redis-sentinel` takes them, comma-separated.
     pub fn urls(&self) -> String {
         self.sentinels
             .iter()
@@ -281,7 +316,11 @@ impl RedisSentinels {
             .join(",")
     }
 
-    /// The port of the primary the sentinels name now.
+    /// Returns the port of the primary the sentinels name now.
+    ///
+    /// # Errors
+    ///
+    /// Fails when no sentinel answers.
     pub fn primary(&self) -> Result<u16> {
         let sentinel = self
             .sentinels
@@ -295,7 +334,11 @@ impl RedisSentinels {
         Ok(port)
     }
 
-    /// The server the sentinels name primary now.
+    /// Returns the server the sentinels name primary now.
+    ///
+    /// # Errors
+    ///
+    /// Fails when no sentinel answers or the primary it names is not one of the servers.
     pub fn primary_server(&self) -> Result<&RedisServer> {
         let port = self.primary()?;
         self.servers
@@ -306,6 +349,10 @@ impl RedisSentinels {
 
     /// Kills the primary (SIGKILL) and waits until the sentinels promoted its replica and it
     /// says it is a primary. Returns the killed server's port.
+    ///
+    /// # Errors
+    ///
+    /// Fails when no sentinel answers, or the replica is not promoted within 30 s.
     pub fn fail_over(&mut self) -> Result<u16> {
         let port = self.primary()?;
         if let Some(server) = self.servers.iter_mut().find(|server| server.port() == port) {
@@ -343,7 +390,7 @@ fn wait(mut done: impl FnMut() -> Result<bool>, what: &str) -> Result<()> {
     bail!("{what} not ready within {FORM_TIMEOUT:?} (last error: {last:?})")
 }
 
-/// The Redis the observers of a test share.
+/// Names the Redis the observers of a test share.
 pub enum SharedRedis {
     Single(RedisServer),
     Cluster(RedisCluster),
@@ -351,7 +398,7 @@ pub enum SharedRedis {
 }
 
 impl SharedRedis {
-    /// The observer's flags naming this Redis.
+    /// Returns the observer's flags naming this Redis.
     pub fn observer_args(&self) -> Vec<String> {
         let args: [&str; 2] = match self {
             Self::Single(_) => ["--redis-url", ""],
@@ -373,7 +420,7 @@ impl SharedRedis {
         flags
     }
 
-    /// The one server, for tests that kill and restart it.
+    /// Returns the one server, for tests that kill and restart it.
     pub fn single(&mut self) -> &mut RedisServer {
         match self {
             Self::Single(server) => server,
@@ -381,7 +428,11 @@ impl SharedRedis {
         }
     }
 
-    /// Every key and its content, one line each.
+    /// Returns every key and its content, one line each.
+    ///
+    /// # Errors
+    ///
+    /// Fails when a server cannot be reached or its keys cannot be read.
     pub fn dump(&self) -> Result<String> {
         let server = match self {
             Self::Single(server) => server,
