@@ -210,7 +210,7 @@ impl Templates {
     }
 }
 
-/// OpenIM's two rings over the same gateways.
+/// Holds OpenIM's two rings over the same gateways.
 struct GatewayRings {
     proxy: Ring,
     push: Ring,

@@ -265,7 +265,8 @@ impl<'a> ser::Serializer for &'a mut JsonWriter<'_> {
     }
 }
 
-/// serde's four kinds of array differ only in their names here: each element goes to `element`.
+/// Writes serde's four kinds of array alike, as they differ only in their names here: each element
+/// goes to `element`.
 macro_rules! array_traits {
     ($($array:ident::$add:ident),*) => {$(
         impl ser::$array for Compound<'_> {

@@ -24,7 +24,7 @@ const SCALARS: &[&str] = &[
     "version",
 ];
 
-/// Lists printed as `key=a,b` when a line has them (`observer_started`'s ports).
+/// Names the lists printed as `key=a,b` when a line has them (`observer_started`'s ports).
 const LISTS: &[&str] = &["grpc_ports", "ws_ports"];
 
 /// Bounds the diagnosis: cut to its first sentence, and at most this many characters.

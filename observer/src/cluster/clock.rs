@@ -1,4 +1,4 @@
-//! Times as cluster mode stores them: milliseconds, and the wall clock in milliseconds since
+//! Keeps times as cluster mode stores them: milliseconds, and the wall clock in milliseconds since
 //! the Unix epoch (TTLs and `seen`/`expires` stamps shared between nodes).
 
 use std::time::Duration;

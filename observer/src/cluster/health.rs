@@ -71,7 +71,7 @@ impl StoreHealth {
         self.up.load(Ordering::Relaxed)
     }
 
-    /// Requests Redis did not answer so far: lost batches, failed lookups and claims.
+    /// Counts the requests Redis did not answer so far: lost batches, failed lookups and claims.
     pub(super) fn failed_requests(&self) -> u64 {
         [&self.facts_lost, &self.lookups_failed, &self.claims_failed]
             .iter()

@@ -46,8 +46,8 @@ pub const PUSH_OUTCOME_TTL: Duration = Duration::from_secs(120);
 /// TTL to [`PUSH_OUTCOME_TTL`] plus this, and again only once this much has passed: one `PEXPIRE`
 /// per user and period, not per outcome.
 pub const PUSH_OUTCOME_REFRESH: Duration = Duration::from_secs(60);
-/// Entries the placement change log keeps; a reader that finds more new entries than it reads
-/// at once forgets what it cached.
+/// Bounds the entries the placement change log keeps; a reader that finds more new entries than it
+/// reads at once forgets what it cached.
 pub const PLACEMENT_CHANGES_LEN: usize = 10_000;
 /// Sets the period in which a divergence (one pair of member lists) is printed once cluster-wide.
 pub const DIVERGENCE_CLAIM_TTL: Duration = Duration::from_secs(24 * 60 * 60);

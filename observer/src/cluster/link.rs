@@ -27,17 +27,18 @@ use crate::{
     openim::{diagnosis, members::RingDivergenceState},
 };
 
-/// Jobs waiting for the worker at most; a lookup that finds the queue full is answered with
+/// Bounds the jobs waiting for the worker; a lookup that finds the queue full is answered with
 /// nothing at once, a claim is printed unclaimed (both counted).
 const MAX_JOBS: usize = 4_096;
-/// Jobs the worker takes at once: their lookups share one pipeline, their claims another,
-/// both sent at once. Half the queue: a cached lookup costs Redis nothing, so a round is
+/// Bounds the jobs the worker takes at once: their lookups share one pipeline, their claims
+/// another, both sent at once. Half the queue: a cached lookup costs Redis nothing, so a round is
 /// bounded by the lookups it must read.
 const MAX_JOBS_PER_ROUND: usize = 2_048;
 /// Sets how often the shared ring evidence is merged (a fraction of the ring settle time, so every
 /// node reaches the same verdict before it is claimed).
 const RING_MERGE_INTERVAL: Duration = Duration::from_secs(1);
-/// Redis unreachable this long after start, before it ever answered, is a degradation.
+/// Bounds the grace after start: Redis unreachable this long after start, before it ever answered,
+/// is a degradation.
 const START_GRACE: Duration = Duration::from_secs(3);
 /// Bounds the won claims remembered (their windows' summaries are printed by the winner only).
 const MAX_WON_CLAIMS: usize = 262_144;
@@ -355,7 +356,7 @@ impl ClusterLink {
         alerts.append(&mut raised);
     }
 
-    /// Jobs sent whose answer was not applied yet.
+    /// Counts the jobs sent whose answer was not applied yet.
     pub fn outstanding(&self) -> usize {
         self.outstanding
     }
@@ -576,7 +577,8 @@ const MAX_CACHED_USERS: usize = 262_144;
 /// Bounds the change log entries a round reads: when the one it stopped at is not among them,
 /// entries were missed, and the cache starts over.
 const MAX_CHANGES_PER_ROUND: usize = 1_024;
-/// Entries read beyond those the log's count says are new (writers add and count in two steps).
+/// Counts the entries read beyond those the log's count says are new (writers add and count in two
+/// steps).
 const CHANGES_SLACK: usize = 16;
 
 /// Opens the placement lookups' own connection, so a lookup never waits behind a write batch.

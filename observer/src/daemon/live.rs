@@ -36,8 +36,8 @@ use crate::{
     openim::diagnosis::CaptureSettings,
 };
 
-/// Batches of ring records consumed before a reconciliation (so the closes already made are
-/// seen as closes) and at stop (the last records); bounded, since a flood refills the ring as
+/// Bounds the batches of ring records consumed before a reconciliation (so the closes already made
+/// are seen as closes) and at stop (the last records); bounded, since a flood refills the ring as
 /// fast as it is read.
 const MAX_BATCHES_BEFORE_RECONCILE: usize = 8;
 const MAX_BATCHES_AT_STOP: usize = 64;

@@ -7,7 +7,7 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 
-/// `process_*` for this process: CPU time, memory, descriptors and start time.
+/// Exports `process_*` for this process: CPU time, memory, descriptors and start time.
 #[derive(Debug, Default)]
 pub struct ProcessMetrics;
 

@@ -32,14 +32,15 @@ pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
         })
 }
 
-/// Connections served at once: each holds a descriptor, and the endpoint must not be the way
-/// a neighbour exhausts the observer's.
+/// Bounds the connections served at once: each holds a descriptor, and the endpoint must not be the
+/// way a neighbour exhausts the observer's.
 const MAX_CONCURRENT_CONNECTIONS: usize = 64;
 /// Bounds one connection's whole exchange; a scraper that stalls must not hold its slot longer.
 const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
 /// Bounds, under descriptor exhaustion, how long the one connection the reserve lets in may take.
 const RESERVE_DEADLINE: Duration = Duration::from_millis(500);
-/// Pauses after a failed accept, doubling from the first to the last while failures repeat.
+/// Bounds the pauses after a failed accept, doubling from the first to the last while failures
+/// repeat.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
 /// Serves `GET /metrics`, `/healthz` (liveness) and `/readyz` (readiness) until the task is

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use thiserror::Error;
 
-/// stathat's `NumberOfReplicas` default, which OpenIM does not change.
+/// Counts each member's points: stathat's `NumberOfReplicas` default, which OpenIM does not change.
 pub const POINTS_PER_MEMBER: usize = 20;
 
 /// Describes a ring with no members or a member template that cannot build one.

@@ -38,9 +38,10 @@ use super::{
     protobuf_whitelist::{MessagePosition, Schema},
 };
 
-/// Streams followed at once; DATA of streams beyond it is zeroed. Push opens one per call.
+/// Bounds the streams followed at once; DATA of streams beyond it is zeroed. Push opens one per
+/// call.
 const MAX_STREAMS: usize = 64;
-/// GOAWAY's last stream id and error code, before its debug data.
+/// Counts the bytes of GOAWAY's last stream id and error code, before its debug data.
 const GOAWAY_FIXED_LEN: usize = 8;
 
 /// Holds the per-connection whitelist state: keep one per connection id, feed every `Data` event's
