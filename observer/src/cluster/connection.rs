@@ -48,6 +48,10 @@ enum Topology {
 impl RedisConnection {
     /// Builds the client for `topology` without connecting; needs a tokio runtime. Fails only on
     /// settings the client refuses (e.g. seed nodes with different passwords).
+    ///
+    /// # Errors
+    ///
+    /// Fails with the client's [`redis::RedisError`] when it refuses the settings or a URL.
     pub fn open(topology: &RedisTopology) -> RedisResult<Self> {
         let connection = match topology {
             RedisTopology::Single(url) => {
