@@ -1,4 +1,4 @@
-//! The lab: builds the pods, runs a scenario, collects ground truth, and removes everything it
+//! Runs the lab: builds the pods, runs a scenario, collects ground truth, and removes everything it
 //! created when dropped (also when a scenario fails or its future is dropped on Ctrl-C).
 
 pub mod cgroups;
@@ -41,9 +41,10 @@ use crate::lab::truth::{
     FloodReport, GatewayTruth, GroundTruth, MissCause, Placement, PushTruth, Summary, UserTruth,
 };
 
-/// Pod addresses are 10.244.X.(10 + index): keep the last octet in range.
+/// Bounds the gateway replicas: pod addresses are 10.244.X.(10 + index), so this keeps the last
+/// octet in range.
 pub const MAX_REPLICAS: usize = 200;
-/// Simulated nodes at most (one observer and one cgroup per node).
+/// Bounds the simulated nodes (one observer and one cgroup per node).
 pub const MAX_NODES: usize = 16;
 const PROXY_HOST: u8 = 2;
 const PUSH_HOST: u8 = 3;
@@ -51,18 +52,18 @@ const FIRST_GATEWAY_HOST: u8 = 10;
 const PUSH_REPLY_TIMEOUT: Duration = Duration::from_secs(20);
 const SESSION_SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_BATCH: usize = 100;
-/// How long a client program may take to report a batch of users' connections.
+/// Bounds how long a client program may take to report a batch of users' connections.
 const EXTERNAL_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Lab user ids look like OpenIM's random 10-digit user ids, yet are the same every run, so a
-/// given configuration always splits users over gateways the same way: index × a prime (odd,
-/// not dividing the modulus, so ids never repeat) scattered over 10-digit numbers. Sequential
-/// ids would hash in clumps.
+/// Numbers the lab's users from here: lab user ids look like OpenIM's random 10-digit user ids, yet
+/// are the same every run, so a given configuration always splits users over gateways the same way:
+/// index × a prime (odd, not dividing the modulus, so ids never repeat) scattered over 10-digit
+/// numbers. Sequential ids would hash in clumps.
 const USER_ID_BASE: u64 = 1_000_000_000;
 const USER_ID_SPAN: u64 = 9_000_000_000;
 const USER_ID_STRIDE: u64 = 2_654_435_761;
 const SENDER_ID: &str = "3355699999";
 
-/// How the proxy spells and dials its members.
+/// Says how the proxy spells and dials its members.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize, Deserialize)]
 pub enum ProxyMode {
     /// As shipped: hash on members without port, dial port 80.
@@ -80,6 +81,7 @@ pub enum ProxyMode {
 }
 
 impl ProxyMode {
+    /// Returns the mode as `--mode` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::V351 => "v3.5.1",
@@ -171,8 +173,13 @@ impl LabConfig {
     }
 }
 
-/// The `openim-lab` binary: `$OPENIM_LAB_BIN`, else this executable if it is `openim-lab`, else
-/// the one cargo built beside this executable (see [`crate::sibling_binary`]).
+/// Finds the `openim-lab` binary: `$OPENIM_LAB_BIN`, else this executable if it is `openim-lab`,
+/// else the one cargo built beside this executable (see [`crate::sibling_binary`]).
+///
+/// # Errors
+///
+/// Fails when `$OPENIM_LAB_BIN` is not set, this executable is not `openim-lab`, and cargo built
+/// none beside it.
 pub fn find_lab_binary() -> anyhow::Result<PathBuf> {
     let current = std::env::current_exe().context("current executable")?;
     if std::env::var_os("OPENIM_LAB_BIN").is_none()
@@ -183,7 +190,7 @@ pub fn find_lab_binary() -> anyhow::Result<PathBuf> {
     crate::sibling_binary("openim-lab", "OPENIM_LAB_BIN")
 }
 
-/// A pod of the lab, for placing it on a node.
+/// Names a pod of the lab, for placing it on a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PodRole {
     Proxy,
@@ -207,7 +214,7 @@ struct GatewayPod {
     process: PodProcess,
 }
 
-/// A running lab. Fields drop in order: clients, pods, then the network.
+/// Holds a running lab. Fields drop in order: clients, pods, then the network.
 pub struct Lab {
     clients: Vec<Client>,
     /// The program holding the users' WebSockets, for the Go and Python stacks.
@@ -235,6 +242,11 @@ pub struct Lab {
 impl Lab {
     /// Creates the network and the pods with `replicas_initial` gateways, and waits until every
     /// pod listens.
+    ///
+    /// # Errors
+    ///
+    /// Fails without root, on a configuration out of bounds, when the `openim-lab` binary is not
+    /// found, or when the network, a cgroup, a pod or a client cannot be set up.
     pub async fn start(config: LabConfig) -> anyhow::Result<Self> {
         ensure!(config.replicas_initial >= 1, "at least one gateway replica");
         ensure!(
@@ -363,12 +375,12 @@ impl Lab {
         }
     }
 
-    /// The name prefix of everything this lab created (`ip netns list`, `ip link`).
+    /// Returns the name prefix of everything this lab created (`ip netns list`, `ip link`).
     pub fn prefix(&self) -> &str {
         self.network.prefix()
     }
 
-    /// The tokens the connected clients sent, for tests that prove none leaks.
+    /// Returns the tokens the connected clients sent, for tests that prove none leaks.
     pub fn client_tokens(&self) -> Vec<String> {
         self.clients
             .iter()
@@ -376,12 +388,12 @@ impl Lab {
             .collect()
     }
 
-    /// Where clients connect: the proxy pod's WebSocket port.
+    /// Returns where clients connect: the proxy pod's WebSocket port.
     pub fn proxy_addr(&self) -> SocketAddr {
         SocketAddr::from((self.proxy_net.ip, PROXY_PORT))
     }
 
-    /// Pids of every pod process (gateways, proxies including draining ones, push).
+    /// Returns the pids of every pod process (gateways, proxies including draining ones, push).
     pub fn pod_pids(&self) -> Vec<u32> {
         self.gateways
             .iter()
@@ -392,28 +404,29 @@ impl Lab {
             .collect()
     }
 
+    /// Returns the number of gateway replicas running now.
     pub fn replicas(&self) -> usize {
         self.gateways.len()
     }
 
-    /// The node (0-based, below `config.nodes`) a pod runs on: the proxy (and the proxies that
-    /// replace it) on the first, push on the second, gateway `i` on node `i % nodes`, so with
+    /// Returns the node (0-based, below `config.nodes`) a pod runs on: the proxy (and the proxies
+    /// that replace it) on the first, push on the second, gateway `i` on node `i % nodes`, so with
     /// two nodes or more no node sees both halves of a join.
     pub fn node_of(&self, pod: PodRole) -> usize {
         pod.node(self.config.nodes)
     }
 
-    /// Simulated nodes (`LabConfig::nodes`).
+    /// Returns the number of simulated nodes (`LabConfig::nodes`).
     pub fn nodes(&self) -> usize {
         self.config.nodes
     }
 
-    /// The node's name as its observer reports it (`node-1`, `node-2`, …).
+    /// Returns the node's name as its observer reports it (`node-1`, `node-2`, …).
     pub fn node_name(node: usize) -> String {
         format!("node-{}", node + 1)
     }
 
-    /// Pids of the pod processes on one node.
+    /// Returns the pids of the pod processes on one node.
     pub fn node_pids(&self, node: usize) -> Vec<u32> {
         let proxies = self
             .draining_proxies
@@ -434,13 +447,13 @@ impl Lab {
             .collect()
     }
 
-    /// The node's cgroup v2 directory, which holds its pods and their children (what the
+    /// Returns the node's cgroup v2 directory, which holds its pods and their children (what the
     /// node's observer is scoped to); `None` with a single node, where nothing is scoped.
     pub fn node_cgroup(&self, node: usize) -> Option<&std::path::Path> {
         self.cgroups.as_ref().map(|cgroups| cgroups.node_dir(node))
     }
 
-    /// Pids the kernel lists in the node's cgroup (empty with a single node).
+    /// Returns the pids the kernel lists in the node's cgroup (empty with a single node).
     pub fn node_cgroup_pids(&self, node: usize) -> Vec<u32> {
         self.cgroups
             .as_ref()
@@ -454,11 +467,12 @@ impl Lab {
             .map(|cgroups| cgroups.procs_file(self.node_of(role)))
     }
 
+    /// Returns the id of the lab's user `index`.
     pub fn user_id(index: usize) -> String {
         (USER_ID_BASE + (index as u64 * USER_ID_STRIDE) % USER_ID_SPAN).to_string()
     }
 
-    /// Platforms cycle iOS, Android, Windows, OSX, Web.
+    /// Returns the platform of user `index`: platforms cycle iOS, Android, Windows, OSX, Web.
     fn platform_id(index: usize) -> i32 {
         (index % 5) as i32 + 1
     }
@@ -530,7 +544,7 @@ impl Lab {
         }
     }
 
-    /// Whether `user_id` holds an open WebSocket that its gateway registered.
+    /// Says whether `user_id` holds an open WebSocket that its gateway registered.
     pub fn is_connected(&self, user_id: &str) -> bool {
         self.clients.iter().any(|client| client.user_id == user_id)
             && self
@@ -539,7 +553,7 @@ impl Lab {
                 .is_ok_and(|observed| observed.sessions.contains_key(user_id))
     }
 
-    /// Users with an open WebSocket, as the lab's clients hold them.
+    /// Counts the users with an open WebSocket, as the lab's clients hold them.
     pub fn connected_users(&self) -> usize {
         self.clients.len()
     }
@@ -608,6 +622,11 @@ impl Lab {
     /// Scales the gateways to `replicas` the way a StatefulSet does: new pods appear with the
     /// next ordinals; the proxy (drained, not killed) and push restart with the new member
     /// count. Existing WebSockets stay where they are.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `replicas` is fewer than now or over [`MAX_REPLICAS`], or a pod cannot be
+    /// started, restarted or made ready.
     pub async fn scale_to(&mut self, replicas: usize) -> anyhow::Result<()> {
         ensure!(replicas >= self.gateways.len(), "the lab only scales out");
         ensure!(replicas <= MAX_REPLICAS, "at most {MAX_REPLICAS} replicas");
@@ -669,9 +688,9 @@ impl Lab {
         Ok(())
     }
 
-    /// The recipients of `outcome` that no call reached on the gateway holding their WebSocket
-    /// (or that hold none): the misrouted ones. The gateway's answer cannot say it, since a
-    /// delivery to Windows, OSX or Web is answered as "not here" is.
+    /// Returns the recipients of `outcome` that no call reached on the gateway holding their
+    /// WebSocket (or that hold none): the misrouted ones. The gateway's answer cannot say it, since
+    /// a delivery to Windows, OSX or Web is answered as "not here" is.
     pub fn misrouted(&self, outcome: &PushOutcome) -> std::collections::BTreeSet<String> {
         let Ok(observed) = self.observations.lock() else {
             return std::collections::BTreeSet::new();
@@ -700,6 +719,11 @@ impl Lab {
     }
 
     /// Asks push to deliver one group message to `recipients` and waits for its account.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the command cannot be sent to push, or push refuses it, exits, or does not report
+    /// the outcome in time.
     pub async fn push_message(
         &mut self,
         client_msg_id: &str,
@@ -726,15 +750,24 @@ impl Lab {
         Ok(outcome)
     }
 
-    /// The scenario: connect users, scale out if configured, connect late users, push every
+    /// Runs the scenario: connect users, scale out if configured, connect late users, push every
     /// message to every user, and report what happened.
+    ///
+    /// # Errors
+    ///
+    /// Fails as [`Lab::run_scenario_with`] does.
     pub async fn run_scenario(&mut self) -> anyhow::Result<GroundTruth> {
         self.run_scenario_with(|_| Ok(())).await
     }
 
-    /// [`Lab::run_scenario`], calling `after_connect` once the first users are connected and
-    /// before anything is pushed (e.g. to restart an observer or break Redis meanwhile). It runs
-    /// on the runtime's thread: wrap blocking work in `tokio::task::block_in_place`.
+    /// Runs [`Lab::run_scenario`], calling `after_connect` once the first users are connected and
+    /// before anything is pushed (e.g. to restart an observer or break Redis meanwhile). It runs on
+    /// the runtime's thread: wrap blocking work in `tokio::task::block_in_place`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `after_connect` fails, the kernel's random bytes cannot be read, a push or the
+    /// scale-out fails, or the ground truth cannot be put together.
     pub async fn run_scenario_with(
         &mut self,
         after_connect: impl FnOnce(&Self) -> anyhow::Result<()>,
@@ -896,7 +929,7 @@ impl Lab {
         })
     }
 
-    /// The `:authority` push's calls should carry to `gateway`: its ring member, or its pod
+    /// Returns the `:authority` push's calls should carry to `gateway`: its ring member, or its pod
     /// address where push broadcasts.
     fn expected_authority(&self, gateway: &GatewayTruth) -> String {
         match self.config.routing() {
@@ -905,9 +938,9 @@ impl Lab {
         }
     }
 
-    /// One user's truth (its cause left for [`TruthRings::cause`]): where its WebSocket lives
-    /// and, per message, the call that should have reached it (the one to its own gateway when
-    /// push broadcast) and whether the message arrived in time.
+    /// Builds one user's truth (its cause left for [`TruthRings::cause`]): where its WebSocket
+    /// lives and, per message, the call that should have reached it (the one to its own gateway
+    /// when push broadcast) and whether the message arrived in time.
     fn user_truth(
         &self,
         index: usize,
@@ -1017,8 +1050,12 @@ impl Lab {
             .collect())
     }
 
-    /// Push at full speed for `duration` to every connected user (connect some first), one new
+    /// Pushes at full speed for `duration` to every connected user (connect some first), one new
     /// gRPC connection per call; latency per call in the report.
+    ///
+    /// # Errors
+    ///
+    /// Fails when no user is connected, or push refuses, fails or does not report the flood.
     pub async fn push_flood(&mut self, duration: Duration) -> anyhow::Result<FloodReport> {
         let recipients: Vec<String> = self
             .clients
@@ -1048,7 +1085,7 @@ impl Lab {
     }
 }
 
-/// The proxy's ring (as the proxy mode spells its members) and push's ring over the gateways
+/// Holds the proxy's ring (as the proxy mode spells its members) and push's ring over the gateways
 /// at the end of a run, for naming why a user missed a message.
 struct TruthRings {
     proxy: Ring,
@@ -1074,8 +1111,8 @@ impl TruthRings {
         })
     }
 
-    /// Why a connected `user` missed a message: the rings hash it apart now (spelling), or they
-    /// agree now and the user was placed before the scale-out (stale placement); a broadcast
+    /// Says why a connected `user` missed a message: the rings hash it apart now (spelling), or
+    /// they agree now and the user was placed before the scale-out (stale placement); a broadcast
     /// has no ring to blame.
     fn cause(&self, config: &LabConfig, user: &UserTruth) -> MissCause {
         if config.routing() == PushRouting::Broadcast {
@@ -1122,7 +1159,7 @@ fn start_gateway(
     Ok(GatewayPod { net, process })
 }
 
-/// The cluster-DNS stand-in: each gateway's headless-service name → its pod address.
+/// Builds the cluster-DNS stand-in: each gateway's headless-service name → its pod address.
 fn name_table(config: &LabConfig, gateways: &[GatewayPod]) -> NameTable {
     let mut names = NameTable::default();
     let hosts = MemberTemplate::parse(PROXY_MEMBER_TEMPLATE)
@@ -1134,13 +1171,13 @@ fn name_table(config: &LabConfig, gateways: &[GatewayPod]) -> NameTable {
     names
 }
 
-/// Where a pod runs: its network namespace and, with several nodes, its node's cgroup.
+/// Says where a pod runs: its network namespace and, with several nodes, its node's cgroup.
 struct PodHome<'a> {
     net: &'a PodNet,
     cgroup_procs: Option<&'a std::path::Path>,
 }
 
-/// The proxy's and push's `GatewayDeployment` arguments.
+/// Returns the proxy's and push's `GatewayDeployment` arguments.
 fn gateway_deployment_args(config: &LabConfig, replicas: usize, names: &NameTable) -> [String; 8] {
     [
         "--instance".to_owned(),

@@ -1,7 +1,7 @@
-//! One cgroup v2 directory per simulated node, so that each node's observer can be scoped to
-//! its node's pods (`observer run --cgroup-scope`) the way a real node's kernel shows only its
-//! own processes. Pods join their node's directory between fork and exec (`PodProcess::spawn`),
-//! so none of their syscalls runs outside it.
+//! Makes one cgroup v2 directory per simulated node, so that each node's observer can be scoped to
+//! its node's pods (`observer run --cgroup-scope`) the way a real node's kernel shows only its own
+//! processes. Pods join their node's directory between fork and exec (`PodProcess::spawn`), so none
+//! of their syscalls runs outside it.
 //!
 //! The cgroup v2 hierarchy is reused where it is already mounted; otherwise (a host whose
 //! services use cgroup v1 only) it is mounted at a temporary directory. Dropping removes the
@@ -26,10 +26,10 @@ pub enum CgroupError {
     },
 }
 
-/// How long removal waits for killed pods to leave their cgroup before giving up on it.
+/// Bounds how long removal waits for killed pods to leave their cgroup before giving up on it.
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The lab's directory in the cgroup v2 hierarchy and one sub-directory per node.
+/// Holds the lab's directory in the cgroup v2 hierarchy and one sub-directory per node.
 #[derive(Debug)]
 pub struct NodeCgroups {
     hierarchy: PathBuf,
@@ -42,6 +42,11 @@ pub struct NodeCgroups {
 impl NodeCgroups {
     /// Makes `<hierarchy>/<prefix>/node-<n>` for `nodes` nodes (`prefix` names everything the
     /// lab creates).
+    ///
+    /// # Errors
+    ///
+    /// Fails when the hierarchy is not mounted and cannot be mounted, or a directory cannot be
+    /// made.
     pub fn create(prefix: &str, nodes: usize) -> Result<Self, CgroupError> {
         let (hierarchy, own_mount) = match mounted_hierarchy() {
             Some(path) => (path, false),
@@ -64,17 +69,17 @@ impl NodeCgroups {
         Ok(cgroups)
     }
 
-    /// The node's cgroup directory (what its observer's `--cgroup-scope` names).
+    /// Returns the node's cgroup directory (what its observer's `--cgroup-scope` names).
     pub fn node_dir(&self, node: usize) -> &Path {
         &self.nodes[node]
     }
 
-    /// The file a process writes to join the node's cgroup.
+    /// Returns the file a process writes to join the node's cgroup.
     pub fn procs_file(&self, node: usize) -> PathBuf {
         self.nodes[node].join("cgroup.procs")
     }
 
-    /// Pids of the processes in the node's cgroup.
+    /// Returns the pids of the processes in the node's cgroup.
     pub fn pids(&self, node: usize) -> Vec<u32> {
         read_pids(&self.procs_file(node))
     }
@@ -100,7 +105,7 @@ impl Drop for NodeCgroups {
     }
 }
 
-/// Where the cgroup v2 hierarchy is mounted whole (its root, not a sub-tree), if anywhere.
+/// Finds where the cgroup v2 hierarchy is mounted whole (its root, not a sub-tree), if anywhere.
 fn mounted_hierarchy() -> Option<PathBuf> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     mountinfo.lines().find_map(|line| {
@@ -116,7 +121,7 @@ fn mounted_hierarchy() -> Option<PathBuf> {
     })
 }
 
-/// The directory where the lab named `prefix` mounts the hierarchy itself.
+/// Returns the directory where the lab named `prefix` mounts the hierarchy itself.
 fn own_mount_point(prefix: &str) -> PathBuf {
     std::env::temp_dir().join(format!("{prefix}-cgroup2"))
 }

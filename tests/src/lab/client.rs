@@ -1,5 +1,5 @@
-//! Lab clients: users that connect through the proxy with the OpenIM SDK's query and note when
-//! each pushed message arrives on their WebSocket.
+//! Connects the lab's clients: users that connect through the proxy with the OpenIM SDK's query and
+//! note when each pushed message arrives on their WebSocket.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -20,10 +20,10 @@ use crate::lab::stack::AddressFamily;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// (user id, clientMsgID) → when the message arrived.
+/// Maps (user id, clientMsgID) to when the message arrived.
 pub type Arrivals = Arc<Mutex<HashMap<(String, String), Instant>>>;
 
-/// A connected user; dropping it closes the WebSocket.
+/// Holds a connected user; dropping it closes the WebSocket.
 pub struct Client {
     pub user_id: String,
     /// The credential this client sent in its upgrade query.
@@ -42,7 +42,7 @@ impl Drop for Client {
 }
 
 impl Client {
-    /// A user whose WebSocket a client program holds.
+    /// Returns a user whose WebSocket a client program holds.
     pub fn external(user_id: String, token: String) -> Self {
         Self {
             user_id,
@@ -52,8 +52,12 @@ impl Client {
     }
 }
 
-/// A fresh secret-looking JWT-shaped token (random; never logged or written by the lab, and
+/// Returns a fresh secret-looking JWT-shaped token (random; never logged or written by the lab, and
 /// kept in memory only so tests can prove no observer output contains it).
+///
+/// # Errors
+///
+/// Fails when the kernel's random bytes cannot be read.
 pub fn token() -> anyhow::Result<String> {
     let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
     let claims = URL_SAFE_NO_PAD.encode(random_bytes::<48>()?);
@@ -68,7 +72,11 @@ fn operation_id() -> anyhow::Result<String> {
         .collect())
 }
 
-/// The upgrade URL the SDK opens, with the user's query.
+/// Returns the upgrade URL the SDK opens, with the user's query.
+///
+/// # Errors
+///
+/// Fails when the kernel's random bytes (for the operation id) cannot be read.
 pub fn upgrade_url(
     proxy: SocketAddr,
     user_id: &str,
@@ -81,8 +89,12 @@ pub fn upgrade_url(
     ))
 }
 
-/// A TCP connection to an IPv4 `address`: from an IPv4 socket, or from an IPv6 one to the
+/// Opens a TCP connection to an IPv4 `address`: from an IPv4 socket, or from an IPv6 one to the
 /// IPv4-mapped address.
+///
+/// # Errors
+///
+/// Fails when the socket cannot be made or the connect fails.
 pub async fn connect_tcp(address: SocketAddr, family: AddressFamily) -> std::io::Result<TcpStream> {
     match (family, address) {
         (AddressFamily::DualStack, SocketAddr::V4(v4)) => {
@@ -94,6 +106,11 @@ pub async fn connect_tcp(address: SocketAddr, family: AddressFamily) -> std::io:
 }
 
 /// Opens the user's WebSocket through the proxy at `proxy`, as the SDK does.
+///
+/// # Errors
+///
+/// Fails when the token or URL cannot be made, the TCP connect or WebSocket handshake fails, or it
+/// does not complete in time.
 pub async fn connect(
     proxy: SocketAddr,
     user_id: &str,

@@ -1,5 +1,5 @@
-//! The lab's control channel to its pods: JSON lines on the pod process's stdin (commands) and
-//! stdout (events). It is a pipe, not the network, so the observer never sees it as traffic.
+//! Carries the lab's control channel to its pods: JSON lines on the pod process's stdin (commands)
+//! and stdout (events). It is a pipe, not the network, so the observer never sees it as traffic.
 
 use std::io::Write;
 
@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::lab::truth::FloodReport;
 
-/// What a pod tells the lab.
+/// Names what a pod tells the lab.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum PodEvent {
@@ -55,7 +55,7 @@ pub enum PodEvent {
     },
 }
 
-/// What the lab asks the push pod to do.
+/// Names what the lab asks the push pod to do.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum PushCommand {
@@ -73,7 +73,7 @@ pub enum PushCommand {
     },
 }
 
-/// The push pod's account of one message: one gRPC call per gateway member.
+/// Holds the push pod's account of one message: one gRPC call per gateway member.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PushOutcome {
     pub client_msg_id: String,

@@ -1,5 +1,5 @@
-//! The Go and Python client stacks' processes (see [`crate::lab::stack`]) and the JSON lines the
-//! lab exchanges with them: push calls as raw protobuf bytes (the lab encodes and decodes
+//! Runs the Go and Python client stacks' processes (see [`crate::lab::stack`]) and the JSON lines
+//! the lab exchanges with them: push calls as raw protobuf bytes (the lab encodes and decodes
 //! OpenIM's messages), user connections and the messages that arrive on them.
 
 use std::process::Stdio;
@@ -74,9 +74,9 @@ struct CallAnswer {
     error: Option<String>,
 }
 
-/// The push pod's gRPC client when it is not tonic: one call at a time, each on a new connection
-/// that stays open (3.5.1's leak, as with tonic), or with the program's `--reuse` on the one
-/// connection it keeps per gateway (3.6 and later).
+/// Drives the push pod's gRPC client when it is not tonic: one call at a time, each on a new
+/// connection that stays open (3.5.1's leak, as with tonic), or with the program's `--reuse` on the
+/// one connection it keeps per gateway (3.6 and later).
 pub struct ExternalPush {
     _child: Child,
     stdin: ChildStdin,
@@ -85,6 +85,11 @@ pub struct ExternalPush {
 }
 
 impl ExternalPush {
+    /// Starts the client program in its `push` mode.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the program cannot be started with piped stdin and stdout.
     pub fn start(program: &ClientProgram) -> anyhow::Result<Self> {
         let (child, stdin, stdout) = spawn(program)?;
         Ok(Self {
@@ -96,6 +101,11 @@ impl ExternalPush {
     }
 
     /// Calls `method` on `target` with an encoded request; returns the encoded response.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the program cannot be written to, exits, does not answer in time, or answers with
+    /// an error, neither a response nor an error, or a line that is not JSON or base64.
     pub async fn call(
         &mut self,
         target: &str,
@@ -160,7 +170,7 @@ enum UserEvent {
     Arrived { user: String, client_msg_id: String },
 }
 
-/// The users' WebSocket clients when they are not tokio-tungstenite: one process holds every
+/// Drives the users' WebSocket clients when they are not tokio-tungstenite: one process holds every
 /// user's connection; arrivals go straight into the lab's [`Arrivals`].
 pub struct ExternalUsers {
     _child: Child,
@@ -176,6 +186,11 @@ impl Drop for ExternalUsers {
 }
 
 impl ExternalUsers {
+    /// Starts the client program in its `users` mode, its arrivals going into `arrivals`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the program cannot be started with piped stdin and stdout.
     pub fn start(program: &ClientProgram, arrivals: Arrivals) -> anyhow::Result<Self> {
         let (child, stdin, stdout) = spawn(program)?;
         let (sender, outcomes) = mpsc::unbounded_channel();
@@ -212,6 +227,11 @@ impl ExternalUsers {
 
     /// Asks for every user's connection (user id, upgrade URL) at once, then collects whether
     /// each connected, within `timeout`; a user the program never answered for failed.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the users cannot be sent to the program; a user that did not connect is reported
+    /// in its own result instead.
     pub async fn connect(
         &mut self,
         proxy: std::net::SocketAddr,

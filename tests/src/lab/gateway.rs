@@ -1,7 +1,8 @@
-//! The msggateway pod: WebSocket server on :80 that registers `sendID`/`platformID` sessions, and
-//! the gRPC `msgGateway` service on :88 under the release's package name (`OpenIMServer.*` for
-//! 3.5 and 3.6, `openim.*` later) with upstream's push semantics: a user is delivered to only if
-//! it has a session on *this* gateway, and the answer lists what `hub_server.go` lists.
+//! Runs the msggateway pod: a WebSocket server on :80 that registers `sendID`/`platformID`
+//! sessions, and the gRPC `msgGateway` service on :88 under the release's package name
+//! (`OpenIMServer.*` for 3.5 and 3.6, `openim.*` later) with upstream's push semantics: a user is
+//! delivered to only if it has a session on *this* gateway, and the answer lists what
+//! `hub_server.go` lists.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,21 +26,23 @@ use crate::proto::msggateway::{
 };
 use crate::proto::sdkws::MsgData;
 
+/// Numbers the gateway's WebSocket port.
 pub const WEBSOCKET_PORT: u16 = 80;
+/// Numbers the gateway's gRPC port.
 pub const GRPC_PORT: u16 = 88;
 
-/// OpenIM's ResultCode for a platform connection the message was written to.
+/// Holds OpenIM's ResultCode for a platform connection the message was written to.
 const RESULT_OK: i64 = 0;
-/// OpenIM's ResultCode for a failed write.
+/// Holds OpenIM's ResultCode for a failed write.
 const RESULT_WRITE_FAILED: i64 = -2;
-/// OpenIM's ResultCode for an iOS client in the background, which is not written to.
+/// Holds OpenIM's ResultCode for an iOS client in the background, which is not written to.
 const RESULT_IOS_BACKGROUND: i64 = -3;
-/// OpenIM's platform ids of the push terminals, the only ones a successful write is listed for
-/// (`pushTerminal` in `hub_server.go`).
+/// Numbers OpenIM's platform ids of the push terminals, the only ones a successful write is listed
+/// for (`pushTerminal` in `hub_server.go`).
 const IOS: i32 = 1;
 const ANDROID: i32 = 2;
 
-/// One client WebSocket: a user on one platform.
+/// Holds one client WebSocket: a user on one platform.
 struct Session {
     id: u64,
     platform_id: i32,
@@ -48,7 +51,7 @@ struct Session {
     frames: mpsc::UnboundedSender<Message>,
 }
 
-/// What the gateway tells push about one user: the platform entries and `onlinePush`.
+/// Holds what the gateway tells push about one user: the platform entries and `onlinePush`.
 #[derive(Default)]
 struct Delivery {
     resp: Vec<SingleMsgToUserPlatform>,
@@ -130,6 +133,11 @@ pub struct GatewayArgs {
     pub openim: OpenImRelease,
 }
 
+/// Serves a gateway pod: its WebSocket port and its gRPC service, until it is told to stop.
+///
+/// # Errors
+///
+/// Fails when a port cannot be bound or the gRPC server fails.
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let sessions = Sessions::default();
     let websocket = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], WEBSOCKET_PORT)))
@@ -171,7 +179,7 @@ pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The HTTP/2 `:authority` of a call, kept for the handler (tonic hides pseudo-headers).
+/// Holds the HTTP/2 `:authority` of a call, kept for the handler (tonic hides pseudo-headers).
 #[derive(Clone)]
 struct Authority(String);
 
@@ -214,7 +222,7 @@ fn serve_release_service(
     request
 }
 
-/// What the gateway learned from a client's upgrade request.
+/// Holds what the gateway learned from a client's upgrade request.
 struct Upgrade {
     user_id: String,
     platform_id: i32,
@@ -222,8 +230,8 @@ struct Upgrade {
     host: String,
 }
 
-/// Go's `strconv.ParseBool`, as the gateway reads `isBackground`: anything else is an error,
-/// which the lab reads as false.
+/// Parses a bool as Go's `strconv.ParseBool` does, as the gateway reads `isBackground`: anything
+/// else is an error, which the lab reads as false.
 fn parse_go_bool(value: &str) -> Option<bool> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
@@ -327,8 +335,8 @@ struct GatewayService {
 }
 
 impl GatewayService {
-    /// Upstream's answer for one recipient: not connected here → an entry with only `userID`;
-    /// otherwise what [`Sessions::deliver`] lists.
+    /// Returns upstream's answer for one recipient: not connected here → an entry with only
+    /// `userID`; otherwise what [`Sessions::deliver`] lists.
     fn push_to(&self, user_id: &str, frame: &str) -> SingleMsgToUserResults {
         let delivery = self.sessions.deliver(user_id, frame).unwrap_or_default();
         SingleMsgToUserResults {
@@ -374,7 +382,7 @@ fn authority_of<T>(request: &GrpcRequest<T>) -> String {
         .unwrap_or_default()
 }
 
-/// The frame a client receives: ids only; the body stays opaque (the lab never inspects it).
+/// Builds the frame a client receives: ids only; the body stays opaque (the lab never inspects it).
 fn client_frame(msg_data: Option<&MsgData>) -> Result<String, Status> {
     let msg = msg_data.ok_or_else(|| Status::invalid_argument("msgData missing"))?;
     Ok(serde_json::json!({

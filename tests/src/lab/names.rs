@@ -1,14 +1,15 @@
-//! The lab's own name table: member host names → pod addresses. Pods get it on the command line
-//! instead of using the machine's resolver, so nothing outside the lab is consulted or changed.
+//! Resolves names with the lab's own name table: member host names → pod addresses. Pods get it on
+//! the command line instead of using the machine's resolver, so nothing outside the lab is
+//! consulted or changed.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 
 use thiserror::Error;
 
-/// What the proxy and push are told of the gateways, as OpenIM's are: the Helm instance and
-/// namespace their member strings are built from, `MY_MSGGATEWAY_REPLICACOUNT`, and the lab's
-/// name table to resolve the members with.
+/// Holds what the proxy and push are told of the gateways, as OpenIM's are: the Helm instance and
+/// namespace their member strings are built from, `MY_MSGGATEWAY_REPLICACOUNT`, and the lab's name
+/// table to resolve the members with.
 #[derive(clap::Args, Debug, Clone)]
 pub struct GatewayDeployment {
     #[arg(long)]
@@ -39,11 +40,12 @@ pub struct NameTable {
 }
 
 impl NameTable {
+    /// Names `ip` as `host`'s address.
     pub fn insert(&mut self, host: impl Into<String>, ip: Ipv4Addr) {
         self.hosts.insert(host.into(), ip);
     }
 
-    /// `host=ip,host=ip`, the form pods receive with `--names`.
+    /// Returns the table as `host=ip,host=ip`, the form pods receive with `--names`.
     pub fn to_arg(&self) -> String {
         let mut entries: Vec<String> = self
             .hosts
@@ -54,6 +56,11 @@ impl NameTable {
         entries.join(",")
     }
 
+    /// Reads a table from its `--names` form, `host=ip,host=ip`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when an entry has no `=` or its address is not IPv4.
     pub fn parse_arg(arg: &str) -> Result<Self, NameError> {
         let mut table = Self::default();
         for entry in arg.split(',').filter(|entry| !entry.is_empty()) {
@@ -69,6 +76,10 @@ impl NameTable {
     }
 
     /// Resolves `host` or `host:port` (as a dialer would: no port means `default_port`).
+    ///
+    /// # Errors
+    ///
+    /// Fails when the port is not a number or the table does not name the host.
     pub fn resolve(&self, authority: &str, default_port: u16) -> Result<SocketAddr, NameError> {
         let (host, port) = split_port(authority, default_port)?;
         let ip = self
@@ -80,6 +91,10 @@ impl NameTable {
 }
 
 /// Splits `host:port`; a name without `:` uses `default_port`.
+///
+/// # Errors
+///
+/// Fails when the port after `:` is not a number.
 pub fn split_port(authority: &str, default_port: u16) -> Result<(&str, u16), NameError> {
     match authority.rsplit_once(':') {
         Some((host, port)) => port
@@ -90,7 +105,11 @@ pub fn split_port(authority: &str, default_port: u16) -> Result<(&str, u16), Nam
     }
 }
 
-/// Random bytes from the kernel, for credentials and ids that must not repeat across runs.
+/// Reads random bytes from the kernel, for credentials and ids that must not repeat across runs.
+///
+/// # Errors
+///
+/// Fails when /dev/urandom cannot be opened or read.
 pub fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
     use std::io::Read;
     let mut bytes = [0u8; N];

@@ -1,6 +1,6 @@
-//! Pod networking: one bridge per lab run, one network namespace per pod, joined by a veth pair,
-//! all on a private 10.244.X.0/24 like a Kubernetes node's pod CIDR. Namespaces get no default
-//! route, so pods can reach only each other and the bridge address.
+//! Sets up pod networking: one bridge per lab run, one network namespace per pod, joined by a veth
+//! pair, all on a private 10.244.X.0/24 like a Kubernetes node's pod CIDR. Namespaces get no
+//! default route, so pods can reach only each other and the bridge address.
 //!
 //! Every name starts with the run's prefix (`oil<pid><letter>`), so parallel and leftover runs
 //! never clash; link names stay within the kernel's 15 characters.
@@ -24,6 +24,10 @@ pub enum NetError {
 }
 
 /// Runs `ip` with the arguments and returns its stdout.
+///
+/// # Errors
+///
+/// Fails when `ip` cannot be run or exits unsuccessfully (the error holds its stderr).
 pub fn ip(args: &[&str]) -> Result<String, NetError> {
     let output = Command::new("ip")
         .args(args)
@@ -39,6 +43,11 @@ pub fn ip(args: &[&str]) -> Result<String, NetError> {
     }
 }
 
+/// Checks that the process runs as root, which the lab's networking needs.
+///
+/// # Errors
+///
+/// Fails with the effective uid when it is not 0.
 pub fn require_root() -> Result<(), NetError> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let uid = unsafe { libc::geteuid() };
@@ -49,15 +58,15 @@ pub fn require_root() -> Result<(), NetError> {
     }
 }
 
-/// A new prefix for this process's next lab: `oil<pid><letter>`, the letter telling apart labs
-/// that one process starts one after another.
+/// Returns a new prefix for this process's next lab: `oil<pid><letter>`, the letter telling apart
+/// labs that one process starts one after another.
 pub fn new_prefix() -> String {
     static NEXT: AtomicU8 = AtomicU8::new(0);
     let letter = (b'a' + NEXT.fetch_add(1, Ordering::Relaxed) % 26) as char;
     format!("oil{}{letter}", std::process::id())
 }
 
-/// The pid a lab name was made by, if the name is a lab name.
+/// Returns the pid a lab name was made by, if the name is a lab name.
 fn owner_pid(name: &str) -> Option<u32> {
     let digits: String = name
         .strip_prefix("oil")?
@@ -74,6 +83,7 @@ pub fn is_orphan(name: &str) -> bool {
     owner_pid(name).is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
 }
 
+/// Removes the namespaces and links of lab runs whose process is gone.
 pub fn sweep_leftovers() {
     if let Ok(list) = ip(&["netns", "list"]) {
         for name in list
@@ -94,13 +104,17 @@ pub fn sweep_leftovers() {
     }
 }
 
-/// The interface name in a line of `ip -o link show` (`7: name@peer: <...`).
+/// Returns the interface name in a line of `ip -o link show` (`7: name@peer: <...`).
 fn link_name(line: &str) -> Option<String> {
     let name = line.split(": ").nth(1)?;
     Some(name.split('@').next()?.to_owned())
 }
 
-/// Lab namespaces and links whose names start with `prefix` (for leak checks).
+/// Lists the lab namespaces and links whose names start with `prefix` (for leak checks).
+///
+/// # Errors
+///
+/// Fails when `ip` cannot list the namespaces or links.
 pub fn leftovers(prefix: &str) -> Result<Vec<String>, NetError> {
     let mut found: Vec<String> = ip(&["netns", "list"])?
         .lines()
@@ -118,7 +132,7 @@ pub fn leftovers(prefix: &str) -> Result<Vec<String>, NetError> {
     Ok(found)
 }
 
-/// A pod's network identity.
+/// Holds a pod's network identity.
 #[derive(Clone, Debug)]
 pub struct PodNet {
     pub netns: String,
@@ -128,6 +142,10 @@ pub struct PodNet {
 /// Turns IPv6 off inside `netns`, so that client libraries that prefer dual-stack sockets when
 /// IPv6 is available (gRPC C-core opens AF_INET6 sockets to IPv4-mapped addresses even for an
 /// `ipv4:` target) use IPv4 ones. Nothing to do on a kernel without IPv6.
+///
+/// # Errors
+///
+/// Fails when `ip netns exec` cannot write the setting.
 pub fn disable_ipv6(netns: &str) -> Result<(), NetError> {
     write_setting(netns, "/proc/sys/net/ipv6/conf/all/disable_ipv6", "1")
 }
@@ -152,11 +170,15 @@ fn write_setting(netns: &str, path: &str, value: &str) -> Result<(), NetError> {
 /// fell from 2,000 pushes a second to 260 after about 60 s (72,000 sockets in TIME_WAIT),
 /// every `connect` searching the port range, and recovered only as they expired; with it,
 /// 2,200–2,400 a second throughout 100 s.
+///
+/// # Errors
+///
+/// Fails when `ip netns exec` cannot write the setting.
 pub fn reuse_time_wait_ports(netns: &str) -> Result<(), NetError> {
     write_setting(netns, "/proc/sys/net/ipv4/tcp_tw_reuse", "1")
 }
 
-/// The bridge and the pod namespaces of one lab run; dropping it removes them all.
+/// Holds the bridge and the pod namespaces of one lab run; dropping it removes them all.
 #[derive(Debug)]
 pub struct Network {
     prefix: String,
@@ -167,6 +189,11 @@ pub struct Network {
 }
 
 impl Network {
+    /// Creates the lab's bridge, named after `prefix`, on a free 10.244.X.0/24.
+    ///
+    /// # Errors
+    ///
+    /// Fails without root, when no subnet is free, or when an `ip` command fails.
     pub fn create(prefix: &str) -> Result<Self, NetError> {
         require_root()?;
         let subnet = free_subnet()?;
@@ -191,16 +218,21 @@ impl Network {
         Ok(network)
     }
 
+    /// Returns the name prefix of the lab's namespaces and links.
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
 
-    /// The root namespace's address on the bridge, from which the lab's clients connect.
+    /// Returns the root namespace's address on the bridge, from which the lab's clients connect.
     pub fn bridge_ip(&self) -> Ipv4Addr {
         Ipv4Addr::new(10, 244, self.subnet, 1)
     }
 
     /// Creates namespace `<prefix>-<pod>` with `eth0` at 10.244.X.`host`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when an `ip` command fails.
     pub fn add_pod(&mut self, pod: &str, host: u8) -> Result<PodNet, NetError> {
         let netns = format!("{}-{pod}", self.prefix);
         ip(&["netns", "add", &netns])?;
@@ -242,8 +274,8 @@ impl Drop for Network {
     }
 }
 
-/// The first 10.244.X.0/24 that no interface address or route on the machine uses, starting at
-/// a pid-derived X so that parallel runs rarely even try the same one.
+/// Finds the first 10.244.X.0/24 that no interface address or route on the machine uses, starting
+/// at a pid-derived X so that parallel runs rarely even try the same one.
 fn free_subnet() -> Result<u8, NetError> {
     let in_use = format!(
         "{}\n{}",

@@ -1,5 +1,5 @@
-//! Pod processes: `ip netns exec <ns> <openim-lab binary> <role> ...`, so each pod is a separate
-//! process in its own namespace (as in Kubernetes), observable with its own pid and comm.
+//! Runs pod processes: `ip netns exec <ns> <openim-lab binary> <role> ...`, so each pod is a
+//! separate process in its own namespace (as in Kubernetes), observable with its own pid and comm.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -39,7 +39,7 @@ pub enum PodError {
     },
 }
 
-/// What the gateways and the proxy report while the lab runs (its raw ground truth).
+/// Records what the gateways and the proxy report while the lab runs (its raw ground truth).
 #[derive(Debug, Default)]
 pub struct Observations {
     /// user → (gateway index, Host header of the upgrade).
@@ -69,6 +69,7 @@ fn join_cgroup(procs: &std::ffi::CStr) -> std::io::Result<()> {
     }
 }
 
+/// Holds a running pod process and the channel of its events.
 pub struct PodProcess {
     label: String,
     child: Child,
@@ -80,6 +81,11 @@ pub struct PodProcess {
 impl PodProcess {
     /// Starts `binary role_args...` inside `netns`, and inside the cgroup whose `cgroup.procs`
     /// is `cgroup_procs` if one is given. `gateway_index` tags the gateway's reports.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the arguments hold a NUL byte, or the process cannot be started or has no stdout
+    /// pipe.
     pub fn spawn(
         binary: &Path,
         netns: &str,
@@ -149,15 +155,21 @@ impl PodProcess {
         })
     }
 
+    /// Returns the pod's label, as errors name it.
     pub fn label(&self) -> &str {
         &self.label
     }
 
+    /// Returns the pod process's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
     }
 
     /// Waits for the first reply `accept` takes, skipping others.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the pod refuses, exits before the reply, or does not reply within `timeout`.
     pub async fn wait_for<T>(
         &mut self,
         waiting_for: &str,
@@ -199,6 +211,11 @@ impl PodProcess {
             })
     }
 
+    /// Waits up to 10 s for the pod to report that it is ready.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the pod refuses, exits, or is not ready in time.
     pub async fn wait_ready(&mut self) -> Result<(), PodError> {
         self.wait_for("ready", Duration::from_secs(10), |event| {
             matches!(event, PodEvent::Ready).then_some(())
@@ -206,6 +223,11 @@ impl PodProcess {
         .await
     }
 
+    /// Sends `command` to the pod as one JSON line on its stdin.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the pod's stdin is closed or cannot be written.
     pub async fn send(&mut self, command: &PushCommand) -> Result<(), PodError> {
         let command_error = |source| PodError::Command {
             label: self.label.clone(),
@@ -228,7 +250,7 @@ impl PodProcess {
         })
     }
 
-    /// SIGTERM: a proxy stops accepting and keeps its relays; other roles exit.
+    /// Sends SIGTERM: a proxy stops accepting and keeps its relays; other roles exit.
     pub fn terminate(&self) {
         if let Some(pid) = self.child.id().and_then(|pid| i32::try_from(pid).ok()) {
             // SAFETY: kill has no memory effects; the pid is our own unreaped child.

@@ -1,6 +1,6 @@
-//! The msggateway-proxy pod: accepts client WebSockets on its own port (10002), hashes `sendID`
-//! over its member
-//! list and relays the client to `ws://<member><original path and query>` with `Host: <member>`.
+//! Runs the msggateway-proxy pod: accepts client WebSockets on its own port (10002), hashes
+//! `sendID` over its member list and relays the client to `ws://<member><original path and query>`
+//! with `Host: <member>`.
 //!
 //! Restarts (scale-out) follow a graceful drain: on SIGTERM the proxy closes its listener, says
 //! so, and keeps relaying the connections it has; the lab then starts the next proxy process in
@@ -26,8 +26,8 @@ use crate::lab::control::{PodEvent, emit};
 use crate::lab::gateway::WEBSOCKET_PORT;
 use crate::lab::names::{GatewayDeployment, NameTable, split_port};
 
-/// Where clients reach the proxy. Not a gateway port: the observer watches gateway ports only,
-/// and a client's upgrade to the proxy is no placement on a gateway.
+/// Numbers the port where clients reach the proxy. Not a gateway port: the observer watches gateway
+/// ports only, and a client's upgrade to the proxy is no placement on a gateway.
 pub const PROXY_PORT: u16 = 10002;
 const HEAD_LIMIT: usize = 16 * 1024;
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -41,7 +41,7 @@ pub struct ProxyArgs {
     pub gateways: GatewayDeployment,
 }
 
-/// Which gateway the proxy picks for a user and how it dials it.
+/// Says which gateway the proxy picks for a user and how it dials it.
 #[derive(Debug, Clone)]
 pub struct Route {
     /// The ring member the user hashes to.
@@ -50,12 +50,18 @@ pub struct Route {
     pub dial: String,
 }
 
+/// Picks a user's gateway as the proxy does: a ring over its members, dialled as `mode` says.
 pub struct Router {
     mode: ProxyMode,
     ring: Ring,
 }
 
 impl Router {
+    /// Builds the ring over `replicas` members of `template`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `template` is not a member template.
     pub fn new(
         mode: ProxyMode,
         instance: &str,
@@ -73,6 +79,11 @@ impl Router {
         })
     }
 
+    /// Returns the gateway the proxy picks for `user_id`, and how it dials it.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the ring is empty or the member's port is not a number.
     pub fn route(&self, user_id: &str) -> anyhow::Result<Route> {
         let member = self.ring.get(user_id)?.to_owned();
         let dial = match self.mode {
@@ -85,6 +96,12 @@ impl Router {
     }
 }
 
+/// Serves the proxy pod until SIGTERM, relaying each client to its gateway.
+///
+/// # Errors
+///
+/// Fails when the router or name table cannot be built, or the proxy port or SIGTERM handler cannot
+/// be set up.
 pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let router = std::sync::Arc::new(Router::new(
         args.mode,
@@ -118,8 +135,8 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The request target (`/path?query`) of the client's upgrade, read without consuming it so
-/// that the WebSocket handshake can still read the request afterwards.
+/// Peeks at the request target (`/path?query`) of the client's upgrade, read without consuming it
+/// so that the WebSocket handshake can still read the request afterwards.
 async fn peek_request_target(client: &TcpStream) -> anyhow::Result<String> {
     let mut head = vec![0u8; HEAD_LIMIT];
     let peek = async {

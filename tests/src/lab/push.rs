@@ -1,12 +1,12 @@
-//! The push pod, as OpenIM 3.5.1 push in Kubernetes mode: hashes every recipient over the
-//! `…:88` members, groups recipients by member, and for each member opens a **new** gRPC
-//! connection (`:authority` = member string) and calls `SuperGroupOnlineBatchPushOneMsg`.
-//! The connections are never closed (3.5.1's leak): the channels stay in a Vec.
-//! With `--reuse-connections`, as later OpenIM versions and pooled clients do, it keeps one
-//! connection per member instead and makes every call on it.
-//! `--openim` picks the call's `:path` (the release's service name); where the release and
-//! `--discovery` broadcast (see [`OpenImRelease::routing`]), push sends every recipient to every
-//! gateway, dialled by its pod address (`:authority` `ip:88`), the calls made concurrently.
+//! Runs the push pod, as OpenIM 3.5.1 push in Kubernetes mode: hashes every recipient over the
+//! `…:88` members, groups recipients by member, and for each member opens a **new** gRPC connection
+//! (`:authority` = member string) and calls `SuperGroupOnlineBatchPushOneMsg`. The connections are
+//! never closed (3.5.1's leak): the channels stay in a Vec. With `--reuse-connections`, as later
+//! OpenIM versions and pooled clients do, it keeps one connection per member instead and makes
+//! every call on it. `--openim` picks the call's `:path` (the release's service name); where the
+//! release and `--discovery` broadcast (see [`OpenImRelease::routing`]), push sends every recipient
+//! to every gateway, dialled by its pod address (`:authority` `ip:88`), the calls made
+//! concurrently.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -34,9 +34,9 @@ use crate::proto::msggateway::{OnlineBatchPushOneMsgReq, OnlineBatchPushOneMsgRe
 use crate::proto::sdkws::MsgData;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-/// OpenIM's SuperGroupChatType.
+/// Numbers OpenIM's SuperGroupChatType.
 const SUPER_GROUP_SESSION: i32 = 3;
-/// OpenIM's Text content type.
+/// Numbers OpenIM's Text content type.
 const TEXT_CONTENT: i32 = 101;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -63,7 +63,7 @@ pub struct PushArgs {
     pub client_args: Vec<String>,
 }
 
-/// One call's destination: the `:authority`, the address dialled, the recipients carried.
+/// Holds one call's destination: the `:authority`, the address dialled, the recipients carried.
 struct Target {
     member: String,
     address: SocketAddr,
@@ -86,6 +86,12 @@ struct Pusher {
     external: Option<ExternalPush>,
 }
 
+/// Serves the push pod: runs the lab's commands from stdin and reports each outcome on stdout.
+///
+/// # Errors
+///
+/// Fails when its arguments (member template, path, name table, client program) are unusable or
+/// stdin cannot be read; a failed command is reported, not returned.
 pub async fn run(args: PushArgs) -> anyhow::Result<()> {
     let members = MemberTemplate::parse(PUSH_MEMBER_TEMPLATE)?.members(
         &args.gateways.instance,
@@ -178,7 +184,7 @@ fn request(msg: &MsgData, users: &[String]) -> OnlineBatchPushOneMsgReq {
     }
 }
 
-/// The gateway's answer per recipient, in the order it answered.
+/// Returns the gateway's answer per recipient, in the order it answered.
 fn user_results(response: OnlineBatchPushOneMsgResp) -> Vec<UserPushResult> {
     response
         .single_push_result
@@ -191,7 +197,7 @@ fn user_results(response: OnlineBatchPushOneMsgResp) -> Vec<UserPushResult> {
         .collect()
 }
 
-/// A new connection to `member`: `:authority` is the member string, while the TCP connection
+/// Opens a new connection to `member`: `:authority` is the member string, while the TCP connection
 /// goes to the pod address from the lab's name table (the cluster DNS stand-in).
 async fn connect(
     member: &str,
@@ -234,8 +240,8 @@ async fn unary_call(
 }
 
 impl Pusher {
-    /// Each call's destination: per ring member with its recipients (in member order), or every
-    /// gateway by address with every recipient.
+    /// Returns each call's destination: per ring member with its recipients (in member order), or
+    /// every gateway by address with every recipient.
     fn targets(&self, recipients: &[String]) -> anyhow::Result<Vec<Target>> {
         let mut targets = Vec::new();
         match self.routing {
@@ -306,7 +312,8 @@ impl Pusher {
         })
     }
 
-    /// The channel a call to `member` goes on: the member's kept one, or a new one (kept open).
+    /// Returns the channel a call to `member` goes on: the member's kept one, or a new one (kept
+    /// open).
     async fn channel(&mut self, member: &str, address: SocketAddr) -> anyhow::Result<Channel> {
         if let Some(reused) = self.reused.as_mut() {
             if let Some(channel) = reused.get(member) {

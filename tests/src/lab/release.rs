@@ -1,19 +1,19 @@
-//! The OpenIM releases the lab speaks and how each one's push reaches the gateways, as read in
-//! open-im-server and OpenIMSDK/protocol at their tags (see `../shared/openim/NOTES.md`, "Later
+//! Names the OpenIM releases the lab speaks and how each one's push reaches the gateways, as read
+//! in open-im-server and OpenIMSDK/protocol at their tags (see `../shared/openim/NOTES.md`, "Later
 //! releases"): the gRPC service name, whether push keeps its connections, whether the gateway
 //! answers in request order, and whether push hashes recipients over a ring or sends every
 //! recipient to every gateway.
 
 use serde::{Deserialize, Serialize};
 
-/// The gRPC service of protocol v0.0.42 to v0.0.57 (OpenIM 3.5 and 3.6).
+/// Names the gRPC service of protocol v0.0.42 to v0.0.57 (OpenIM 3.5 and 3.6).
 pub const SERVICE_3_5: &str = "OpenIMServer.msggateway.msgGateway";
-/// The same service after protocol v0.0.58 renamed the package (OpenIM 3.7 and later).
+/// Names the same service after protocol v0.0.58 renamed the package (OpenIM 3.7 and later).
 pub const SERVICE_3_7: &str = "openim.msggateway.msgGateway";
-/// The method push calls for a group message.
+/// Names the method push calls for a group message.
 pub const SUPER_GROUP_PUSH: &str = "SuperGroupOnlineBatchPushOneMsg";
 
-/// An OpenIM release line.
+/// Names an OpenIM release line.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, Serialize, Deserialize,
 )]
@@ -42,7 +42,7 @@ pub enum OpenImRelease {
     Main,
 }
 
-/// Where push learns the gateways from.
+/// Says where push learns the gateways from.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, clap::ValueEnum, Serialize, Deserialize,
 )]
@@ -55,7 +55,7 @@ pub enum Discovery {
     Etcd,
 }
 
-/// How push splits one message's recipients over the gateways.
+/// Says how push splits one message's recipients over the gateways.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PushRouting {

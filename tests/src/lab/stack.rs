@@ -1,9 +1,9 @@
-//! Client stacks: which libraries make push's gRPC calls and the users' WebSocket connections,
-//! and over which socket family. The lab's own stack is Rust (tonic, tokio-tungstenite); the Go
-//! stack (`tests/clients/go`: grpc-go and gorilla/websocket, what OpenIM itself uses) and the
-//! Python stack (`tests/clients/python`: grpcio, the gRPC C-core, and websockets) are separate
-//! programs the lab drives over JSON lines on their stdin and stdout. Gateways and proxy stay
-//! the lab's own.
+//! Names the client stacks: which libraries make push's gRPC calls and the users' WebSocket
+//! connections, and over which socket family. The lab's own stack is Rust (tonic,
+//! tokio-tungstenite); the Go stack (`tests/clients/go`: grpc-go and gorilla/websocket, what OpenIM
+//! itself uses) and the Python stack (`tests/clients/python`: grpcio, the gRPC C-core, and
+//! websockets) are separate programs the lab drives over JSON lines on their stdin and stdout.
+//! Gateways and proxy stay the lab's own.
 //!
 //! The Go program is built in GOPATH mode against Debian's packages; the Python one runs from
 //! the virtualenv `cargo xtask setup` makes under `target/tools`. [`ClientStack::unavailable`]
@@ -16,21 +16,21 @@ use std::sync::OnceLock;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-/// Where Debian's `golang-*-dev` packages put their sources (GOPATH mode).
+/// Names where Debian's `golang-*-dev` packages put their sources (GOPATH mode).
 pub const DEBIAN_GOPATH: &str = "/usr/share/gocode";
-/// The Debian packages the Go stack builds against, besides `golang-go`.
+/// Lists the Debian packages the Go stack builds against, besides `golang-go`.
 pub const GO_PACKAGES: [&str; 3] = [
     "golang-go",
     "golang-google-grpc-dev",
     "golang-github-gorilla-websocket-dev",
 ];
-/// The Python stack's virtualenv, relative to the workspace (made by `cargo xtask setup`, see
+/// Names the Python stack's virtualenv, relative to the workspace (made by `cargo xtask setup`, see
 /// xtask/src/client_stacks.rs).
 pub const PYTHON_VENV: &str = "target/tools/python-clients";
-/// The Python stack's pinned packages, relative to the workspace.
+/// Names the Python stack's pinned packages, relative to the workspace.
 pub const PYTHON_REQUIREMENTS: &str = "tests/clients/python/requirements.txt";
 
-/// The libraries behind the lab's clients.
+/// Names the libraries behind the lab's clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ClientStack {
@@ -42,7 +42,7 @@ pub enum ClientStack {
     Python,
 }
 
-/// The sockets the clients connect from.
+/// Names the sockets the clients connect from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AddressFamily {
@@ -53,6 +53,7 @@ pub enum AddressFamily {
 }
 
 impl AddressFamily {
+    /// Returns the family as `--family` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ipv4 => "ipv4",
@@ -61,7 +62,7 @@ impl AddressFamily {
     }
 }
 
-/// A client program and its arguments, for one mode (`push` or `users`).
+/// Holds a client program and its arguments, for one mode (`push` or `users`).
 #[derive(Clone, Debug)]
 pub struct ClientProgram {
     pub program: PathBuf,
@@ -69,6 +70,7 @@ pub struct ClientProgram {
 }
 
 impl ClientProgram {
+    /// Returns a command that runs the program with its arguments.
     pub fn command(&self) -> Command {
         let mut command = Command::new(&self.program);
         command.args(&self.args);
@@ -77,6 +79,7 @@ impl ClientProgram {
 }
 
 impl ClientStack {
+    /// Returns the stack's name: `rust`, `go` or `python`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Rust => "rust",
@@ -85,7 +88,7 @@ impl ClientStack {
         }
     }
 
-    /// Why this machine cannot run the stack, if it cannot.
+    /// Says why this machine cannot run the stack, if it cannot.
     pub fn unavailable(self) -> Option<String> {
         match self {
             Self::Rust => None,
@@ -94,7 +97,12 @@ impl ClientStack {
         }
     }
 
-    /// The external program for `mode` (`push` or `users`); `None` for the lab's own stack.
+    /// Returns the external program for `mode` (`push` or `users`); `None` for the lab's own stack.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the Go stack's binary cannot be built, or the Python stack's interpreter lacks
+    /// its packages.
     pub fn program(
         self,
         mode: &str,
@@ -126,7 +134,7 @@ fn workspace_root() -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
-/// The Go stack's binary, built once per process (go's own cache makes rebuilds quick).
+/// Builds the Go stack's binary, built once per process (go's own cache makes rebuilds quick).
 fn go_binary() -> Result<PathBuf, String> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
@@ -168,8 +176,8 @@ fn build_go() -> anyhow::Result<PathBuf> {
     Ok(binary)
 }
 
-/// The Python stack's interpreter: `$OPENIM_LAB_PYTHON`, else the project's virtualenv, as long
-/// as it has grpcio and websockets.
+/// Finds the Python stack's interpreter: `$OPENIM_LAB_PYTHON`, else the project's virtualenv, as
+/// long as it has grpcio and websockets.
 fn python() -> Result<PathBuf, String> {
     let python = std::env::var_os("OPENIM_LAB_PYTHON").map_or_else(
         || workspace_root().join(PYTHON_VENV).join("bin/python"),

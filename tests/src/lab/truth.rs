@@ -1,4 +1,5 @@
-//! Ground truth: what really happened in a lab run, for checking an observer's conclusions.
+//! Records the ground truth: what really happened in a lab run, for checking an observer's
+//! conclusions.
 
 use std::io::Write;
 use std::path::Path;
@@ -53,7 +54,7 @@ pub struct UserTruth {
     pub miss_cause: Option<MissCause>,
 }
 
-/// Why a connected user's message went to a gateway that does not hold its WebSocket, spelled
+/// Says why a connected user's message went to a gateway that does not hold its WebSocket, spelled
 /// as the observer's `route_mismatch` `cause`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -127,7 +128,8 @@ pub struct Summary {
     pub realtime_timeout_ms: u64,
 }
 
-/// Push-loop benchmark result; latencies cover connect + call, as push pays both per message.
+/// Holds the push-loop benchmark's result; latencies cover connect + call, as push pays both per
+/// message.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FloodReport {
     pub calls: u64,
@@ -140,7 +142,12 @@ pub struct FloodReport {
 }
 
 impl GroundTruth {
-    /// JSON lines: one `{"user": ...}` per user, then `{"gateways": ...}` and `{"summary": ...}`.
+    /// Writes the truth as JSON lines: one `{"user": ...}` per user, then `{"gateways": ...}` and
+    /// `{"summary": ...}`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `out` cannot be written.
     pub fn write_json_lines(&self, mut out: impl Write) -> std::io::Result<()> {
         for user in &self.users {
             writeln!(out, "{}", serde_json::json!({ "user": user }))?;
@@ -163,6 +170,11 @@ impl GroundTruth {
         out.flush()
     }
 
+    /// Writes the truth's JSON lines to a new file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the file cannot be created or written.
     pub fn write_file(&self, path: &Path) -> std::io::Result<()> {
         let file = std::fs::File::create(path)?;
         self.write_json_lines(std::io::BufWriter::new(file))
