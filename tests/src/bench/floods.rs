@@ -1,4 +1,4 @@
-//! 1. The push flood: rounds of segments under each watcher, and their report.
+//! Runs benchmark 1, the push flood: rounds of segments under each watcher, and their report.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,10 +13,11 @@ use super::statistics::{median, noise_verdict, ratio_summary, verdict};
 use super::watchers::{WatcherCounts, WatcherProcess, start_watcher, stop_watcher};
 use super::{BenchConfig, TARGET_LOSS_PERCENT, Tools, Watcher};
 
-/// The gateways' ports, watched by default by the observer: gRPC (push) and WebSocket (proxy).
+/// Lists the gateways' ports, watched by default by the observer: gRPC (push) and WebSocket
+/// (proxy).
 const GATEWAY_PORTS: [u16; 2] = [88, 80];
 const WARM_UP: Duration = Duration::from_secs(2);
-/// The p99 push latency the observer may add (issue 13).
+/// Bounds the p99 push latency the observer may add (issue 13).
 const TARGET_P99_PERCENT: f64 = 5.0;
 
 pub(super) struct FloodRound {
@@ -26,8 +27,13 @@ pub(super) struct FloodRound {
     quiet: Quiet,
 }
 
-/// The push flood's `rounds`, then (with a packet hook and `watching_pairs`) watching's cost
-/// within one flood of the same lab.
+/// Measures the push flood's `rounds`, then (with a packet hook and `watching_pairs`) watching's
+/// cost within one flood of the same lab.
+///
+/// # Errors
+///
+/// Fails when the lab does not start, a flood fails, a watcher does not start or stop, or the
+/// observer's watched-port map cannot be found or switched.
 pub(super) async fn measure_pushes(
     config: &BenchConfig,
     tools: &Tools,
@@ -222,8 +228,8 @@ pub(super) fn render_floods(
     );
 }
 
-/// A watcher's rounds against no watcher's, pair by pair (the same round); a pair counts only
-/// when both of its segments started on a quiet machine.
+/// Compares a watcher's rounds against no watcher's, pair by pair (the same round); a pair counts
+/// only when both of its segments started on a quiet machine.
 struct PairRatios {
     throughput: Vec<f64>,
     p99: Vec<f64>,

@@ -1,4 +1,4 @@
-//! What watching costs (`openim-lab bench`, run by `cargo xtask bench`): figures, never a
+//! Measures what watching costs (`openim-lab bench`, run by `cargo xtask bench`): figures, never a
 //! verdict, since speed on a shared machine is no test.
 //!
 //! 1. Push throughput and latency of the lab's push loop (a new gRPC connection per call to
@@ -48,9 +48,10 @@ pub(crate) use statistics::median;
 use syscalls::{SyscallCosts, measure_syscalls, render_syscalls};
 use watchers::find_in_path;
 
-/// The throughput loss the observer is meant to stay under (issue 4).
+/// Bounds the throughput loss the observer is meant to stay under (issue 4).
 const TARGET_LOSS_PERCENT: f64 = 3.0;
 
+/// Holds what `openim-lab bench` measures, and how.
 pub struct BenchConfig {
     /// The observer under test (a release build).
     pub observer: PathBuf,
@@ -104,7 +105,7 @@ impl Watcher {
     }
 }
 
-/// What the watchers other than the observer need from this machine.
+/// Holds what the watchers other than the observer need from this machine.
 #[derive(Clone, Debug)]
 struct Tools {
     bpftrace: Option<PathBuf>,
@@ -133,8 +134,8 @@ impl Tools {
         tools
     }
 
-    /// Round `round` runs the watchers in a rotated order, so none always goes first; a
-    /// watcher whose tool is missing is skipped, and the control unless `control`.
+    /// Orders the watchers of round `round`, rotated, so none always goes first; a watcher whose
+    /// tool is missing is skipped, and the control unless `control`.
     fn order(&self, round: usize, control: bool) -> impl Iterator<Item = Watcher> + '_ {
         (0..Watcher::ALL.len())
             .map(move |step| Watcher::ALL[(round + step) % Watcher::ALL.len()])
@@ -147,7 +148,7 @@ impl Tools {
     }
 }
 
-/// Where a cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a
+/// Finds where a cgroup v2 hierarchy is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a
 /// hybrid host), from `/proc/self/mounts`.
 fn mounted_cgroup2() -> Option<PathBuf> {
     let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
@@ -159,6 +160,11 @@ fn mounted_cgroup2() -> Option<PathBuf> {
 }
 
 /// Runs both benchmarks and returns the report to print.
+///
+/// # Errors
+///
+/// Fails on zero rounds or writes, without root, when the observer binary is missing, or when a
+/// measurement fails.
 pub async fn run(config: BenchConfig) -> anyhow::Result<String> {
     ensure!(config.rounds >= 1, "at least one round");
     ensure!(config.writes >= 1, "at least one write per loop");

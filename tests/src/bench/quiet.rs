@@ -1,16 +1,17 @@
-//! Whether the machine is quiet enough for a segment to start.
+//! Says whether the machine is quiet enough for a segment to start.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-/// The machine counts as quiet when this share of all CPU time over one sample is idle.
+/// Sets the share of all CPU time over one sample that must be idle for the machine to count as
+/// quiet.
 const QUIET_IDLE_SHARE: f64 = 0.85;
 const QUIET_SAMPLE: Duration = Duration::from_millis(500);
-/// Past this a segment starts anyway and its round is flagged noisy.
+/// Bounds the wait for quiet: past this a segment starts anyway and its round is flagged noisy.
 const QUIET_WAIT: Duration = Duration::from_secs(20);
 
-/// What the idle check before a segment saw.
+/// Records what the idle check before a segment saw.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Quiet {
     pub(super) reached: bool,
@@ -19,7 +20,7 @@ pub(super) struct Quiet {
     pub(super) waited: Duration,
 }
 
-/// Idle and total jiffies over all CPUs, from the first line of /proc/stat.
+/// Returns the idle and total jiffies over all CPUs, from the first line of /proc/stat.
 fn cpu_jiffies() -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let fields: Vec<u64> = stat
@@ -60,6 +61,12 @@ fn wait_until_quiet() -> Quiet {
     }
 }
 
+/// Waits until the machine is quiet, as `wait_until_quiet` does, off the async threads; says so on
+/// stderr when it stayed busy.
+///
+/// # Errors
+///
+/// Fails when the blocking task panics or is cancelled.
 pub(super) async fn wait_until_quiet_async() -> anyhow::Result<Quiet> {
     let quiet = tokio::task::spawn_blocking(wait_until_quiet)
         .await

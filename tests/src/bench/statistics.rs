@@ -1,11 +1,12 @@
-//! How the push flood's pairs are judged: medians, ratios, verdicts only where noise cannot
-//! flip them, and the rank test against the control's pairs.
+//! Judges the push flood's pairs: medians, ratios, verdicts only where noise cannot flip them, and
+//! the rank test against the control's pairs.
 
-/// A verdict needs at least this many clean pairs: with fewer, their spread says nothing.
+/// Sets how many clean pairs a verdict needs at least: with fewer, their spread says nothing.
 const MIN_PAIRS_FOR_VERDICT: usize = 3;
-/// How unlikely under noise alone a watcher's ratios must be to count as outside it.
+/// Sets how unlikely under noise alone a watcher's ratios must be to count as outside it.
 const NOISE_SIGNIFICANCE: f64 = 0.05;
 
+/// Returns the median of `values`.
 pub(crate) fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
@@ -16,7 +17,7 @@ pub(crate) fn median(values: &[f64]) -> f64 {
     }
 }
 
-/// "within target" only when every clean pair is within, "over target" only when none is: a
+/// Returns "within target" only when every clean pair is within, "over target" only when none is: a
 /// verdict noise could flip is reported as inconclusive.
 pub(super) fn verdict(ratios: &[f64], within: impl Fn(f64) -> bool) -> String {
     let inside = ratios.iter().filter(|ratio| within(**ratio)).count();
@@ -37,12 +38,12 @@ pub(super) fn verdict(ratios: &[f64], within: impl Fn(f64) -> bool) -> String {
     }
 }
 
-/// Whether a watcher's throughput ratios differ from the control's, which are what noise alone
+/// Says whether a watcher's throughput ratios differ from the control's, which are what noise alone
 /// does to a pair: a one-sided rank test each way (Mann–Whitney, exact), so a segment a burst on
-/// the host slowed weighs as one rank, not by its size, as it would in a range or a mean.
-/// "below noise" when the watcher's ratios rank lower than the control's with a probability of
-/// at most `NOISE_SIGNIFICANCE` under noise alone, "above noise" when higher, "within noise"
-/// otherwise. With too few pairs on either side, inconclusive.
+/// the host slowed weighs as one rank, not by its size, as it would in a range or a mean. "below
+/// noise" when the watcher's ratios rank lower than the control's with a probability of at most
+/// `NOISE_SIGNIFICANCE` under noise alone, "above noise" when higher, "within noise" otherwise.
+/// With too few pairs on either side, inconclusive.
 pub(super) fn noise_verdict(ratios: &[f64], noise: &[f64]) -> String {
     if ratios.len() < MIN_PAIRS_FOR_VERDICT || noise.len() < MIN_PAIRS_FOR_VERDICT {
         return format!(
@@ -69,8 +70,8 @@ pub(super) fn noise_verdict(ratios: &[f64], noise: &[f64]) -> String {
     )
 }
 
-/// Were `first` and `second` drawn alike, the chance that `first` ranks at least this far below
-/// `second`: the upper tail of the Mann–Whitney U, the pairs in which `first`'s value is the
+/// Returns, were `first` and `second` drawn alike, the chance that `first` ranks at least this far
+/// below `second`: the upper tail of the Mann–Whitney U, the pairs in which `first`'s value is the
 /// smaller (a tie counts half, rounded down, which can only make the chance larger).
 fn chance_of_ranking_this_low(first: &[f64], second: &[f64]) -> f64 {
     let twice_u: usize = first
@@ -87,9 +88,9 @@ fn chance_of_ranking_this_low(first: &[f64], second: &[f64]) -> f64 {
     orderings[twice_u / 2..].iter().sum::<f64>() / total
 }
 
-/// For `n` values of one kind and `m` of another in a random order, how many of the orderings
-/// give each U from 0 to n·m (U: the pairs whose first-kind value is the smaller). The largest
-/// value is either of the second kind, above all `n` of the first (U gains `n`), or of the
+/// Counts, for `n` values of one kind and `m` of another in a random order, how many of the
+/// orderings give each U from 0 to n·m (U: the pairs whose first-kind value is the smaller). The
+/// largest value is either of the second kind, above all `n` of the first (U gains `n`), or of the
 /// first kind, above none of the second.
 fn u_distribution(n: usize, m: usize) -> Vec<f64> {
     // One row at a time (i values of the first kind, j = 0..=m of the second), so that
@@ -113,7 +114,7 @@ fn u_distribution(n: usize, m: usize) -> Vec<f64> {
     row.swap_remove(m)
 }
 
-/// "median (min–max)" of the ratios, or a dash when there are none.
+/// Returns "median (min–max)" of the ratios, or a dash when there are none.
 pub(super) fn ratio_summary(ratios: &[f64]) -> String {
     if ratios.is_empty() {
         return "—".to_owned();

@@ -1,4 +1,4 @@
-//! 2. Nanoseconds per syscall under each watcher, and their report.
+//! Runs benchmark 2, nanoseconds per syscall under each watcher, and their report.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -17,18 +17,18 @@ use super::{BenchConfig, Tools, Watcher};
 
 const WRITE_SIZE: usize = 64;
 
-/// The timing program, shipped as source and built with the system's `cc` at run time.
+/// Holds the timing program, shipped as source and built with the system's `cc` at run time.
 const SYSCALL_COST_SOURCE: &str = include_str!("../../bench/syscall_cost.c");
-/// The observer's hooks, as the syscall table names them (`ATTACHMENTS` in
+/// Names the observer's hooks, as the syscall table names them (`ATTACHMENTS` in
 /// observer/src/capture/programs.rs).
 const HOOK_STRATEGY: &str = "syscall hook: per-syscall tracepoints \
     (syscalls:sys_enter_*/sys_exit_* of connect, close and the read/write family), perf tracepoint \
     path; array filters (WATCHING, CLAIMS) ahead of the hash lookups. packet hook: cgroup_skb \
     egress/ingress at the cgroup v2 root, sock:inet_sock_set_state; no syscall hooked";
-/// The cheap syscalls run this many times more calls than a TCP loop, for a similar duration.
+/// Sets how many times more calls the cheap syscalls run than a TCP loop, for a similar duration.
 const CHEAP_CALLS_FACTOR: usize = 5;
 
-/// One timed loop of `syscall_cost`.
+/// Names one timed loop of `syscall_cost`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Syscall {
     /// `getppid`: a syscall the observer does not hook.
@@ -133,6 +133,12 @@ pub(super) struct SyscallCosts {
     observer_drops: u64,
 }
 
+/// Times every syscall loop under each watcher, the watched and the unwatched port alike.
+///
+/// # Errors
+///
+/// Fails when `syscall_cost` cannot be built, a loopback port cannot be bound, a loop fails, or a
+/// watcher does not start or stop.
 pub(super) async fn measure_syscalls(
     config: &BenchConfig,
     tools: &Tools,
@@ -200,7 +206,7 @@ pub(super) async fn measure_syscalls(
     Ok(costs)
 }
 
-/// "median (min–max)" of nanosecond figures.
+/// Returns "median (min–max)" of nanosecond figures.
 fn nanos_summary(values: &[f64]) -> String {
     if values.is_empty() {
         return "—".to_owned();

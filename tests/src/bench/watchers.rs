@@ -1,4 +1,4 @@
-//! The watchers a segment runs: the observer with either hook, and bpftrace doing comparable
+//! Runs the watchers of a segment: the observer with either hook, and bpftrace doing comparable
 //! work, each a child process stopped when its handle drops.
 
 use std::fmt::Write as _;
@@ -18,14 +18,14 @@ use anyhow::{Context, bail};
 use super::{BenchConfig, Tools, Watcher};
 
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
-/// The observer flushes and detaches on SIGINT; past this it is killed.
+/// Bounds a watcher's stop: the observer flushes and detaches on SIGINT; past this it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(15);
-/// `bpftrace` copies at most this many bytes per call: its default string size.
+/// Bounds the bytes `bpftrace` copies per call: its default string size.
 const BPFTRACE_COPY_BYTES: usize = 64;
 const BPFTRACE_READY: &str = "bench_ready";
 const OBSERVER_READY: &str = "\"observer_started\"";
 
-/// What a watcher said about itself when it stopped.
+/// Records what a watcher said about itself when it stopped.
 #[derive(Debug, Default)]
 pub(super) struct WatcherCounts {
     /// Lines printed on stdout: alerts for the observer, captured records for bpftrace.
@@ -40,8 +40,8 @@ pub(super) struct WatcherCounts {
     pub(super) wakeups: u64,
 }
 
-/// A running observer or bpftrace. Its stdout is counted (alerts are not kept), its stderr goes
-/// to a file so a chatty child never blocks on a full pipe.
+/// Holds a running observer or bpftrace. Its stdout is counted (alerts are not kept), its stderr
+/// goes to a file so a chatty child never blocks on a full pipe.
 pub(super) struct WatcherProcess {
     label: &'static str,
     child: Child,
@@ -152,8 +152,8 @@ impl WatcherProcess {
         Ok(Some(process))
     }
 
-    /// SIGINT (the observer flushes and detaches, bpftrace prints its maps and exits), SIGKILL
-    /// after the grace period; reaps the child either way.
+    /// Sends SIGINT (the observer flushes and detaches, bpftrace prints its maps and exits),
+    /// SIGKILL after the grace period; reaps the child either way.
     fn shut_down(&mut self) -> Option<ExitStatus> {
         if self.reaped {
             return None;
@@ -174,12 +174,12 @@ impl WatcherProcess {
         self.child.wait().ok()
     }
 
-    /// CPU seconds of the process so far: its threads' time on a CPU in nanoseconds
-    /// (`/proc/PID/task/*/schedstat`), since user + system time counts in ticks of 10 ms,
-    /// several times what a whole 1.5-second phase of the flood costs the daemon when not
-    /// watching. A thread that exited takes its time with it: the observer runs on one thread,
-    /// bpftrace keeps its own. From the ticks when the kernel keeps no scheduler statistics; 0
-    /// when /proc cannot tell at all.
+    /// Returns the CPU seconds of the process so far: its threads' time on a CPU in nanoseconds
+    /// (`/proc/PID/task/*/schedstat`), since user + system time counts in ticks of 10 ms, several
+    /// times what a whole 1.5-second phase of the flood costs the daemon when not watching. A
+    /// thread that exited takes its time with it: the observer runs on one thread, bpftrace keeps
+    /// its own. From the ticks when the kernel keeps no scheduler statistics; 0 when /proc cannot
+    /// tell at all.
     pub(super) fn cpu_seconds(&self) -> f64 {
         let on_cpu_ns: Vec<u64> = std::fs::read_dir(format!("/proc/{}/task", self.child.id()))
             .into_iter()
@@ -207,7 +207,8 @@ impl WatcherProcess {
         ticks as f64 / ticks_per_second as f64
     }
 
-    /// Voluntary context switches summed over the process's threads (0 when /proc cannot tell).
+    /// Counts the voluntary context switches summed over the process's threads (0 when /proc cannot
+    /// tell).
     fn wakeups(&self) -> u64 {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.child.id())) else {
             return 0;
@@ -286,6 +287,10 @@ impl Drop for WatcherProcess {
 }
 
 /// Starts a watcher off the async threads (attaching takes seconds), so Ctrl-C stays heard.
+///
+/// # Errors
+///
+/// Fails when the watcher does not start or the blocking task panics.
 pub(super) async fn start_watcher(
     watcher: Watcher,
     config: &BenchConfig,
@@ -302,6 +307,11 @@ pub(super) async fn start_watcher(
     .context("watcher start task")?
 }
 
+/// Stops a watcher off the async threads and returns what it said; no watcher counts nothing.
+///
+/// # Errors
+///
+/// Fails when the watcher does not stop cleanly or the blocking task panics.
 pub(super) async fn stop_watcher(process: Option<WatcherProcess>) -> anyhow::Result<WatcherCounts> {
     match process {
         Some(process) => tokio::task::spawn_blocking(move || process.stop())
@@ -311,7 +321,7 @@ pub(super) async fn stop_watcher(process: Option<WatcherProcess>) -> anyhow::Res
     }
 }
 
-/// The peer reference: the observer's kernel side, done the plain bpftrace way.
+/// Writes the peer reference: the observer's kernel side, done the plain bpftrace way.
 ///
 /// Same tracepoints and the same tracking: a connect to a watched port (a map) marks the
 /// thread, its exit (0 or EINPROGRESS) marks (pid, fd) as watched, `close` unmarks it, and the

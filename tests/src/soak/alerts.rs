@@ -1,4 +1,4 @@
-//! The soak's alerts against its ground truth: every push the lab saw misrouted must bring
+//! Tallies the soak's alerts against its ground truth: every push the lab saw misrouted must bring
 //! exactly one `route_mismatch` line cluster-wide, naming the user and the message.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -6,14 +6,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A call without an answer is judged 5 s after it; a cluster-wide lookup and the claim add
-/// round trips. A misrouted push with no line after this long is missed.
+/// Bounds the wait for an alert: a call without an answer is judged 5 s after it; a cluster-wide
+/// lookup and the claim add round trips. A misrouted push with no line after this long is missed.
 pub const JUDGE_GRACE: Duration = Duration::from_secs(10);
 
-/// (user, clientMsgID).
+/// Names a delivery: (user, clientMsgID).
 type Delivery = (String, String);
 
-/// What the lab expects and what the observers printed, so far.
+/// Tallies what the lab expects and what the observers printed, so far.
 #[derive(Debug, Default)]
 pub struct AlertTally {
     /// Misrouted deliveries, with when their push was sent.
@@ -29,7 +29,7 @@ pub struct AlertTally {
     pub shared_state: HashMap<String, Vec<String>>,
 }
 
-/// The tally's figures at one moment.
+/// Holds the tally's figures at one moment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AlertCounts {
     pub expected: usize,
@@ -84,7 +84,7 @@ impl AlertTally {
         }
     }
 
-    /// The figures now.
+    /// Returns the figures now.
     pub fn counts(&self, now: Instant) -> AlertCounts {
         let lines = |delivery: &Delivery| self.printed.get(delivery).copied().unwrap_or(0);
         AlertCounts {
@@ -104,7 +104,7 @@ impl AlertTally {
         }
     }
 
-    /// A few of the deliveries behind a failed count, for the verdict's line.
+    /// Returns a few of the deliveries behind a failed count, for the verdict's line.
     pub fn examples(&self, now: Instant) -> String {
         let lines = |delivery: &Delivery| self.printed.get(delivery).copied().unwrap_or(0);
         let missed = self
@@ -130,7 +130,7 @@ impl AlertTally {
             .join(", ")
     }
 
-    /// Nodes whose last `shared_state_unreachable` state is `state`, among `nodes`.
+    /// Returns the nodes whose last `shared_state_unreachable` state is `state`, among `nodes`.
     pub fn nodes_in_state(&self, nodes: &[String], state: &str) -> HashSet<String> {
         nodes
             .iter()

@@ -1,6 +1,6 @@
-//! The soak's steady mixed load: a fixed population of users, a batch of whom reconnects
-//! every tick while another batch receives a group message, half the population apart, so
-//! every user is pushed, reconnected half a rotation later, and pushed again a rotation later.
+//! Drives the soak's steady mixed load: a fixed population of users, a batch of whom reconnects
+//! every tick while another batch receives a group message, half the population apart, so every
+//! user is pushed, reconnected half a rotation later, and pushed again a rotation later.
 
 use std::time::Instant;
 
@@ -10,7 +10,7 @@ use crate::Lab;
 use crate::lab::names::random_bytes;
 use crate::soak::alerts::AlertTally;
 
-/// The load's cursor over the population and what it did so far.
+/// Holds the load's cursor over the population and what it did so far.
 pub struct Load {
     users: usize,
     batch: usize,
@@ -27,8 +27,13 @@ pub struct Load {
 }
 
 impl Load {
-    /// A load over `users` (connected by the caller) in batches of `batch`; `users` must be a
+    /// Makes a load over `users` (connected by the caller) in batches of `batch`; `users` must be a
     /// multiple of twice `batch`, so batches never wrap.
+    ///
+    /// # Errors
+    ///
+    /// Fails when `users` is not a multiple of twice `batch` (or `batch` is 0), or the kernel's
+    /// random bytes cannot be read.
     pub fn new(users: usize, batch: usize) -> anyhow::Result<Self> {
         ensure!(
             batch > 0 && users.is_multiple_of(2 * batch),
@@ -50,19 +55,23 @@ impl Load {
         })
     }
 
-    /// Users reconnected, and recipients pushed, per tick.
+    /// Returns the users reconnected, and recipients pushed, per tick.
     pub fn batch(&self) -> usize {
         self.batch
     }
 
-    /// Seconds between two pushes to one user: what the fold window must stay below for each
-    /// misrouted push to print a line of its own.
+    /// Returns the seconds between two pushes to one user: what the fold window must stay below for
+    /// each misrouted push to print a line of its own.
     pub fn rotation_ticks(&self) -> usize {
         self.users / self.batch
     }
 
-    /// One tick: reconnects the batch half a rotation ahead, then (with `push`) pushes one group
-    /// message to the batch at the cursor and notes whom the lab saw it miss.
+    /// Runs one tick: reconnects the batch half a rotation ahead, then (with `push`) pushes one
+    /// group message to the batch at the cursor and notes whom the lab saw it miss.
+    ///
+    /// # Errors
+    ///
+    /// Fails when a push fails to reach push or its outcome does not come back.
     pub async fn tick(
         &mut self,
         lab: &mut Lab,

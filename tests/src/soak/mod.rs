@@ -1,7 +1,7 @@
-//! `openim-lab soak` (`cargo xtask soak --minutes N`): the lab at a steady mixed load for
+//! Runs `openim-lab soak` (`cargo xtask soak --minutes N`): the lab at a steady mixed load for
 //! minutes, in cluster mode with three simulated nodes (one observer each, sharing one real
-//! `redis-server` that is killed and restarted once, halfway), a table of what each observer
-//! and Redis hold per interval, and a verdict ([`verdict`]).
+//! `redis-server` that is killed and restarted once, halfway), a table of what each observer and
+//! Redis hold per interval, and a verdict ([`verdict`]).
 //!
 //! The load ([`load`]): users reconnect in batches and receive group messages in batches, every
 //! tick (a second); the proxy and push agree on the ring (`correct` mode) and push keeps one
@@ -31,19 +31,20 @@ use crate::soak::verdict::{Evidence, RedisEnd, Row};
 use crate::{Lab, LabConfig, ProxyMode};
 
 const NODES: usize = 3;
-/// Gateways before the first scale-out: one per node.
+/// Counts the gateways before the first scale-out: one per node.
 const FIRST_REPLICAS: usize = 3;
 const TICK: Duration = Duration::from_secs(1);
-/// Redis loss and return are noticed within a few seconds (reconnects back off).
+/// Bounds the wait for the nodes to notice Redis's loss or return, which they do within a few
+/// seconds (reconnects back off).
 const DEGRADED_PATIENCE: Duration = Duration::from_secs(30);
-/// After every node said `recovered`: its placements rewritten and the queue flushed.
+/// Sets the wait after every node said `recovered`: its placements rewritten and the queue flushed.
 const RECOVERY_SETTLE: Duration = Duration::from_secs(3);
-/// After the load stops: the sweeps of the kernel tables (every 10 s) and a reconciliation
-/// have passed twice over.
+/// Bounds the drain after the load stops: the sweeps of the kernel tables (every 10 s) and a
+/// reconciliation have passed twice over.
 const DRAIN_PATIENCE: Duration = Duration::from_secs(60);
 const DRAIN_POLL: Duration = Duration::from_secs(2);
 
-/// What `openim-lab soak` runs.
+/// Holds what `openim-lab soak` runs.
 #[derive(Clone, Debug)]
 pub struct SoakConfig {
     pub observer: PathBuf,
@@ -60,7 +61,7 @@ pub struct SoakConfig {
     pub out_dir: PathBuf,
 }
 
-/// The Redis restart's progress; pushes run only `Before` and `Over`.
+/// Tracks the Redis restart's progress; pushes run only `Before` and `Over`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Outage {
     Before,
@@ -70,7 +71,7 @@ enum Outage {
     Over,
 }
 
-/// The soak's moving parts while the load runs.
+/// Holds the soak's moving parts while the load runs.
 struct Soak {
     config: SoakConfig,
     redis: RedisServer,
@@ -85,6 +86,11 @@ struct Soak {
 
 /// Runs the soak, printing the table on stdout as it goes; returns the failing criterion, or
 /// `None` when the verdict is clean.
+///
+/// # Errors
+///
+/// Fails when the output directory, Redis, the lab, an observer or the load cannot be set up, or
+/// the run fails before the verdict.
 pub async fn run(config: SoakConfig) -> anyhow::Result<Option<String>> {
     std::fs::create_dir_all(&config.out_dir)
         .with_context(|| format!("creating {}", config.out_dir.display()))?;
@@ -334,7 +340,7 @@ impl Soak {
     }
 }
 
-/// Redis's `DBSIZE` and `used_memory`, or `None` while it does not answer.
+/// Samples Redis's `DBSIZE` and `used_memory`, or `None` while it does not answer.
 fn redis_sample(redis: &RedisServer) -> Option<(u64, u64)> {
     let mut client = redis.client().ok()?;
     let keys: u64 = redis::cmd("DBSIZE").query(&mut client).ok()?;
@@ -343,7 +349,7 @@ fn redis_sample(redis: &RedisServer) -> Option<(u64, u64)> {
     Some((keys, used))
 }
 
-/// What is left in Redis: placement keys, and keys without a TTL.
+/// Reads what is left in Redis: placement keys, and keys without a TTL.
 fn redis_end(redis: &RedisServer) -> RedisEnd {
     let Ok(keys) = redis.dump() else {
         return RedisEnd {
@@ -363,7 +369,7 @@ fn redis_end(redis: &RedisServer) -> RedisEnd {
     }
 }
 
-/// The table's two header lines.
+/// Returns the table's two header lines.
 fn table_header() -> String {
     format!(
         "{:>6} {:<7} {:>7} {:>6} {:>6} {:>6} {:>6} {:>5} {:>6} | {:>6} {:>7} | {:>5} {:>5} {:>5} \
@@ -411,7 +417,7 @@ fn table_header() -> String {
     )
 }
 
-/// One table row: a line per node, the cluster-wide columns on the first.
+/// Formats one table row: a line per node, the cluster-wide columns on the first.
 fn table_row(names: &[String], row: &Row) -> String {
     let mut text = String::new();
     for (index, (name, node)) in names.iter().zip(&row.nodes).enumerate() {

@@ -1,4 +1,4 @@
-//! The soak's three observers, one per simulated node, and what is read from each per
+//! Runs the soak's three observers, one per simulated node, and what is read from each per
 //! interval: resident memory and CPU from `/proc/PID`, the kernel tables' entries from the
 //! process's own maps, the engine's tables and the ring drops from its `/metrics`.
 
@@ -15,7 +15,7 @@ use crate::Lab;
 use crate::observed::{ObserverOutput, ObserverProcess};
 use crate::redis_server::free_port;
 
-/// The kernel's hash tables with one entry per connection, socket or call in flight: all of
+/// Names the kernel's hash tables with one entry per connection, socket or call in flight: all of
 /// them must be empty once the lab's sockets are gone.
 pub const KERNEL_TABLES: [&str; 6] = [
     "CONNECTIONS",
@@ -25,10 +25,10 @@ pub const KERNEL_TABLES: [&str; 6] = [
     "PENDING_CONNECTS",
     "IN_FLIGHT",
 ];
-/// How long a scrape of `/metrics` may take before the sample counts it as missing.
+/// Bounds how long a scrape of `/metrics` may take before the sample counts it as missing.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One node's observer: the process, where its metrics are served, its maps.
+/// Holds one node's observer: the process, where its metrics are served, its maps.
 pub struct NodeObserver {
     pub name: String,
     pub process: ObserverProcess,
@@ -39,7 +39,7 @@ pub struct NodeObserver {
     last_ticks: u64,
 }
 
-/// What one observer held at one sample.
+/// Records what one observer held at one sample.
 #[derive(Clone, Debug, Default)]
 pub struct NodeSample {
     pub rss_kib: u64,
@@ -60,6 +60,12 @@ impl NodeObserver {
     /// Starts `node`'s observer scoped to its cgroup in `lab`, sharing `redis_url`, with its
     /// stderr appended to a file in `out_dir` (a pipe nobody reads would fill up over a long
     /// run) and its metrics on a free loopback port.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the lab has a single node, the cgroup path is not UTF-8, no free port is found,
+    /// the stderr file cannot be opened, or the observer does not start or its process and maps
+    /// cannot be found.
     pub fn start(
         binary: &Path,
         lab: &Lab,
@@ -135,6 +141,10 @@ impl NodeObserver {
     }
 
     /// Stops the observer (SIGINT) and returns what it printed; its stderr is in the file.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the observer exits unsuccessfully; the error names the node.
     pub fn stop(self) -> anyhow::Result<ObserverOutput> {
         let name = self.name;
         self.process
@@ -143,8 +153,8 @@ impl NodeObserver {
     }
 }
 
-/// The pid of the observer serving `metrics_addr` (found by its command line: `sh` execs it, and
-/// other observers may run on this machine).
+/// Finds the pid of the observer serving `metrics_addr` (found by its command line: `sh` execs it,
+/// and other observers may run on this machine).
 fn observer_pid(metrics_addr: &str) -> anyhow::Result<u32> {
     for entry in std::fs::read_dir("/proc")?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -161,7 +171,7 @@ fn observer_pid(metrics_addr: &str) -> anyhow::Result<u32> {
     bail!("no observer process serves {metrics_addr}")
 }
 
-/// `VmRSS` of `pid`, in KiB.
+/// Reads the `VmRSS` of `pid`, in KiB.
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
@@ -173,7 +183,7 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// User and system CPU of `pid` in clock ticks (`utime` + `stime` of `/proc/PID/stat`).
+/// Reads the user and system CPU of `pid` in clock ticks (`utime` + `stime` of `/proc/PID/stat`).
 fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command (which may hold spaces) start with the state, field 3.
@@ -189,7 +199,7 @@ fn clock_ticks_per_second() -> f64 {
     if ticks > 0 { ticks as f64 } else { 100.0 }
 }
 
-/// The `/metrics` page at `addr` (plain text format), or `None` when it does not answer.
+/// Scrapes the `/metrics` page at `addr` (plain text format), or `None` when it does not answer.
 async fn scrape(addr: &str) -> Option<String> {
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -204,7 +214,7 @@ async fn scrape(addr: &str) -> Option<String> {
     tokio::time::timeout(SCRAPE_TIMEOUT, fetch).await.ok()?
 }
 
-/// The value of the series `name` (labels included) in a scraped page.
+/// Returns the value of the series `name` (labels included) in a scraped page.
 pub fn metric(scraped: &str, name: &str) -> Option<f64> {
     scraped.lines().find_map(|line| {
         line.strip_prefix(name)?
@@ -215,7 +225,7 @@ pub fn metric(scraped: &str, name: &str) -> Option<f64> {
     })
 }
 
-/// The [`KERNEL_TABLES`] of one observer process, by the maps it holds.
+/// Opens the [`KERNEL_TABLES`] of one observer process, by the maps it holds.
 struct KernelTables {
     maps: Vec<(String, MapData, MapInfo)>,
 }
@@ -253,7 +263,7 @@ impl KernelTables {
         Ok(Self { maps })
     }
 
-    /// Each table's entry count.
+    /// Counts each table's entries.
     fn entries(&self) -> Vec<(String, usize)> {
         self.maps
             .iter()
@@ -262,7 +272,7 @@ impl KernelTables {
     }
 }
 
-/// The number of keys in `map`, walked with `BPF_MAP_GET_NEXT_KEY`.
+/// Counts the keys in `map`, walked with `BPF_MAP_GET_NEXT_KEY`.
 fn count_keys(map: &MapData, info: &MapInfo) -> usize {
     const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
     #[repr(C)]

@@ -1,34 +1,34 @@
-//! The soak's verdict: every observer ran through the Redis restart, every misrouted push was
-//! alerted exactly once, nothing grew beyond what the load explains, and nothing was left once
+//! Weighs the soak's verdict: every observer ran through the Redis restart, every misrouted push
+//! was alerted exactly once, nothing grew beyond what the load explains, and nothing was left once
 //! the load stopped. The first failing criterion is the verdict's one line.
 
 use crate::soak::alerts::AlertCounts;
 use crate::soak::nodes::NodeSample;
 
-/// Resident memory may end this much above its first steady intervals (KiB) before the soak
-/// calls it growth, on top of [`RSS_GROWTH_FRACTION`]. The allocator (mimalloc) keeps pages it
-/// freed and returns them lazily, the Redis outage queues facts (a few hundred bytes each, a
-/// few thousand of them at the default churn: under 2 MiB) whose buffers may stay, and pages of
-/// the 8 MiB ring become resident as records first reach them; none of that grows with time.
-/// A leak of one 500-byte placement per reconnect grows by 28 MiB an hour at the default churn
-/// (16 reconnects a second), well past it.
+/// Bounds resident memory's growth: it may end this much above its first steady intervals (KiB)
+/// before the soak calls it growth, on top of [`RSS_GROWTH_FRACTION`]. The allocator (mimalloc)
+/// keeps pages it freed and returns them lazily, the Redis outage queues facts (a few hundred bytes
+/// each, a few thousand of them at the default churn: under 2 MiB) whose buffers may stay, and
+/// pages of the 8 MiB ring become resident as records first reach them; none of that grows with
+/// time. A leak of one 500-byte placement per reconnect grows by 28 MiB an hour at the default
+/// churn (16 reconnects a second), well past it.
 pub const RSS_GROWTH_SLACK_KIB: u64 = 8 * 1024;
-/// The share of the first steady intervals' resident memory that may come on top (the
+/// Bounds the share of the first steady intervals' resident memory that may come on top (the
 /// allocator's segments are sized by what is live, so its slack scales with it).
 pub const RSS_GROWTH_FRACTION: f64 = 0.10;
-/// The share of the first steady intervals' table entries (kernel tables, the engine's
-/// connections) that may come on top, with [`entry_slack`]: a sample may fall while the sockets
-/// of the batch that just reconnected are still closing.
+/// Bounds the share of the first steady intervals' table entries (kernel tables, the engine's
+/// connections) that may come on top, with [`entry_slack`]: a sample may fall while the sockets of
+/// the batch that just reconnected are still closing.
 pub const ENTRY_GROWTH_FRACTION: f64 = 0.10;
 
-/// Entries the load explains on top of the first steady intervals: the closing sockets of one
-/// reconnect batch (both ends of its gateway connections, `2 × batch`), and for each gateway
+/// Counts the entries the load explains on top of the first steady intervals: the closing sockets
+/// of one reconnect batch (both ends of its gateway connections, `2 × batch`), and for each gateway
 /// added since, push's kept connection to it (both ends, 2 each).
 pub fn entry_slack(batch: usize, gateways_added: usize) -> f64 {
     (2 * batch + 2 * gateways_added) as f64
 }
 
-/// One row of the table: the cluster at one moment.
+/// Holds one row of the table: the cluster at one moment.
 #[derive(Clone, Debug)]
 pub struct Row {
     /// Seconds since the load started.
@@ -43,7 +43,7 @@ pub struct Row {
     pub gateways: usize,
 }
 
-/// What the end of the soak found in Redis.
+/// Records what the end of the soak found in Redis.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RedisEnd {
     /// Placement hashes (`{u:USER}:placements`) and node indexes (`{n:NODE}:connections`)
@@ -53,7 +53,7 @@ pub struct RedisEnd {
     pub without_ttl: usize,
 }
 
-/// Everything the verdict weighs.
+/// Holds everything the verdict weighs.
 pub struct Evidence<'a> {
     pub node_names: &'a [String],
     /// The rows taken while the load ran.
@@ -70,7 +70,7 @@ pub struct Evidence<'a> {
     pub batch: usize,
 }
 
-/// The first failing criterion, or `None` on a pass.
+/// Returns the first failing criterion, or `None` on a pass.
 pub fn verdict(evidence: &Evidence<'_>) -> Option<String> {
     if let Some(node) = evidence.exited.first() {
         return Some(format!(
@@ -105,12 +105,12 @@ fn alert_failure(evidence: &Evidence<'_>) -> Option<String> {
     })
 }
 
-/// How many rows each end of the load the growth check averages: a sixth of them, 1 to 5.
+/// Returns how many rows each end of the load the growth check averages: a sixth of them, 1 to 5.
 pub fn growth_window(rows: usize) -> usize {
     (rows / 6).clamp(1, 5)
 }
 
-/// One figure of a node's sample, as the growth check reads it.
+/// Names one figure of a node's sample, as the growth check reads it.
 type Measure = fn(&NodeSample) -> f64;
 
 fn growth_failure(evidence: &Evidence<'_>) -> Option<String> {
