@@ -1,9 +1,9 @@
-//! From traffic to alert line at low load (issue 13's target: p99 within 5 ms). The lab's 3.5.1
-//! misrouting with the real observer beside it; push sends one message to one user every
-//! `PACE`, so each misrouted user raises one `route_mismatch` (the first of its fold window) on
-//! an otherwise idle observer: the case where a record waits in the ring for a wakeup or for the
-//! reader's timer. An alert's latency is when its line was read from the observer's stdout,
-//! minus its `ts`: when the kernel recorded the gateway's answer that decided it.
+//! Measures the time from traffic to alert line at low load (issue 13's target: p99 within 5 ms).
+//! The lab's 3.5.1 misrouting with the real observer beside it; push sends one message to one user
+//! every `PACE`, so each misrouted user raises one `route_mismatch` (the first of its fold window)
+//! on an otherwise idle observer: the case where a record waits in the ring for a wakeup or for the
+//! reader's timer. An alert's latency is when its line was read from the observer's stdout, minus
+//! its `ts`: when the kernel recorded the gateway's answer that decided it.
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
@@ -14,13 +14,18 @@ use serde_json::Value;
 use crate::observed::ObserverProcess;
 use crate::{Lab, LabConfig};
 
-/// One push per user, each to its own user.
+/// Counts the pushes: one per user, each to its own user.
 pub const PUSHES: usize = 200;
 const PACE: Duration = Duration::from_millis(50);
-/// Lines still coming after the last push.
+/// Bounds the wait for lines still coming after the last push.
 const SETTLE: Duration = Duration::from_secs(1);
 
 /// Runs the measurement and returns its report line.
+///
+/// # Errors
+///
+/// Fails when the lab or the observer does not start, a push fails, or the observer does not stop
+/// cleanly.
 pub async fn measure(observer: &Path, replicas: usize) -> anyhow::Result<String> {
     let mut lab = Lab::start(LabConfig {
         replicas_initial: replicas,
@@ -62,7 +67,8 @@ pub async fn measure(observer: &Path, replicas: usize) -> anyhow::Result<String>
     Ok(render(&mut latencies_us, &hook))
 }
 
-/// How long a `route_mismatch` line took, from its `ts` to `read_at`; `None` for other lines.
+/// Returns how long a `route_mismatch` line took, from its `ts` to `read_at`; `None` for other
+/// lines.
 fn mismatch_latency_us(read_at: SystemTime, line: &str) -> Option<f64> {
     let alert: Value = serde_json::from_str(line).ok()?;
     if alert["kind"] != "route_mismatch" {
@@ -72,7 +78,7 @@ fn mismatch_latency_us(read_at: SystemTime, line: &str) -> Option<f64> {
     Some(read_at.duration_since(raised_at).ok()?.as_secs_f64() * 1e6)
 }
 
-/// The report line; `hook` is where the observer copied the bytes, as it said at start.
+/// Renders the report line; `hook` is where the observer copied the bytes, as it said at start.
 fn render(latencies_us: &mut [f64], hook: &str) -> String {
     if latencies_us.is_empty() {
         return format!(

@@ -1,8 +1,8 @@
-//! One observer of cluster mode at the engine, without a kernel: its engine, its link to a
-//! shared `redis-server`, and what it printed, linked exactly as `observer run --redis-url`
-//! links them (alerts claimed through the link before printing, the link's answers applied as
-//! they come, one tick a second). tests/cluster_engine.rs and benches/cluster.rs run two or
-//! three of them ("nodes"), each fed only its node's share of synthetic traffic.
+//! Runs one observer of cluster mode at the engine, without a kernel: its engine, its link to a
+//! shared `redis-server`, and what it printed, linked exactly as `observer run --redis-url` links
+//! them (alerts claimed through the link before printing, the link's answers applied as they come,
+//! one tick a second). tests/cluster_engine.rs and benches/cluster.rs run two or three of them
+//! ("nodes"), each fed only its node's share of synthetic traffic.
 //!
 //! A harness for tests and benchmarks: it panics when Redis does not answer in time.
 
@@ -15,13 +15,13 @@ use observer::{
     model::{Event, NANOS_PER_SEC},
 };
 
-/// How long Redis may take to come up, answer, or take the facts written.
+/// Bounds how long Redis may take to come up, answer, or take the facts written.
 const PATIENCE: Duration = Duration::from_secs(10);
 
-/// The daemon's fold window (`--fold-window`), which one `route_mismatch` claim holds.
+/// Holds the daemon's fold window (`--fold-window`), which one `route_mismatch` claim holds.
 const FOLD_WINDOW: Duration = Duration::from_secs(60);
 
-/// One node: its engine, its link, and what it printed.
+/// Holds one node: its engine, its link, and what it printed.
 pub struct Node {
     pub engine: Engine,
     pub link: ClusterLink,
@@ -31,7 +31,7 @@ pub struct Node {
 }
 
 impl Node {
-    /// A node named `name` on the Redis at `url`, once its link reports Redis up.
+    /// Starts a node named `name` on the Redis at `url`, once its link reports Redis up.
     pub async fn start(url: &str, name: &str) -> Self {
         let config = ClusterArgs {
             redis_url: Some(url.to_owned()),
@@ -61,6 +61,7 @@ impl Node {
         node
     }
 
+    /// Feeds `events` to the engine, as the daemon does, and prints the alerts they raise.
     pub fn feed<'a>(&mut self, events: impl IntoIterator<Item = &'a Event>) {
         let mut alerts = Vec::new();
         for event in events {
@@ -70,15 +71,15 @@ impl Node {
         self.print(alerts);
     }
 
-    /// What the daemon does with alerts before printing them: claims through the link, and
-    /// the claims won come back without being claimed again.
+    /// Does what the daemon does with alerts before printing them: claims through the link, and the
+    /// claims won come back without being claimed again.
     fn print(&mut self, mut alerts: Vec<Alert>) {
         self.link.forward(&mut self.engine, &mut alerts);
         self.link.release_won(&mut alerts);
         self.printed.append(&mut alerts);
     }
 
-    /// The daemon's once-a-second tick, at engine time `now_ns`.
+    /// Runs the daemon's once-a-second tick, at engine time `now_ns`.
     pub fn tick(&mut self, now_ns: u64) {
         self.now_ns = self.now_ns.max(now_ns);
         let mut alerts = Vec::new();

@@ -1,6 +1,6 @@
-//! `cargo xtask demo`: the scale-out incident, reproduced in the lab with the real observer
-//! watching, told in a few screens, on any OpenIM release and discovery the lab speaks, with
-//! the release's checks (see [`crate::releases`]) one line each.
+//! Shows, for `cargo xtask demo`, the scale-out incident, reproduced in the lab with the real
+//! observer watching, told in a few screens, on any OpenIM release and discovery the lab speaks,
+//! with the release's checks (see [`crate::releases`]) one line each.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -13,6 +13,7 @@ use crate::lab::truth::GroundTruth;
 use crate::observed::{NodeObservers, NodeOutput, ObserverOutput, ObserverProcess, Score};
 use crate::{Lab, LabConfig, releases};
 
+/// Holds what the demo runs and where it writes.
 pub struct DemoConfig {
     pub lab: LabConfig,
     pub observer: PathBuf,
@@ -21,6 +22,11 @@ pub struct DemoConfig {
 }
 
 /// Runs the demo and returns the text to show; progress goes to stderr as it happens.
+///
+/// # Errors
+///
+/// Fails when the output directory or a file in it cannot be written, the lab or an observer does
+/// not start or stop, or the scenario fails.
 pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
     std::fs::create_dir_all(&config.out_dir)
         .with_context(|| format!("create {}", config.out_dir.display()))?;
@@ -75,7 +81,7 @@ pub async fn run(config: DemoConfig) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// The lab's ground truth, told: the release, the scale-out and who missed real time.
+/// Tells the lab's ground truth: the release, the scale-out and who missed real time.
 fn what_happened(
     text: &mut String,
     lab: &LabConfig,
@@ -144,7 +150,7 @@ fn what_happened(
     Ok(())
 }
 
-/// What the observers printed: counts by kind, the first mismatch, the incident diagnoses.
+/// Tells what the observers printed: counts by kind, the first mismatch, the incident diagnoses.
 fn what_was_reported(
     text: &mut String,
     nodes: &[NodeOutput],
@@ -216,7 +222,7 @@ fn what_was_reported(
     Ok(())
 }
 
-/// Precision and recall of the per-user alerts, then the release's checks one line each.
+/// Tells the precision and recall of the per-user alerts, then the release's checks one line each.
 fn accuracy(
     text: &mut String,
     truth: &GroundTruth,
@@ -251,7 +257,7 @@ fn accuracy(
     Ok(())
 }
 
-/// One observer for the whole machine, started before the lab, recording its capture.
+/// Runs one observer for the whole machine, started before the lab, recording its capture.
 async fn run_with_one_observer(
     config: &DemoConfig,
     capture: &std::path::Path,
@@ -295,7 +301,7 @@ async fn run_with_one_observer(
     ))
 }
 
-/// One observer per simulated node, scoped to the node's cgroup, which exists once the lab
+/// Runs one observer per simulated node, scoped to the node's cgroup, which exists once the lab
 /// does: the lab starts first (its pods only listen until the scenario runs).
 async fn run_with_node_observers(
     config: &DemoConfig,
@@ -316,7 +322,7 @@ async fn run_with_node_observers(
     Ok((outcome?, outputs))
 }
 
-/// Every node's alerts together (the cluster's verdict), node by node.
+/// Merges every node's alerts together (the cluster's verdict), node by node.
 fn merged(nodes: &[NodeOutput]) -> ObserverOutput {
     let mut all = ObserverOutput::default();
     for node in nodes {

@@ -1,7 +1,7 @@
-//! Loads that test the observer's memory budget (issue 10), on loopback: a flood of garbage
-//! to a watched gRPC port, and many users placed over watched WebSocket connections. The
-//! memory test and `cargo xtask bench` run them beside a real observer and read its peak
-//! resident memory from its stop line (VmHWM of its own /proc/self/status).
+//! Generates loads that test the observer's memory budget (issue 10), on loopback: a flood of
+//! garbage to a watched gRPC port, and many users placed over watched WebSocket connections. The
+//! memory test and `cargo xtask bench` run them beside a real observer and read its peak resident
+//! memory from its stop line (VmHWM of its own /proc/self/status).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +11,11 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// The issue's flood: this many connections…
+/// Counts the connections of the issue's flood.
 pub const FLOOD_CONNECTIONS: usize = 1_500;
-/// …each writing this much: the HTTP/2 client preface, a frame header announcing a frame just
-/// under the decoder's 1 MiB limit, and filler up to the default per-connection capture budget,
-/// so every captured byte is one a decoder would buffer.
+/// Sizes what each connection of the flood writes: the HTTP/2 client preface, a frame header
+/// announcing a frame just under the decoder's 1 MiB limit, and filler up to the default
+/// per-connection capture budget, so every captured byte is one a decoder would buffer.
 pub const FLOOD_BYTES_PER_CONNECTION: usize = 256 << 10;
 
 fn garbage() -> Vec<u8> {
@@ -26,7 +26,7 @@ fn garbage() -> Vec<u8> {
     bytes
 }
 
-/// A server on `port` that accepts everything and reads it all; `answer` is written once a
+/// Runs a server on `port` that accepts everything and reads it all; `answer` is written once a
 /// connection's first bytes arrive (a WebSocket server's 101).
 async fn sink_server(
     port: u16,
@@ -58,6 +58,11 @@ async fn sink_server(
 
 /// Opens `FLOOD_CONNECTIONS` connections to `port`, writes the garbage on each, holds them open
 /// for `hold`; returns how many wrote it all.
+///
+/// # Errors
+///
+/// Fails when the descriptor limit cannot be raised enough for the flood, or the sink server cannot
+/// listen on `port`.
 pub async fn garbage_flood(port: u16, hold: Duration) -> anyhow::Result<usize> {
     let limit = raise_descriptor_limit(4 * FLOOD_CONNECTIONS as u64)?;
     anyhow::ensure!(
@@ -90,11 +95,12 @@ pub async fn garbage_flood(port: u16, hold: Duration) -> anyhow::Result<usize> {
     Ok(written)
 }
 
-/// Users placed by one process: both ends of each connection are in it, and its descriptor
-/// limit must hold them (20,000 on these machines, a hard limit that root cannot raise here).
+/// Bounds the users placed by one process: both ends of each connection are in it, and its
+/// descriptor limit must hold them (20,000 on these machines, a hard limit that root cannot raise
+/// here).
 pub const USERS_PER_PROCESS: usize = 9_000;
 
-/// The connections of placed users and the server that answered them; dropping it closes all.
+/// Holds the connections of placed users and the server that answered them; dropping it closes all.
 pub struct PlacedUsers {
     pub placed: usize,
     _open: Vec<TcpStream>,
@@ -109,6 +115,10 @@ impl Drop for PlacedUsers {
 
 /// Places the users numbered `users`: one WebSocket upgrade each to `port` (answered 101),
 /// held open as a proxy holds one per online user, until the result is dropped.
+///
+/// # Errors
+///
+/// Fails when the descriptor limit cannot be raised or the server cannot listen on `port`.
 pub async fn place_users(port: u16, users: std::ops::Range<usize>) -> anyhow::Result<PlacedUsers> {
     // Both ends are in this process: as many as its descriptor limit allows.
     let wanted = users.len();
@@ -155,6 +165,11 @@ pub async fn place_users(port: u16, users: std::ops::Range<usize>) -> anyhow::Re
 /// Places `users` users from child processes (`lab place-users`) of `USERS_PER_PROCESS` each,
 /// the nth on port `first_port + n`, one process after the other, holds them all for `hold`
 /// once every child has placed its share, and returns how many were placed.
+///
+/// # Errors
+///
+/// Fails when a child process does not start, ends before it reports, or reports something other
+/// than its count.
 pub async fn place_users_in_processes(
     lab: &std::path::Path,
     first_port: u16,
@@ -208,8 +223,8 @@ async fn connect_from_own_address(user: usize, port: u16) -> Option<TcpStream> {
     socket.connect(([127, 0, 0, 1], port).into()).await.ok()
 }
 
-/// Both ends of every connection are in this process: raises the soft descriptor limit toward
-/// `wanted`, as far as the hard limit allows; returns the limit now.
+/// Raises, since both ends of every connection are in this process, the soft descriptor limit
+/// toward `wanted`, as far as the hard limit allows; returns the limit now.
 fn raise_descriptor_limit(wanted: u64) -> anyhow::Result<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -235,7 +250,11 @@ fn raise_descriptor_limit(wanted: u64) -> anyhow::Result<u64> {
     Ok(limit.rlim_cur)
 }
 
-/// The observer's stop line (`observer_stopped`, on stderr).
+/// Finds the observer's stop line (`observer_stopped`, on stderr).
+///
+/// # Errors
+///
+/// Fails when `stderr` holds no stop line.
 pub fn stop_line(stderr: &str) -> anyhow::Result<Value> {
     stderr
         .lines()
@@ -244,25 +263,34 @@ pub fn stop_line(stderr: &str) -> anyhow::Result<Value> {
         .context("the observer printed no stop line")
 }
 
-/// Its peak resident memory, in bytes, from the stop line.
+/// Returns the observer's peak resident memory, in bytes, from the stop line.
+///
+/// # Errors
+///
+/// Fails when the stop line has no `resident_memory.peak_bytes`.
 pub fn peak_resident_bytes(stop_line: &Value) -> anyhow::Result<u64> {
     stop_line["resident_memory"]["peak_bytes"]
         .as_u64()
         .context("no resident_memory.peak_bytes in the stop line")
 }
 
-/// Ports of `cargo xtask bench`'s memory rounds, on loopback, below the ephemeral range (a
-/// listener cannot take a port a client connection holds): one WebSocket port per placing
+/// Numbers the ports of `cargo xtask bench`'s memory rounds, on loopback, below the ephemeral range
+/// (a listener cannot take a port a client connection holds): one WebSocket port per placing
 /// process.
 const BENCH_GRPC_PORT: u16 = 27_288;
 const BENCH_FIRST_WS_PORT: u16 = 27_300;
 const BENCH_WS_PORTS: u16 = BENCH_USERS.div_ceil(USERS_PER_PROCESS) as u16;
-/// The 100k-user round.
+/// Counts the users of the 100k-user round.
 pub const BENCH_USERS: usize = 100_000;
 
-/// `cargo xtask bench`'s memory section: the observer's peak resident memory under the
-/// garbage flood (with the default budget, and with a budget too large to bind, for
-/// reference) and with `BENCH_USERS` users placed. Returns the lines to print.
+/// Measures `cargo xtask bench`'s memory section: the observer's peak resident memory under the
+/// garbage flood (with the default budget, and with a budget too large to bind, for reference) and
+/// with `BENCH_USERS` users placed. Returns the lines to print.
+///
+/// # Errors
+///
+/// Fails when this executable's path is unknown, an observer does not start or stop cleanly, a load
+/// fails, or the stop line lacks the peak.
 pub async fn measure(observer: &std::path::Path) -> anyhow::Result<String> {
     let mut ports = vec!["--grpc-port".to_owned(), BENCH_GRPC_PORT.to_string()];
     for port in BENCH_FIRST_WS_PORT..BENCH_FIRST_WS_PORT + BENCH_WS_PORTS {

@@ -1,6 +1,6 @@
-//! Cluster mode's lab runs: the lab spread over [`NODES`] simulated nodes (proxy on the first,
-//! push on the second, gateways over all three), one unmodified `observer run` per node scoped
-//! by `--cgroup-scope` to its node's processes, all sharing one Redis of any topology
+//! Runs cluster mode's lab: the lab spread over [`NODES`] simulated nodes (proxy on the first, push
+//! on the second, gateways over all three), one unmodified `observer run` per node scoped by
+//! `--cgroup-scope` to its node's processes, all sharing one Redis of any topology
 //! ([`SharedRedis`]). No node sees both halves of a join, so every `route_mismatch` needs Redis.
 //! For tests/cluster_end_to_end.rs and tests/redis_topologies.rs.
 
@@ -14,16 +14,19 @@ use crate::observed::{ObserverOutput, ObserverProcess, Score, find_observer_bina
 use crate::redis_topology::SharedRedis;
 use crate::{GroundTruth, Lab, LabConfig, ProxyMode};
 
-/// Simulated nodes, one observer each.
+/// Counts the simulated nodes, one observer each.
 pub const NODES: usize = 3;
-/// The lab's message content (`lab message {seq}`): none of it may reach Redis.
+/// Holds the lab's message content (`lab message {seq}`): none of it may reach Redis.
 const CONTENT_CANARY: &str = "lab message";
-/// Redis loss and return are noticed within a few seconds (reconnects back off).
+/// Bounds the wait for the nodes to notice Redis's loss or return, which they do within a few
+/// seconds (reconnects back off).
 const DEGRADED_PATIENCE: Duration = Duration::from_secs(30);
-/// Ring evidence merged every second, rings settled after 3 s: a cluster-wide verdict's time.
+/// Bounds a cluster-wide verdict's time: ring evidence merged every second, rings settled
+/// after 3 s.
 const VERDICT_SETTLE: Duration = Duration::from_secs(6);
 
-/// The lab of these tests: five gateways, 60 users, two messages each, over [`NODES`] nodes.
+/// Returns the lab of these tests: five gateways, 60 users, two messages each, over [`NODES`]
+/// nodes.
 pub fn lab(mode: ProxyMode) -> LabConfig {
     LabConfig {
         mode,
@@ -37,7 +40,7 @@ pub fn lab(mode: ProxyMode) -> LabConfig {
     }
 }
 
-/// What a cluster run left: the truth, each node's output (a restarted node's runs in order),
+/// Holds what a cluster run left: the truth, each node's output (a restarted node's runs in order),
 /// the client tokens and Redis's whole content at the end.
 pub struct ClusterRun {
     pub truth: GroundTruth,
@@ -47,6 +50,7 @@ pub struct ClusterRun {
 }
 
 impl ClusterRun {
+    /// Returns every node's alerts, node by node.
     pub fn alerts(&self) -> Vec<&Value> {
         self.outputs
             .iter()
@@ -54,6 +58,7 @@ impl ClusterRun {
             .collect()
     }
 
+    /// Returns the alerts of `kind`.
     pub fn of_kind(&self, kind: &str) -> Vec<&Value> {
         self.alerts()
             .into_iter()
@@ -62,7 +67,7 @@ impl ClusterRun {
     }
 }
 
-/// Redis, the node scopes and one observer per node, as a scenario's pause sees them.
+/// Holds Redis, the node scopes and one observer per node, as a scenario's pause sees them.
 pub struct Cluster {
     binary: PathBuf,
     pub redis: SharedRedis,
@@ -151,8 +156,8 @@ pub fn observe_cluster(
     }
 }
 
-/// Precision and recall 100%, each mismatch printed once cluster-wide by a node that did not
-/// see both halves.
+/// Asserts precision and recall 100%, each mismatch printed once cluster-wide by a node that did
+/// not see both halves.
 pub fn assert_exact(run: &ClusterRun) {
     let alerts: Vec<Value> = run.alerts().into_iter().cloned().collect();
     let score = Score::new(&run.truth, &alerts);
@@ -202,7 +207,7 @@ pub fn assert_exact(run: &ClusterRun) {
     );
 }
 
-/// One `ring_divergence` cluster-wide, with the right diagnosis.
+/// Asserts one `ring_divergence` cluster-wide, with the right diagnosis.
 pub fn assert_one_ring_divergence(run: &ClusterRun) {
     let divergences = run.of_kind("ring_divergence");
     assert_eq!(divergences.len(), 1, "{divergences:#?}");
@@ -213,7 +218,7 @@ pub fn assert_one_ring_divergence(run: &ClusterRun) {
     assert_eq!(divergences[0]["proxy_members"].as_array().unwrap().len(), 5);
 }
 
-/// Neither a client token nor message content reached Redis.
+/// Asserts that neither a client token nor message content reached Redis.
 pub fn assert_nothing_secret_in_redis(run: &ClusterRun) {
     assert!(!run.redis_dump.is_empty(), "the observers shared something");
     assert!(!run.tokens.is_empty());
@@ -239,9 +244,9 @@ pub fn wait_degraded_state(observer: &mut ObserverProcess, node: usize, state: &
         .unwrap_or_else(|error| panic!("node-{}: no capture_degraded {state}: {error}", node + 1));
 }
 
-/// After a Redis fault: waits until no observer is degraded. Lines printed within a few
-/// seconds are read first; an observer whose last word on the shared state was `degraded` is
-/// waited for until it says `recovered`.
+/// Waits, after a Redis fault, until no observer is degraded. Lines printed within a few seconds
+/// are read first; an observer whose last word on the shared state was `degraded` is waited for
+/// until it says `recovered`.
 pub fn wait_not_degraded(cluster: &mut Cluster) {
     const SETTLE: Duration = Duration::from_secs(3);
     for (node, observer) in cluster.observers.iter_mut().enumerate() {

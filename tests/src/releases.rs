@@ -1,8 +1,8 @@
-//! What the observer must say on each OpenIM release and routing, checked against the lab's
+//! Checks what the observer must say on each OpenIM release and routing, checked against the lab's
 //! ground truth: where push hashes over a ring, every user who missed a message alerted and no
 //! other, each with the lab's cause, and one `ring_divergence` exactly where the rings are spelled
-//! differently; where push broadcasts, no routing alert of any kind and a `push_routing` line
-//! that says so. `cargo xtask demo` prints these checks; `tests/tests/releases.rs` asserts them.
+//! differently; where push broadcasts, no routing alert of any kind and a `push_routing` line that
+//! says so. `cargo xtask demo` prints these checks; `tests/tests/releases.rs` asserts them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use crate::lab::truth::GroundTruth;
 use crate::observed::Score;
 use crate::{LabConfig, ProxyMode};
 
-/// One thing the observer had to get right, and whether it did.
+/// Records one thing the observer had to get right, and whether it did.
 #[derive(Clone, Debug)]
 pub struct Check {
     pub passed: bool,
@@ -28,7 +28,7 @@ impl Check {
     }
 }
 
-/// How each `route_mismatch` alert's `cause` compares with the lab's cause for its user.
+/// Scores how each `route_mismatch` alert's `cause` compares with the lab's cause for its user.
 #[derive(Debug, Default)]
 pub struct CauseScore {
     /// Users who missed a message, by the cause the lab knows (`ring_spelling`, …).
@@ -40,6 +40,7 @@ pub struct CauseScore {
 }
 
 impl CauseScore {
+    /// Scores the `route_mismatch` alerts' causes against `truth`.
     pub fn new(truth: &GroundTruth, alerts: &[Value]) -> Self {
         let true_cause: BTreeMap<&str, &str> = truth
             .users
@@ -73,7 +74,7 @@ impl CauseScore {
     }
 }
 
-/// A small run of `release` with `discovery`: 5 gateways, 40 users on mixed platforms (iOS,
+/// Returns a small run of `release` with `discovery`: 5 gateways, 40 users on mixed platforms (iOS,
 /// Android, Windows, OSX, Web in turn), 3 group messages, the proxy as shipped.
 pub fn scenario(release: OpenImRelease, discovery: Discovery) -> LabConfig {
     LabConfig {
@@ -89,7 +90,7 @@ pub fn scenario(release: OpenImRelease, discovery: Discovery) -> LabConfig {
     }
 }
 
-/// The `ring_divergence` lines that open an incident (not those that close one).
+/// Returns the `ring_divergence` lines that open an incident (not those that close one).
 fn divergences(alerts: &[Value]) -> Vec<&Value> {
     alerts
         .iter()
@@ -97,8 +98,8 @@ fn divergences(alerts: &[Value]) -> Vec<&Value> {
         .collect()
 }
 
-/// How many `ring_divergence` incidents the run must raise: one where push's ring exists and
-/// the proxy spells its members differently over more than one gateway, else none.
+/// Counts the `ring_divergence` incidents the run must raise: one where push's ring exists and the
+/// proxy spells its members differently over more than one gateway, else none.
 fn expected_divergences(truth: &GroundTruth) -> usize {
     let spelled_apart = truth.mode == ProxyMode::V351.as_str();
     usize::from(truth.routing == PushRouting::Ring && spelled_apart && truth.replicas_final > 1)
@@ -134,7 +135,7 @@ pub fn checks(truth: &GroundTruth, alerts: &[Value]) -> Vec<Check> {
     checks
 }
 
-/// The `push_routing` line: the routing and service the run used, printed at least once.
+/// Checks the `push_routing` line: the routing and service the run used, printed at least once.
 fn routing_line(truth: &GroundTruth, alerts: &[Value]) -> Check {
     let routing = truth.routing.as_str();
     let service = truth.openim.service();

@@ -1,7 +1,7 @@
-//! What watching costs the push flood, measured within one flood (`openim-lab bench`, after
-//! the push flood's rounds): one observer stays attached throughout, and the bench switches
-//! its watching on and off by writing its `WATCHED_PORTS` map (the gateway ports' bits, or
-//! none) between short phases of the same lab's flood, in pairs whose order alternates.
+//! Measures what watching costs the push flood, measured within one flood (`openim-lab bench`,
+//! after the push flood's rounds): one observer stays attached throughout, and the bench switches
+//! its watching on and off by writing its `WATCHED_PORTS` map (the gateway ports' bits, or none)
+//! between short phases of the same lab's flood, in pairs whose order alternates.
 //!
 //! Why besides the rounds of separate segments: a segment pair compares two starts of the
 //! observer and two stretches of the machine seconds apart, and their ratios spread by ±10%
@@ -36,24 +36,28 @@ use crate::Lab;
 use crate::bench::median;
 use crate::lab::truth::FloodReport;
 
-/// One phase of the flood, watching or not.
+/// Sets the length of one phase of the flood, watching or not.
 const PHASE: Duration = Duration::from_millis(1500);
-/// Phases timed for the observer's CPU, half of them watching.
+/// Counts the phases timed for the observer's CPU, half of them watching.
 const TIMED_PHASES: usize = 4;
-/// Left to the daemon after a timed phase, so that the work of that phase's last records counts
-/// in it, not in the next. Timed by hand in 50 ms steps after watching stopped in the middle of
-/// the flood: 100–240 µs of daemon CPU in each of the first three steps (the last records, the
-/// last connections' ends), then the pattern of a daemon with nothing to watch (about 80 µs
-/// every 250 ms: its quiet drains and the counters' tick).
+/// Sets the time left to the daemon after a timed phase, so that the work of that phase's last
+/// records counts in it, not in the next. Timed by hand in 50 ms steps after watching stopped in
+/// the middle of the flood: 100–240 µs of daemon CPU in each of the first three steps (the last
+/// records, the last connections' ends), then the pattern of a daemon with nothing to watch (about
+/// 80 µs every 250 ms: its quiet drains and the counters' tick).
 const TIMED_PHASE_SETTLE: Duration = Duration::from_millis(300);
-/// The yardstick's burner works in bursts this far apart: how often the daemon reads the ring
+/// Sets how far apart the yardstick's burner works in bursts: how often the daemon reads the ring
 /// under sustained traffic (`observer::capture::read_pacing::BUSY_READ_FOLLOW_UP`).
 const BURN_PERIOD: Duration = Duration::from_millis(3);
-/// The observer's map of watched ports (`observer-ebpf/src/maps.rs`), as the kernel names it.
+/// Names the observer's map of watched ports (`observer-ebpf/src/maps.rs`), as the kernel names it.
 const WATCHED_PORTS: &str = "WATCHED_PORTS";
 
-/// The `WATCHED_PORTS` maps loaded now: taken before the observer starts, so that its own is
+/// Lists the `WATCHED_PORTS` maps loaded now: taken before the observer starts, so that its own is
 /// the one not among them.
+///
+/// # Errors
+///
+/// Fails when the loaded BPF maps cannot be listed.
 pub fn watched_port_maps() -> anyhow::Result<Vec<u32>> {
     let mut ids = Vec::new();
     for info in loaded_maps() {
@@ -75,8 +79,13 @@ pub struct WatchSwitch {
 }
 
 impl WatchSwitch {
-    /// The switch of the observer that started after `before` was taken: its map is the one
+    /// Finds the switch of the observer that started after `before` was taken: its map is the one
     /// `WATCHED_PORTS` map not in `before`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when not exactly one new `WATCHED_PORTS` map is loaded, it cannot be opened or read,
+    /// or it holds no port.
     pub fn find(before: &[u32]) -> anyhow::Result<Self> {
         let new: Vec<u32> = watched_port_maps()?
             .into_iter()
@@ -116,9 +125,9 @@ impl WatchSwitch {
         Ok(())
     }
 
-    /// The time and runs the kernel accounted so far to the observer's programs: those that
-    /// use its `WATCHED_PORTS` map, which every program that turns packets or state changes
-    /// away does.
+    /// Returns the time and runs the kernel accounted so far to the observer's programs: those that
+    /// use its `WATCHED_PORTS` map, which every program that turns packets or state changes away
+    /// does.
     fn program_time(&self) -> anyhow::Result<ProgramTime> {
         let mut time = ProgramTime::default();
         for info in loaded_programs() {
@@ -136,14 +145,14 @@ impl WatchSwitch {
     }
 }
 
-/// Run time and runs of the observer's programs.
+/// Holds the run time and runs of the observer's programs.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct ProgramTime {
     ns: u64,
     runs: u64,
 }
 
-/// The observer's CPU over the timed phases of one watching state, summed.
+/// Sums the observer's CPU over the timed phases of one watching state, summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct PhaseCpu {
     pushes: u64,
@@ -155,7 +164,7 @@ struct PhaseCpu {
 }
 
 impl PhaseCpu {
-    /// Per push: the programs' microseconds and runs, the daemon's microseconds.
+    /// Returns, per push, the programs' microseconds and runs, the daemon's microseconds.
     fn per_push(&self) -> (f64, f64, f64) {
         let pushes = self.pushes.max(1) as f64;
         (
@@ -176,7 +185,7 @@ impl PhaseCpu {
     }
 }
 
-/// The observer's CPU a push, watching and not.
+/// Holds the observer's CPU a push, watching and not.
 #[derive(Debug)]
 struct ObserverCpu {
     watching: PhaseCpu,
@@ -184,8 +193,8 @@ struct ObserverCpu {
 }
 
 impl ObserverCpu {
-    /// The share of one CPU watching added: its CPU a push beyond not watching's, at the watched
-    /// phases' pace.
+    /// Returns the share of one CPU watching added: its CPU a push beyond not watching's, at the
+    /// watched phases' pace.
     fn added_share(&self) -> f64 {
         let (programs, _, daemon) = self.watching.per_push();
         let (programs_idle, _, daemon_idle) = self.not_watching.per_push();
@@ -195,7 +204,7 @@ impl ObserverCpu {
     }
 }
 
-/// One pair of phases, in either order: the flood with what is measured on (the observer
+/// Holds one pair of phases, in either order: the flood with what is measured on (the observer
 /// watching, or the yardstick's burner burning) and off.
 #[derive(Debug)]
 struct Pair {
@@ -203,7 +212,7 @@ struct Pair {
     off: FloodReport,
 }
 
-/// The yardstick: the flood with a burner of the observer's CPU and without, side by side.
+/// Holds the yardstick: the flood with a burner of the observer's CPU and without, side by side.
 #[derive(Debug)]
 struct SameCpu {
     /// The share of one CPU burned.
@@ -223,6 +232,11 @@ pub struct WatchingCost {
 /// Runs `pairs` pairs of phases of `lab`'s push flood, one watched by the observer behind
 /// `switch` and one not, the order alternating, then the phases that time the observer's CPU
 /// (its daemon's CPU seconds so far: `daemon_cpu`); leaves the observer watching.
+///
+/// # Errors
+///
+/// Fails when a flood fails, the switch cannot be set, or the programs' run-time statistics cannot
+/// be read.
 pub async fn measure(
     lab: &mut Lab,
     switch: &mut WatchSwitch,
@@ -252,7 +266,7 @@ pub async fn measure(
     })
 }
 
-/// `pairs` pairs of phases of the flood, a thread burning `share` of one CPU in one phase of
+/// Runs `pairs` pairs of phases of the flood, a thread burning `share` of one CPU in one phase of
 /// each and idle in the other, the order alternating.
 async fn measure_same_cpu(lab: &mut Lab, share: f64, pairs: usize) -> anyhow::Result<SameCpu> {
     eprintln!(
@@ -272,7 +286,7 @@ async fn measure_same_cpu(lab: &mut Lab, share: f64, pairs: usize) -> anyhow::Re
     })
 }
 
-/// `pairs` pairs of phases of `lab`'s flood, what is measured switched on (`turn(true)`) for
+/// Runs `pairs` pairs of phases of `lab`'s flood, what is measured switched on (`turn(true)`) for
 /// one phase of each and off for the other, the order alternating; progress on stderr, named
 /// `what`, every ten pairs.
 async fn alternate_pairs(
@@ -305,9 +319,9 @@ async fn alternate_pairs(
     Ok(measured)
 }
 
-/// A thread that spins for a set time in every `BURN_PERIOD` and sleeps the rest, or, while
-/// that time is zero, sleeps until it changes (so that the phases without it have no thread
-/// waking every period); it ends with its handle.
+/// Holds a thread that spins for a set time in every `BURN_PERIOD` and sleeps the rest, or, while
+/// that time is zero, sleeps until it changes (so that the phases without it have no thread waking
+/// every period); it ends with its handle.
 struct Burner {
     /// Nanoseconds to spin a period; `u64::MAX` tells the thread to end.
     burn_ns: Arc<AtomicU64>,
@@ -355,7 +369,7 @@ impl Drop for Burner {
     }
 }
 
-/// `TIMED_PHASES` phases of the flood, watching and not in turn, with the kernel's BPF
+/// Runs `TIMED_PHASES` phases of the flood, watching and not in turn, with the kernel's BPF
 /// run-time statistics on (Linux 5.8+; off again when the descriptor closes).
 async fn measure_cpu(
     lab: &mut Lab,
@@ -389,7 +403,7 @@ async fn measure_cpu(
     Ok(cpu)
 }
 
-/// The two-sided 95% quantile of Student's t with `df` degrees of freedom (table values,
+/// Returns the two-sided 95% quantile of Student's t with `df` degrees of freedom (table values,
 /// the next lower tabulated `df` for the ones between).
 fn t_quantile_975(df: usize) -> f64 {
     const TABLE: [(usize, f64); 14] = [
@@ -415,7 +429,7 @@ fn t_quantile_975(df: usize) -> f64 {
         .map_or(f64::INFINITY, |(_, t)| *t)
 }
 
-/// The geometric mean of `ratios` and its 95% interval (t on the logarithms), or `None` for
+/// Returns the geometric mean of `ratios` and its 95% interval (t on the logarithms), or `None` for
 /// fewer than two.
 fn geometric_interval(ratios: &[f64]) -> Option<(f64, f64, f64)> {
     if ratios.len() < 2 || ratios.iter().any(|ratio| *ratio <= 0.0) {
@@ -434,9 +448,9 @@ fn geometric_interval(ratios: &[f64]) -> Option<(f64, f64, f64)> {
 }
 
 impl WatchingCost {
-    /// The section of the bench's report: the ratio of throughput watched to not, its interval
-    /// and what the interval says about issue 13's goal (within noise: it holds ×1) and issue
-    /// 4's target (at most `target_loss_percent`).
+    /// Renders the section of the bench's report: the ratio of throughput watched to not, its
+    /// interval and what the interval says about issue 13's goal (within noise: it holds ×1) and
+    /// issue 4's target (at most `target_loss_percent`).
     pub fn render(&self, target_loss_percent: f64) -> String {
         let mut out = String::new();
         let (throughput, p99) = ratios(&self.pairs);
@@ -508,7 +522,7 @@ impl WatchingCost {
     }
 }
 
-/// Each pair's ratios, on to off: throughput, and p99 latency.
+/// Returns each pair's ratios, on to off: throughput, and p99 latency.
 fn ratios(pairs: &[Pair]) -> (Vec<f64>, Vec<f64>) {
     pairs
         .iter()
@@ -522,7 +536,7 @@ fn ratios(pairs: &[Pair]) -> (Vec<f64>, Vec<f64>) {
 }
 
 impl SameCpu {
-    /// Its lines of the report, compared with watching's throughput interval.
+    /// Renders its lines of the report, compared with watching's throughput interval.
     fn render(&self, out: &mut String, (watching_low, watching_high): (f64, f64)) {
         let (throughput, p99) = ratios(&self.pairs);
         let _ = write!(

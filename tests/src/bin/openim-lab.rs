@@ -1,5 +1,5 @@
-//! `openim-lab`: run a stand-in OpenIM msggateway cluster (3.5.1 by default, `--openim` for
-//! later releases) in network namespaces.
+//! Runs `openim-lab`: a stand-in OpenIM msggateway cluster (3.5.1 by default, `--openim` for later
+//! releases) in network namespaces.
 //!
 //! `openim-lab run --mode v3.5.1 --replicas 5 --users 50 [--scale-from 1] [--truth-file F]`
 //! `openim-lab demo --openim 3.7` (any of 3.5, 3.6, 3.7, 3.8, main; `--discovery etcd` too)
