@@ -1,6 +1,6 @@
-//! Starting on a live node: the connections to watched ports that were established before the
-//! programs were attached are found in the kernel's socket tables and each process's
-//! descriptors, and handed to the programs as if they had been seen connecting.
+//! Adopts the connections to watched ports that were established before the programs were
+//! attached, when starting on a live node: they are found in the kernel's socket tables and each
+//! process's descriptors, and handed to the programs as if they had been seen connecting.
 //!
 //! The kernel programs learn a connection at `connect` (its `struct sock` address, which
 //! `/proc` does not show), so an adopted connection is keyed by
@@ -28,8 +28,8 @@ use super::{
 };
 use crate::model::{Event, PortClass};
 
-/// What `KernelCapture::adopt_established` found and did: how many connections of each class
-/// it adopted, and the events that announce those watched at once.
+/// Records what `KernelCapture::adopt_established` found and did: how many connections of each
+/// class it adopted, and the events that announce those watched at once.
 #[derive(Debug, Default)]
 pub struct Adoption {
     pub events: Vec<Event>,
@@ -40,7 +40,7 @@ pub struct Adoption {
     pub outside_scope: usize,
 }
 
-/// A connection found established at start, with every descriptor that holds it.
+/// Describes a connection found established at start, with every descriptor that holds it.
 #[derive(Clone, Debug)]
 pub struct FoundConnection {
     pub inode: u64,
@@ -55,7 +55,7 @@ pub struct FoundConnection {
 }
 
 impl FoundConnection {
-    /// The `CONNECTIONS` value the programs would have made at `connect`.
+    /// Builds the `CONNECTIONS` value the programs would have made at `connect`.
     pub fn kernel_connection(&self) -> Connection {
         // As the programs record them: an IPv4-mapped address is the IPv4 endpoint it maps.
         let (family, saddr) = address_bytes(self.local.ip().to_canonical());
@@ -78,7 +78,7 @@ impl FoundConnection {
         }
     }
 
-    /// The `SOCKETS` value of each of its descriptors. A WebSocket joined after its upgrade
+    /// Builds the `SOCKETS` value of each of its descriptors. A WebSocket joined after its upgrade
     /// has nothing left that the capture policy wants (the rest is chat), so none of it is
     /// copied.
     pub fn socket_state(&self, id: u64) -> SocketState {
@@ -97,6 +97,7 @@ impl FoundConnection {
         }
     }
 
+    /// Returns the `SOCKETS` key of each of its descriptors.
     pub fn socket_keys(&self) -> impl Iterator<Item = SocketKey> + '_ {
         self.descriptors
             .iter()
@@ -122,7 +123,7 @@ fn address_bytes(ip: IpAddr) -> (u16, [u8; 16]) {
     }
 }
 
-/// Every established connection of this node whose remote port is watched and whose owner
+/// Finds every established connection of this node whose remote port is watched and whose owner
 /// `scope` admits (the programs test `--cgroup-scope` as they see a connection being made, and
 /// they saw none of these), with the descriptors that hold it; and how many `scope` left out.
 /// Sockets no process holds (being torn down) are left out too.
@@ -229,7 +230,7 @@ fn for_each_socket_descriptor(proc_root: &Path, mut visit: impl FnMut(u32, u32, 
     }
 }
 
-/// `socket:[12345]` → 12345.
+/// Reads a socket link's inode: `socket:[12345]` → 12345.
 fn socket_inode(link: &Path) -> Option<u64> {
     link.to_str()?
         .strip_prefix("socket:[")?
@@ -238,7 +239,7 @@ fn socket_inode(link: &Path) -> Option<u64> {
         .ok()
 }
 
-/// Where `/proc/<pid>/cgroup` paths start: the root of this observer's cgroup namespace, as a
+/// Finds where `/proc/<pid>/cgroup` paths start: the root of this observer's cgroup namespace, as a
 /// directory under `hierarchy` (the node's cgroup v2 hierarchy). The host's init lives in the
 /// hierarchy's root: /proc spells its cgroup `/` when the observer shares the host's namespace,
 /// and the namespace root is the hierarchy's. In a namespace of its own (a pod's, on a cgroup
@@ -264,11 +265,11 @@ fn namespace_root(hierarchy: &Path) -> Option<PathBuf> {
     Some(root)
 }
 
-/// How deep `listing_cgroup` looks: a pod's container is four levels down on a Kubernetes
+/// Bounds how deep `listing_cgroup` looks: a pod's container is four levels down on a Kubernetes
 /// node (`kubepods.slice/kubepods-burstable.slice/…-pod….slice/cri-containerd-….scope`).
 const MAX_CGROUP_DEPTH: usize = 8;
 
-/// The directory at or below `directory` whose `cgroup.procs` lists `pid`, at most `depth`
+/// Finds the directory at or below `directory` whose `cgroup.procs` lists `pid`, at most `depth`
 /// levels down. Read once at start, when the observer has its own cgroup namespace.
 fn listing_cgroup(directory: &Path, pid: u32, depth: usize) -> Option<PathBuf> {
     let listed = fs::read_to_string(directory.join("cgroup.procs")).unwrap_or_default();
@@ -285,7 +286,7 @@ fn listing_cgroup(directory: &Path, pid: u32, depth: usize) -> Option<PathBuf> {
         .find_map(|entry| listing_cgroup(&entry.path(), pid, depth - 1))
 }
 
-/// A process's cgroup v2 path as /proc spells it (from this observer's cgroup namespace).
+/// Reads a process's cgroup v2 path as /proc spells it (from this observer's cgroup namespace).
 fn proc_cgroup_path(process: &Path) -> Option<PathBuf> {
     let text = fs::read_to_string(process.join("cgroup")).ok()?;
     text.lines()
@@ -293,7 +294,7 @@ fn proc_cgroup_path(process: &Path) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
-/// A process's cgroup v2 directory under `hierarchy`, whose inode is the id
+/// Finds a process's cgroup v2 directory under `hierarchy`, whose inode is the id
 /// `bpf_get_current_cgroup_id` gives: its /proc path followed from `namespace_root`. `None`
 /// for a path that would leave the hierarchy.
 fn cgroup_directory(hierarchy: &Path, namespace_root: &Path, process: &Path) -> Option<PathBuf> {
@@ -311,7 +312,7 @@ fn cgroup_directory(hierarchy: &Path, namespace_root: &Path, process: &Path) -> 
     Some(directory)
 }
 
-/// Whether one of `descriptors` (`(tgid, fd)`, as adoption found them) still holds the socket
+/// Says whether one of `descriptors` (`(tgid, fd)`, as adoption found them) still holds the socket
 /// `inode`: an adopted connection none of whose descriptors does is gone.
 ///
 /// A readlink per descriptor rather than a read of every namespace's socket table: on a push

@@ -1,5 +1,5 @@
-//! Just enough of the kernel's BTF to find where a struct keeps a field: one pass over the type
-//! section that records where each type starts, then lookups by name and member path that read
+//! Reads just enough of the kernel's BTF to find where a struct keeps a field: one pass over the
+//! type section that records where each type starts, then lookups by name and member path that read
 //! only the types on that path.
 //!
 //! A general parser (`btfparse`, before) built every one of the kernel's ~100,000 types up
@@ -7,10 +7,10 @@
 //! observer unoptimised, most of each observer's start (7 of its 10 seconds under the kernel
 //! tests' emulated guests). The format is the kernel's `include/uapi/linux/btf.h`.
 
-/// A type's number in the BTF: 0 is `void`, the first type described is 1.
+/// Numbers a type in the BTF: 0 is `void`, the first type described is 1.
 pub type TypeId = u32;
 
-/// Why the bytes are not the BTF this reads.
+/// Says why the bytes are not the BTF this reads.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BtfError {
     #[error("not BTF in this machine's byte order (magic {0:#06x})")]
@@ -47,14 +47,15 @@ const KIND_FLOAT: u32 = 16;
 const KIND_DECL_TAG: u32 = 17;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
-/// Kinds 7 (forward declaration) and 12 (function) have no trailing data either.
+/// Names the last kind this knows. Kinds 7 (forward declaration) and 12 (function) have no
+/// trailing data either.
 const KIND_LAST: u32 = KIND_ENUM64;
 
-/// How deep anonymous members and arrays of arrays are followed: far past any real type, and
+/// Bounds how deep anonymous members and arrays of arrays are followed: far past any real type, and
 /// a damaged file's cycle stops here instead of overflowing the stack.
 const MAX_NESTING: usize = 32;
 
-/// A struct or union member found by `Btf::member`.
+/// Describes a struct or union member found by `Btf::member`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Member {
     pub type_id: TypeId,
@@ -64,7 +65,7 @@ pub struct Member {
     pub bitfield_bits: u32,
 }
 
-/// The kernel's types, indexed by where each starts in the file.
+/// Holds the kernel's types, indexed by where each starts in the file.
 pub struct Btf<'a> {
     types: &'a [u8],
     strings: &'a [u8],
@@ -72,7 +73,7 @@ pub struct Btf<'a> {
     starts: Vec<u32>,
 }
 
-/// One type's fixed part.
+/// Holds one type's fixed part.
 struct Header {
     name_offset: u32,
     kind: u32,
@@ -84,6 +85,11 @@ struct Header {
 
 impl<'a> Btf<'a> {
     /// Indexes `bytes`, a whole BTF file such as `/sys/kernel/btf/vmlinux`.
+    ///
+    /// # Errors
+    ///
+    /// Fails with a [`BtfError`] when the bytes do not start with BTF's magic in this machine's
+    /// byte order, end inside the header, a section or a type, or hold a type of an unknown kind.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, BtfError> {
         let magic = u16::from_ne_bytes([
             *bytes.first().ok_or(BtfError::Truncated("its header"))?,
@@ -121,7 +127,7 @@ impl<'a> Btf<'a> {
         })
     }
 
-    /// The struct named `name`, if there is one (the first, if there are several).
+    /// Returns the struct named `name`, if there is one (the first, if there are several).
     pub fn struct_named(&self, name: &str) -> Option<TypeId> {
         (1..=self.starts.len() as TypeId).find(|&id| {
             self.header(id).is_ok_and(|header| {
@@ -130,8 +136,8 @@ impl<'a> Btf<'a> {
         })
     }
 
-    /// The member at `path` (names joined by dots) of the struct or union `container`, looking
-    /// through anonymous structs and unions as C does.
+    /// Returns the member at `path` (names joined by dots) of the struct or union `container`,
+    /// looking through anonymous structs and unions as C does.
     pub fn member(&self, container: TypeId, path: &str) -> Option<Member> {
         let mut found = Member {
             type_id: container,
@@ -148,7 +154,12 @@ impl<'a> Btf<'a> {
         Some(found)
     }
 
-    /// The size of `id` in bytes, through typedefs and qualifiers.
+    /// Returns the size of `id` in bytes, through typedefs and qualifiers.
+    ///
+    /// # Errors
+    ///
+    /// Fails with a [`BtfError`] when `id` or a type it refers to is not in the BTF, or has no size
+    /// (a kind without one, a cycle of aliases, or arrays nested too deep).
     pub fn size_of(&self, id: TypeId) -> Result<usize, BtfError> {
         self.nested_size_of(id, MAX_NESTING)
     }
@@ -214,7 +225,7 @@ impl<'a> Btf<'a> {
         None
     }
 
-    /// `id` through typedefs, qualifiers and type tags.
+    /// Follows `id` through typedefs, qualifiers and type tags.
     fn strip_aliases(&self, mut id: TypeId) -> Result<TypeId, BtfError> {
         // A chain longer than the table is a cycle.
         for _ in 0..=self.starts.len() {
@@ -233,14 +244,14 @@ impl<'a> Btf<'a> {
         type_header(self.types, self.start(id)?)
     }
 
-    /// The data after type `id`'s fixed part.
+    /// Returns the data after type `id`'s fixed part.
     fn trailing(&self, id: TypeId) -> Result<&'a [u8], BtfError> {
         self.types
             .get(self.start(id)? + TYPE_LEN..)
             .ok_or(BtfError::Truncated("a type"))
     }
 
-    /// Where type `id` begins in the type section.
+    /// Returns where type `id` begins in the type section.
     fn start(&self, id: TypeId) -> Result<usize, BtfError> {
         id.checked_sub(1)
             .and_then(|index| self.starts.get(index as usize))
@@ -248,7 +259,7 @@ impl<'a> Btf<'a> {
             .ok_or(BtfError::NoSuchType(id))
     }
 
-    /// The NUL-terminated string at `offset` of the string section.
+    /// Returns the NUL-terminated string at `offset` of the string section.
     fn name(&self, offset: u32) -> Option<&'a [u8]> {
         let rest = self.strings.get(offset as usize..)?;
         memchr::memchr(0, rest).map(|end| &rest[..end])
@@ -267,7 +278,7 @@ fn type_header(types: &[u8], at: usize) -> Result<Header, BtfError> {
     })
 }
 
-/// Bytes that follow a type's fixed part, by its kind.
+/// Counts the bytes that follow a type's fixed part, by its kind.
 fn trailing_len(header: &Header) -> Result<usize, BtfError> {
     Ok(match header.kind {
         KIND_INT | KIND_VAR | KIND_DECL_TAG => 4,

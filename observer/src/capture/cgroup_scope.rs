@@ -1,6 +1,6 @@
-//! `--cgroup-scope DIR`: the cgroup v2 directories whose processes the kernel programs watch.
-//! Userspace only opens and checks them; the kernel keeps a reference to each cgroup once its
-//! fd is written into `CGROUP_SCOPE`, and tests membership itself.
+//! Opens the cgroup v2 directories of `--cgroup-scope DIR`, whose processes the kernel programs
+//! watch. Userspace only opens and checks them; the kernel keeps a reference to each cgroup once
+//! its fd is written into `CGROUP_SCOPE`, and tests membership itself.
 
 use std::{
     fs::{self, File},
@@ -14,6 +14,7 @@ use std::{
 use observer_records::MAX_CGROUP_SCOPES;
 use thiserror::Error;
 
+/// Says why a `--cgroup-scope` or `--cgroup-root` directory cannot be used.
 #[derive(Debug, Error)]
 pub enum ScopeError {
     #[error("too many --cgroup-scope directories ({count}); at most {MAX_CGROUP_SCOPES}")]
@@ -27,6 +28,12 @@ pub enum ScopeError {
 /// Opens every directory, in order, after checking each is a directory of a cgroup v2
 /// hierarchy (`bpf_current_task_under_cgroup` tests the v2 hierarchy only, so a v1 directory
 /// would silently match nothing).
+///
+/// # Errors
+///
+/// Fails with [`ScopeError::TooMany`] past `MAX_CGROUP_SCOPES` directories, and with
+/// [`ScopeError::Unusable`] when one is not a directory of a cgroup v2 hierarchy or cannot be
+/// opened.
 pub fn open(paths: &[PathBuf]) -> Result<Vec<File>, ScopeError> {
     if paths.len() > MAX_CGROUP_SCOPES as usize {
         return Err(ScopeError::TooMany { count: paths.len() });
@@ -42,7 +49,7 @@ pub fn open(paths: &[PathBuf]) -> Result<Vec<File>, ScopeError> {
         .collect()
 }
 
-/// `--cgroup-scope` where userspace decides: the connections found established at start,
+/// Applies `--cgroup-scope` where userspace decides: the connections found established at start,
 /// which no program saw being made. The directories are held by identity (device and inode),
 /// so that any mount of the hierarchy names them.
 #[derive(Debug)]
@@ -53,7 +60,8 @@ pub struct ScopeMembership {
 }
 
 impl ScopeMembership {
-    /// `scope` as `open` returned it; `hierarchy` as `hierarchy_path` finds it.
+    /// Builds the membership test from `scope` as `open` returned it; `hierarchy` as
+    /// `hierarchy_path` finds it.
     pub fn new(hierarchy: PathBuf, scope: &[File]) -> Self {
         let directories = scope
             .iter()
@@ -66,11 +74,12 @@ impl ScopeMembership {
         }
     }
 
+    /// Returns the cgroup v2 hierarchy processes' cgroups are looked up in.
     pub fn hierarchy(&self) -> &Path {
         &self.hierarchy
     }
 
-    /// Whether a process in `cgroup` (a directory under the hierarchy) is watched: any process
+    /// Says whether a process in `cgroup` (a directory under the hierarchy) is watched: any process
     /// without a scope; with one, a process in a scope directory or below one, and not a
     /// process whose cgroup is unknown.
     pub fn admits(&self, cgroup: Option<&Path>) -> bool {
@@ -87,10 +96,15 @@ impl ScopeMembership {
     }
 }
 
-/// The cgroup v2 hierarchy at `path`, or, on a hybrid host (cgroup v1 there), at
+/// Opens the cgroup v2 hierarchy at `path`, or, on a hybrid host (cgroup v1 there), at
 /// `path/unified`, and where that was: with `--cgroup-root`, where the packet programs attach
 /// (every socket of a process in a cgroup below it passes them). Or why `path` is not one, in
 /// a few words.
+///
+/// # Errors
+///
+/// Fails, with the reason in a few words, when neither `path` nor `path/unified` is a directory of
+/// a cgroup v2 hierarchy.
 pub fn open_hierarchy(path: &Path) -> Result<(PathBuf, File), String> {
     match open_cgroup2_directory(path) {
         Ok(directory) => Ok((path.to_owned(), directory)),
@@ -103,13 +117,13 @@ pub fn open_hierarchy(path: &Path) -> Result<(PathBuf, File), String> {
     }
 }
 
-/// Where the cgroup v2 hierarchy of `--cgroup-root` is: `path`, or its `unified` on a hybrid
+/// Says where the cgroup v2 hierarchy of `--cgroup-root` is: `path`, or its `unified` on a hybrid
 /// host; `path` itself when neither is cgroup v2.
 pub fn hierarchy_path(path: &Path) -> PathBuf {
     open_hierarchy(path).map_or_else(|_| path.to_owned(), |(path, _)| path)
 }
 
-/// Why `--cgroup-root` gives the packet programs no place to attach, in a few words each.
+/// Says why `--cgroup-root` gives the packet programs no place to attach, in a few words each.
 #[derive(Debug, PartialEq, Eq)]
 pub enum NoHierarchyRoot {
     /// Neither `path` nor its `unified` is cgroup v2: a cgroup v1 node, or a wrong directory.
@@ -118,8 +132,13 @@ pub enum NoHierarchyRoot {
     BelowRoot(String),
 }
 
-/// The root of the cgroup v2 hierarchy at `path` or `path/unified` (`open_hierarchy`); or why
-/// neither is one.
+/// Opens the root of the cgroup v2 hierarchy at `path` or `path/unified` (`open_hierarchy`), or
+/// says why neither is one.
+///
+/// # Errors
+///
+/// Fails with [`NoHierarchyRoot::NotCgroup2`] when neither is cgroup v2, and with
+/// [`NoHierarchyRoot::BelowRoot`] when the directory is a cgroup below its hierarchy's root.
 pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), NoHierarchyRoot> {
     let (path, directory) = open_hierarchy(path)
         .map_err(|reason| NoHierarchyRoot::NotCgroup2(format!("{}: {reason}", path.display())))?;
@@ -137,17 +156,23 @@ pub fn find_hierarchy_root(path: &Path) -> Result<(PathBuf, File), NoHierarchyRo
     Ok((path, directory))
 }
 
-/// From linux/mount.h (not in the `libc` crate).
+/// Names `fsopen`'s close-on-exec flag; it and the two below come from linux/mount.h (not in
+/// the `libc` crate).
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
 
-/// The root of the node's cgroup v2 hierarchy through a mount of the observer's own that no
+/// Opens the root of the node's cgroup v2 hierarchy through a mount of the observer's own that no
 /// directory holds (`fsopen`/`fsmount`, Linux 5.2): on a node whose cgroups are all v1 there
 /// is no other way to it, and nothing is left mounted behind, since the mount goes with the
 /// last descriptor of it (a program attached there holds the cgroup itself). Needs
 /// CAP_SYS_ADMIN. In a cgroup namespace of its own the mount shows that namespace's root,
 /// which is refused as any cgroup below the hierarchy's root is.
+///
+/// # Errors
+///
+/// Fails, naming the call and its errno, when `fsopen`, `fsconfig`, `fsmount` or `openat` fails, or
+/// when the mount shows this observer's cgroup namespace instead of the node's root.
 pub fn mount_private_hierarchy() -> Result<File, String> {
     let failed = |call: &str| format!("{call}: {}", std::io::Error::last_os_error());
     // SAFETY: a NUL-terminated name and flags; the result is a new descriptor or -1.
@@ -196,7 +221,7 @@ pub fn mount_private_hierarchy() -> Result<File, String> {
     Ok(File::from(root))
 }
 
-/// A descriptor a syscall returned, or `None` for its -1.
+/// Owns a descriptor a syscall returned, or `None` for its -1.
 fn owned_descriptor(result: libc::c_long) -> Option<OwnedFd> {
     let fd = libc::c_int::try_from(result).ok().filter(|fd| *fd >= 0)?;
     // SAFETY: the kernel just gave us this descriptor, owned by nothing else.
@@ -224,8 +249,8 @@ fn open_cgroup2_directory(path: &Path) -> Result<File, String> {
     Ok(directory)
 }
 
-/// A hybrid host's layout, for tests: a directory that is not cgroup v2 whose `unified` links
-/// to a hierarchy the test kit mounts.
+/// Holds a hybrid host's layout, for tests: a directory that is not cgroup v2 whose `unified`
+/// links to a hierarchy the test kit mounts.
 #[cfg(test)]
 pub(super) struct HybridLayout {
     _hierarchy: openim_test_kit::cgroup2::Cgroup2Mount,
@@ -234,7 +259,7 @@ pub(super) struct HybridLayout {
 
 #[cfg(test)]
 impl HybridLayout {
-    /// `None` without root, which mounting needs.
+    /// Mounts the layout; `None` without root, which mounting needs.
     pub(super) fn mount() -> Option<Self> {
         // SAFETY: geteuid(2) has no failure mode.
         if unsafe { libc::geteuid() } != 0 {

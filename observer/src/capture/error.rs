@@ -7,6 +7,7 @@ use super::{
     cgroup_scope::ScopeError, sock_layout::SockLayoutError, tracepoint_format::LayoutError,
 };
 
+/// Says why starting or reading the kernel programs failed.
 #[derive(Debug, Error)]
 pub enum CaptureError {
     #[error("built without the eBPF programs: build with `cargo xtask build`")]

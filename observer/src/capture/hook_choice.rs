@@ -1,5 +1,5 @@
-//! `--capture-hook`: which programs copy the watched bytes. `auto` takes the packet hook
-//! wherever the node allows it, since then no syscall on the node pays for the observer, and
+//! Chooses, for `--capture-hook`, which programs copy the watched bytes. `auto` takes the packet
+//! hook wherever the node allows it, since then no syscall on the node pays for the observer, and
 //! says why not where it falls back to the syscall hook.
 
 use std::{fs::File, path::Path};
@@ -11,7 +11,7 @@ use super::{
     programs::CaptureHook,
 };
 
-/// What `--capture-hook` asks for.
+/// Says what `--capture-hook` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum HookChoice {
     /// `packets` where this process holds CAP_NET_ADMIN and --cgroup-root is the root of the
@@ -28,7 +28,7 @@ pub enum HookChoice {
     Packets,
 }
 
-/// The hook chosen, where its programs attach, and why.
+/// Records the hook chosen, where its programs attach, and why.
 #[derive(Debug)]
 pub(super) struct ChosenHook {
     pub hook: CaptureHook,
@@ -38,6 +38,12 @@ pub(super) struct ChosenHook {
     pub reason: String,
 }
 
+/// Chooses the hook `choice` asks for, and where its programs attach.
+///
+/// # Errors
+///
+/// Fails with [`CaptureError::Scope`] ([`ScopeError::RootUnusable`]) when `packets` is asked for
+/// and `cgroup_root` holds no cgroup v2 hierarchy, nor can one be mounted privately.
 pub(super) fn choose(
     choice: HookChoice,
     cgroup_root: &Path,
@@ -77,7 +83,7 @@ pub(super) fn choose(
     })
 }
 
-/// The syscall hook, after the kernel refused the packet hook that `auto` chose.
+/// Chooses the syscall hook after the kernel refused the packet hook that `auto` chose.
 pub(super) fn after_packet_hook_refusal(refusal: &CaptureError) -> ChosenHook {
     ChosenHook {
         hook: CaptureHook::Syscalls,
@@ -120,8 +126,8 @@ fn choose_automatically(cgroup_root: &Path, capabilities: Capabilities) -> Chose
     }
 }
 
-/// Where `--cgroup-root` holds no cgroup v2 hierarchy (a node whose cgroups are all v1), the
-/// node's all the same, through a mount of this process's own; or why not.
+/// Opens the node's cgroup v2 hierarchy where `--cgroup-root` holds none (a node whose cgroups
+/// are all v1), through a mount of this process's own; or says why not.
 fn private_hierarchy(capabilities: Capabilities) -> Result<File, String> {
     if !capabilities.may_mount() {
         return Err("mounting one privately needs CAP_SYS_ADMIN".to_owned());

@@ -40,11 +40,11 @@ use super::{
 };
 use crate::model::{Event, EventKind, PortClass, TcpState};
 
-/// Whether this build embeds the eBPF programs; without them `KernelCapture::start` fails with
+/// Says whether this build embeds the eBPF programs; without them `KernelCapture::start` fails with
 /// `CaptureError::BuiltWithoutPrograms`.
 pub const PROGRAMS_EMBEDDED: bool = cfg!(ebpf_programs);
 
-/// The loaded and attached programs. Dropping it detaches and unloads them all.
+/// Holds the loaded and attached programs. Dropping it detaches and unloads them all.
 pub struct KernelCapture {
     ring: AsyncFd<RingBuf<MapData>>,
     counters: PerCpuArray<MapData, u64>,
@@ -106,6 +106,12 @@ impl Drop for KernelCapture {
 impl KernelCapture {
     /// Checks privileges and tracefs, loads the programs, configures and attaches them.
     /// Must run inside a tokio runtime (the ring buffer and the log reader are async).
+    ///
+    /// # Errors
+    ///
+    /// Fails with a [`CaptureError`] when the build has no programs, an option or directory is
+    /// unusable, privileges or tracefs are missing, or the kernel refuses a program, map or
+    /// tracepoint; under `auto`, a refused packet hook falls back to the syscall hook first.
     pub fn start(options: &CaptureOptions) -> Result<Self, CaptureError> {
         if !PROGRAMS_EMBEDDED {
             return Err(CaptureError::BuiltWithoutPrograms);
@@ -128,7 +134,8 @@ impl KernelCapture {
         }
     }
 
-    /// `start` with the hook chosen. Everything it loaded and attached is released on failure.
+    /// Starts the programs with the hook chosen. Everything it loaded and attached is released on
+    /// failure.
     fn start_hook(
         options: &CaptureOptions,
         scope: &[std::fs::File],
@@ -212,27 +219,32 @@ impl KernelCapture {
         })
     }
 
-    /// How this kernel walks a call's buffers: `CopyWalk::BpfLoop` or `CopyWalk::TailCalls`;
+    /// Says how this kernel walks a call's buffers: `CopyWalk::BpfLoop` or `CopyWalk::TailCalls`;
     /// `None` with the packet hook, which copies from packets.
     pub fn copy_walk(&self) -> Option<CopyWalk> {
         self.copy_walk
     }
 
+    /// Returns the hook whose programs copy the watched bytes.
     pub fn capture_hook(&self) -> CaptureHook {
         self.capture_hook
     }
 
-    /// Which tracepoint tells the programs about TCP state changes.
+    /// Says which tracepoint tells the programs about TCP state changes.
     pub fn state_tracepoint(&self) -> StateTracepoint {
         self.state_tracepoint
     }
 
-    /// Why `capture_hook`: the flag that asked for it, or what `HookChoice::Auto` found.
+    /// Says why `capture_hook`: the flag that asked for it, or what `HookChoice::Auto` found.
     pub fn capture_hook_reason(&self) -> &str {
         &self.capture_hook_reason
     }
 
     /// Waits until the kernel has produced records, then converts up to one batch of them.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`CaptureError::Read`] when waiting for the ring buffer to become readable fails.
     pub async fn read_batch(&mut self, events: &mut Vec<Event>) -> Result<Drained, CaptureError> {
         let mut guard = self.ring.readable_mut().await?;
         let from = events.len();
@@ -247,7 +259,7 @@ impl KernelCapture {
         Ok(drained)
     }
 
-    /// With the packet hook, passes the events from `from` on through `reorder` (records
+    /// Passes the events from `from` on, with the packet hook, through `reorder` (records
     /// ahead of a gap wait for its fill), with those whose wait is over.
     fn put_in_order(&mut self, events: &mut Vec<Event>, from: usize) {
         let Some(reorder) = &mut self.reorder else {
@@ -264,7 +276,7 @@ impl KernelCapture {
         self.reorder_scratch = fresh;
     }
 
-    /// The capture ends: records still waiting for a gap to fill go on, in order.
+    /// Releases the records still waiting for a gap to fill, in order: the capture ends.
     pub fn release_held(&mut self, events: &mut Vec<Event>) {
         events.append(&mut self.released);
         if let Some(reorder) = &mut self.reorder {
@@ -272,13 +284,13 @@ impl KernelCapture {
         }
     }
 
-    /// Whether records wait in userspace for a later drain: held for a gap to fill, or
+    /// Says whether records wait in userspace for a later drain: held for a gap to fill, or
     /// released by the reconciliation and not yet passed on.
     pub fn holds_records(&self) -> bool {
         !self.released.is_empty() || self.reorder.as_ref().is_some_and(Reorder::holds)
     }
 
-    /// What putting the packet hook's records in order did (`None` with the syscall hook).
+    /// Returns what putting the packet hook's records in order did (`None` with the syscall hook).
     pub fn reorder_counters(&self) -> Option<ReorderCounters> {
         self.reorder.as_ref().map(Reorder::counters)
     }
@@ -535,6 +547,13 @@ impl KernelCapture {
         }
     }
 
+    /// Reads the kernel side's counters: the programs' own, summed over CPUs, and what the kernel
+    /// counted of their runs.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`CaptureError::Setup`] when the `COUNTERS` map or a program's info cannot be
+    /// read.
     pub fn counters(&self) -> Result<KernelCounters, CaptureError> {
         let mut totals = KernelCounters::default();
         totals.stale_entries_removed = self.stale_entries.removed;
@@ -560,7 +579,7 @@ impl KernelCapture {
     }
 }
 
-/// What the engine learns of an adopted connection: it exists, established, from now on.
+/// Builds what the engine learns of an adopted connection: it exists, established, from now on.
 fn adopted_event(connection: &FoundConnection, id: u64, ts_ns: u64) -> Event {
     let owner = connection.descriptors.first().map_or(0, |(tgid, _)| *tgid);
     Event {

@@ -1,19 +1,20 @@
-//! The kernel side's counters as userspace reads them (`KernelCapture::counters`): the
+//! Holds the kernel side's counters as userspace reads them (`KernelCapture::counters`): the
 //! programs' own, one total per `Counter` summed over CPUs, and what the kernel counted of
 //! their runs (`program_runs`).
 
 use observer_records::{COUNTER_COUNT, Counter};
 
-/// The name `program_runs_skipped` has among the counters (stop line, `/metrics`).
+/// Names the skipped runs among the counters (stop line, `/metrics`).
 const RUNS_SKIPPED: &str = "program_runs_skipped";
-/// The names of the timed runs and their time on the stop line.
+/// Names the timed runs and their time on the stop line.
 const RUNS_TIMED: &str = "program_runs_timed";
 const RUN_TIME_NS: &str = "program_run_time_ns";
-/// The name of the entries removed by userspace's sweeps on the stop line.
+/// Names the entries removed by userspace's sweeps on the stop line.
 const STALE_ENTRIES_REMOVED: &str = "stale_entries_removed";
 
-/// Kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object keyed
-/// by `Counter::name`, `RUNS_SKIPPED`, `RUNS_TIMED`, `RUN_TIME_NS` and `STALE_ENTRIES_REMOVED`.
+/// Holds the kernel-side counters, summed over CPUs; indexed by `Counter`, serialised as an object
+/// keyed by `Counter::name`, `RUNS_SKIPPED`, `RUNS_TIMED`, `RUN_TIME_NS` and
+/// `STALE_ENTRIES_REMOVED`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelCounters {
     programs: [u64; COUNTER_COUNT as usize],
@@ -32,8 +33,8 @@ pub struct KernelCounters {
 }
 
 impl KernelCounters {
-    /// Every counter the kernel has, by name: the programs' own, then the skipped runs where
-    /// counted.
+    /// Returns every counter the kernel has, by name: the programs' own, then the skipped runs
+    /// where counted.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         Counter::ALL
             .into_iter()

@@ -1,4 +1,4 @@
-//! What an older kernel lacks, named from the verifier's refusal instead of quoting its log.
+//! Names what an older kernel lacks from the verifier's refusal instead of quoting its log.
 //!
 //! The programs need Linux 5.8: the BPF ring buffer and `bpf_ringbuf_query` (5.8),
 //! `bpf_probe_read_user` (5.5), bounded loops (5.3, the payload copy's 40-step programs where
@@ -8,11 +8,11 @@
 //! fails when the map is created (`CaptureError::NoRingBuffer`); these are the refusals that
 //! come later, from the verifier.
 
-/// The oldest kernel with everything the programs use.
+/// Names the oldest kernel with everything the programs use.
 const NEEDED: &str = "Linux 5.8 or newer";
 
-/// Helpers the programs call that are younger than the tracepoints (uapi/linux/bpf.h ids): a
-/// kernel that lacks one does not know its name either, its verifier says `unknown#134`.
+/// Lists the helpers the programs call that are younger than the tracepoints (uapi/linux/bpf.h
+/// ids): a kernel that lacks one does not know its name either, its verifier says `unknown#134`.
 const YOUNG_HELPERS: &[(u32, &str)] = &[
     (112, "bpf_probe_read_user"),
     (130, "bpf_ringbuf_output"),
@@ -22,7 +22,7 @@ const YOUNG_HELPERS: &[(u32, &str)] = &[
     (134, "bpf_ringbuf_query"),
 ];
 
-/// A one-line name for the feature the verifier's log says is missing, if it says so.
+/// Returns a one-line name for the feature the verifier's log says is missing, if it says so.
 pub fn missing_feature(verifier_log: &str) -> Option<String> {
     if let Some(rest) = verifier_log.split("unknown func ").nth(1) {
         // `unknown func bpf_ringbuf_query#134`, or `unknown func unknown#134` on a kernel that

@@ -20,10 +20,11 @@ use super::{
     sock_layout::StateTracepoint,
 };
 
-/// The eBPF object built by `cargo xtask build`, embedded so the binary is self-contained.
+/// Embeds the eBPF object built by `cargo xtask build`, so that the binary is self-contained.
 #[cfg(ebpf_programs)]
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJECT"));
-/// Built without the object (build.rs warned): `KernelCapture::start` refuses.
+/// Stands in for the object in a build without it (build.rs warned): `KernelCapture::start`
+/// refuses.
 #[cfg(not(ebpf_programs))]
 static EBPF_OBJECT: &[u8] = &[];
 
@@ -60,7 +61,7 @@ pub(super) fn load(
         .map_err(|err| programs::classify_load_error(&err, memlock_in_the_way))
 }
 
-/// The maps [`configure`] wrote, which must stay open until the programs are loaded.
+/// Holds the maps [`configure`] wrote, which must stay open until the programs are loaded.
 pub(super) struct Configured {
     _watched: Array<MapData, u64>,
     _scope: CgroupArray<MapData>,
@@ -116,7 +117,7 @@ pub(super) fn configure(
     })
 }
 
-/// The maps userspace keeps reading or writing after the start.
+/// Holds the maps userspace keeps reading or writing after the start.
 pub(super) struct Maps {
     pub(super) ring: RingBuf<MapData>,
     pub(super) counters: PerCpuArray<MapData, u64>,
@@ -130,6 +131,11 @@ pub(super) struct Maps {
 
 impl Maps {
     /// Takes the maps out of the loaded object (`PACKET_STREAMS` only with the packet hook).
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`CaptureError::Setup`] when a map is missing from the object or of another type,
+    /// or `READER_AWAKE` cannot be mapped.
     pub(super) fn take(ebpf: &mut Ebpf, capture_hook: CaptureHook) -> Result<Self, CaptureError> {
         let reader_awake = match ebpf.take_map("READER_AWAKE") {
             Some(aya::maps::Map::Array(map)) => ReaderAwake::map(map, page_size() as usize)

@@ -1,4 +1,4 @@
-//! Capture: what the kernel programs saw, as `model::Event`s, whether the events come live from
+//! Captures what the kernel programs saw, as `model::Event`s, whether the events come live from
 //! the kernel (`kernel`) or from a recording (`recording`).
 
 pub mod adopt;

@@ -1,4 +1,4 @@
-//! What a capture watches and how much it copies (`CaptureOptions`, built from the command
+//! Defines what a capture watches and how much it copies (`CaptureOptions`, built from the command
 //! line), checked before anything is loaded, and the watched ports as the programs' map holds
 //! them.
 
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::{error::CaptureError, hook_choice::HookChoice, programs::CopyWalk, sock_layout};
 
-/// What to watch and how much to copy.
+/// Says what to watch and how much to copy.
 #[derive(Clone, Debug)]
 pub struct CaptureOptions {
     pub grpc_ports: Vec<u16>,
@@ -26,8 +26,8 @@ pub struct CaptureOptions {
     pub cgroup_root: PathBuf,
 }
 
-/// The non-zero words of `WATCHED_PORTS` for the watched ports: each port's `PortClass` at its
-/// `watched_port_slot`.
+/// Builds the non-zero words of `WATCHED_PORTS` for the watched ports: each port's `PortClass` at
+/// its `watched_port_slot`.
 pub(super) fn watched_port_words(options: &CaptureOptions) -> std::collections::BTreeMap<u32, u64> {
     let mut words = std::collections::BTreeMap::new();
     for (ports, class) in [
@@ -45,6 +45,13 @@ pub(super) fn watched_port_words(options: &CaptureOptions) -> std::collections::
     words
 }
 
+/// Checks the options before anything is loaded: the number of watched ports, no port in both
+/// classes, and the ring's size.
+///
+/// # Errors
+///
+/// Fails with [`CaptureError::TooManyPorts`], [`CaptureError::PortInBothClasses`] or
+/// [`CaptureError::BadRingSize`] (not a power of two, or smaller than a page).
 pub(super) fn validate_options(options: &CaptureOptions) -> Result<(), CaptureError> {
     let count = options.grpc_ports.len() + options.websocket_ports.len();
     if count > observer_records::MAX_WATCHED_PORTS as usize {
@@ -67,6 +74,7 @@ pub(super) fn validate_options(options: &CaptureOptions) -> Result<(), CaptureEr
     Ok(())
 }
 
+/// Returns the page size, 4096 where `sysconf` cannot say.
 pub(super) fn page_size() -> u32 {
     // SAFETY: sysconf has no preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };

@@ -1,4 +1,4 @@
-//! What the kernel accounts to each of the observer's programs (`bpf_prog_info`): the runs it
+//! Reads what the kernel accounts to each of the observer's programs (`bpf_prog_info`): the runs it
 //! skipped, and the runs it timed.
 //!
 //! Skipped runs. A tracing program does not run again on a CPU where it is already running: a
@@ -24,7 +24,7 @@ use std::{
 
 use aya_obj::generated::{bpf_attr, bpf_attr__bindgen_ty_9, bpf_cmd, bpf_prog_info};
 
-/// What the kernel counted of one program's runs.
+/// Records what the kernel counted of one program's runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProgramRuns {
     /// Runs timed, and their time: counted only while the kernel's BPF statistics are on.
@@ -35,7 +35,12 @@ pub struct ProgramRuns {
     pub skipped: Option<u64>,
 }
 
-/// What the kernel counted so far of the runs of the program behind `program`.
+/// Reads what the kernel counted so far of the runs of the program behind `program`.
+///
+/// # Errors
+///
+/// Fails with the system call's error when the kernel will not give the program's info
+/// (`BPF_OBJ_GET_INFO_BY_FD`).
 pub fn program_runs(program: impl AsFd) -> io::Result<ProgramRuns> {
     // SAFETY: `bpf_prog_info` is plain integers; zero is what the kernel expects in every field
     // it does not fill, and in the tail past its own version of the struct.

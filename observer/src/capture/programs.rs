@@ -1,4 +1,4 @@
-//! The programs' side of start-up: which program serves which tracepoint, loading them (and
+//! Handles the programs' side of start-up: which program serves which tracepoint, loading them (and
 //! naming what the verifier refused), attaching them, and forwarding their log.
 
 use std::fs::File;
@@ -15,7 +15,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::{error::CaptureError, sock_layout::StateTracepoint};
 
-/// Which program serves which tracepoints. One program may serve several syscalls whose
+/// Says which program serves which tracepoints. One program may serve several syscalls whose
 /// arguments share a layout (write and sendto both start with fd, buf, len). Attached in this
 /// order, each syscall's exit before its entry: an entry's claim (`PENDING_CONNECTS`,
 /// `IN_FLIGHT`) is removed by its exit, and a claim made while the exit was not yet attached
@@ -43,25 +43,25 @@ pub(super) const ATTACHMENTS: &[(&str, &str, &str)] = &[
     ("sys_enter_connect", "syscalls", "sys_enter_connect"),
 ];
 
-/// The tracepoints of `CaptureHook::Packets`: connections become watched at SYN_SENT, the bytes
-/// come from `PACKET_PROGRAMS`.
+/// Lists the tracepoints of `CaptureHook::Packets`: connections become watched at SYN_SENT, the
+/// bytes come from `PACKET_PROGRAMS`.
 const PACKET_TRACEPOINTS: &[(&str, &str, &str)] = &[STATE_CHANGES];
 
-/// TCP state changes from the formatted tracepoint, in both hooks' lists; with
+/// Names the formatted tracepoint of TCP state changes, in both hooks' lists; with
 /// `StateTracepoint::Raw`, `RAW_STATE_PROGRAM` serves them instead.
 const STATE_CHANGES: (&str, &str, &str) = ("inet_sock_set_state", "sock", "inet_sock_set_state");
 
-/// The raw tracepoint's program, and the tracepoint it attaches to.
+/// Names the raw tracepoint's program, and the tracepoint it attaches to.
 const RAW_STATE_PROGRAM: (&str, &str) = ("raw_sock_state", "inet_sock_set_state");
 
-/// The `cgroup_skb` programs of `CaptureHook::Packets`, attached at `--cgroup-root` before the
-/// tracepoint that feeds them.
+/// Lists the `cgroup_skb` programs of `CaptureHook::Packets`, attached at `--cgroup-root` before
+/// the tracepoint that feeds them.
 const PACKET_PROGRAMS: &[(&str, CgroupSkbAttachType)] = &[
     ("packet_egress", CgroupSkbAttachType::Egress),
     ("packet_ingress", CgroupSkbAttachType::Ingress),
 ];
 
-/// Where the kernel copies the bytes of watched connections: what `HookChoice` came to.
+/// Says where the kernel copies the bytes of watched connections: what `HookChoice` came to.
 /// Serialised by its `name`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CaptureHook {
@@ -80,7 +80,7 @@ impl serde::Serialize for CaptureHook {
 }
 
 impl CaptureHook {
-    /// Its name as `observer_started` and `--capture-hook` spell it.
+    /// Returns its name as `observer_started` and `--capture-hook` spell it.
     pub fn name(self) -> &'static str {
         match self {
             CaptureHook::Syscalls => "syscalls",
@@ -88,7 +88,7 @@ impl CaptureHook {
         }
     }
 
-    /// The formatted tracepoints this hook attaches, whose layouts are checked before
+    /// Lists the formatted tracepoints this hook attaches, whose layouts are checked before
     /// loading: all of them, but TCP state changes only from the formatted one.
     pub(super) fn tracepoints(
         self,
@@ -114,26 +114,27 @@ impl CaptureHook {
     }
 }
 
-/// The exit program of `ATTACHMENTS` stands for one of two, chosen at load (`CopyWalk`).
+/// Names the exit program of `ATTACHMENTS`, which stands for one of two, chosen at load
+/// (`CopyWalk`).
 const EXIT_PROGRAM: &str = "sys_exit_io";
 
-/// `EXIT_PROGRAM` for kernels without `bpf_loop`, and the program its copy continues in.
+/// Names `EXIT_PROGRAM` for kernels without `bpf_loop`, and the program its copy continues in.
 const EXIT_PROGRAM_BOUNDED: &str = "sys_exit_io_bounded";
 
 const COPY_CONTINUE_PROGRAM: &str = "copy_continue";
 
-/// The slot of `COPY_CONTINUE_PROGRAM` in the `COPY_PROGRAMS` map (`maps::COPY_CONTINUE`).
+/// Numbers the slot of `COPY_CONTINUE_PROGRAM` in the `COPY_PROGRAMS` map (`maps::COPY_CONTINUE`).
 const COPY_CONTINUE_SLOT: u32 = 0;
 
-/// Names of our programs as the kernel lists them (truncated to 15 bytes by the kernel), so a
-/// check can tell whether any is still loaded.
+/// Lists the names of our programs as the kernel lists them (truncated to 15 bytes by the kernel),
+/// so a check can tell whether any is still loaded.
 pub fn program_names() -> impl Iterator<Item = &'static str> {
     tracepoint_program_names()
         .chain(PACKET_PROGRAMS.iter().map(|(program, _)| *program))
         .chain([RAW_STATE_PROGRAM.0])
 }
 
-/// Names of the programs attached to tracepoints, whose reads `tracepoint_format` checks.
+/// Lists the names of the programs attached to tracepoints, whose reads `tracepoint_format` checks.
 pub(super) fn tracepoint_program_names() -> impl Iterator<Item = &'static str> {
     let mut names: Vec<&str> = ATTACHMENTS.iter().map(|(program, _, _)| *program).collect();
     names.dedup();
@@ -141,7 +142,7 @@ pub(super) fn tracepoint_program_names() -> impl Iterator<Item = &'static str> {
     names.into_iter()
 }
 
-/// How the kernel walks a call's buffers (observer-ebpf/src/copy.rs). Both follow every iovec
+/// Says how the kernel walks a call's buffers (observer-ebpf/src/copy.rs). Both follow every iovec
 /// entry a call may have (`IOV_MAX`); they differ in what the kernel must offer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -244,7 +245,7 @@ fn load_exit_program(ebpf: &mut Ebpf, wanted: CopyWalk) -> Result<CopyWalk, Capt
     Ok(CopyWalk::TailCalls)
 }
 
-/// The object's program `program_name`, as the program type it was built as.
+/// Returns the object's program `program_name`, as the program type it was built as.
 fn typed_program<'a, P>(ebpf: &'a mut Ebpf, program_name: &str) -> Result<&'a mut P, CaptureError>
 where
     &'a mut P: TryFrom<&'a mut Program, Error = ProgramError>,
@@ -255,7 +256,7 @@ where
         .map_err(|err: ProgramError| CaptureError::Setup(err.to_string()))
 }
 
-/// The kernel refused to load `program_name`: why, in a line.
+/// Says in a line why the kernel refused to load `program_name`.
 fn rejected(program_name: &str, err: &ProgramError) -> CaptureError {
     CaptureError::ProgramRejected {
         program: program_name.to_owned(),
@@ -306,7 +307,7 @@ fn attach(
     Ok(())
 }
 
-/// The raw tracepoint of TCP state changes: BPF_RAW_TRACEPOINT_OPEN, no perf event.
+/// Attaches the raw tracepoint of TCP state changes: BPF_RAW_TRACEPOINT_OPEN, no perf event.
 fn attach_raw_state_program(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     let (program_name, tracepoint) = RAW_STATE_PROGRAM;
     let program: &mut RawTracePoint = typed_program(ebpf, program_name)?;
@@ -321,7 +322,7 @@ fn attach_raw_state_program(ebpf: &mut Ebpf) -> Result<(), CaptureError> {
     Ok(())
 }
 
-/// Why a tracepoint did not attach, in one line: the failed call and its errno (aya's error
+/// Says why a tracepoint did not attach, in one line: the failed call and its errno (aya's error
 /// and its source), and for a refusal what on the node decides it.
 fn attach_failure(err: &(dyn std::error::Error + 'static)) -> String {
     let refused = last_cause(err)
@@ -339,9 +340,10 @@ fn attach_failure(err: &(dyn std::error::Error + 'static)) -> String {
 
 const PERF_EVENT_PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
 
-/// Debian's kernels (and kernels built like them) read `kernel.perf_event_paranoid` above 2 as
-/// "perf_event_open for CAP_SYS_ADMIN only", CAP_PERFMON or not, and default it to 3: every
-/// tracepoint the programs attach through is then refused to the least-privileged pod.
+/// Hints at what refused `perf_event_open`: Debian's kernels (and kernels built like them) read
+/// `kernel.perf_event_paranoid` above 2 as "perf_event_open for CAP_SYS_ADMIN only", CAP_PERFMON or
+/// not, and default it to 3: every tracepoint the programs attach through is then refused to the
+/// least-privileged pod.
 fn perf_paranoia_hint(paranoid: Option<&str>) -> String {
     match paranoid.and_then(|text| text.trim().parse::<i32>().ok()) {
         Some(level) if level > 2 => format!(
@@ -355,8 +357,8 @@ fn perf_paranoia_hint(paranoid: Option<&str>) -> String {
     }
 }
 
-/// The verifier log can run to thousands of lines: a feature this kernel lacks is named as
-/// such, otherwise the log's last lines say what went wrong. The statistics the verifier
+/// Shortens the verifier log, which can run to thousands of lines: a feature this kernel lacks is
+/// named as such, otherwise the log's last lines say what went wrong. The statistics the verifier
 /// appends ("processed N insns", "verification time", stack depth) are left out: they would
 /// push the refusal itself out of the summary.
 fn verifier_summary(err: &ProgramError) -> String {
@@ -382,7 +384,7 @@ fn is_verifier_statistics(line: &str) -> bool {
         || line.starts_with("stack depth")
 }
 
-/// An error's message followed by its innermost cause's: aya's messages name the system call
+/// Writes an error's message followed by its innermost cause's: aya's messages name the system call
 /// that failed but not its answer ("Operation not permitted"), which says why.
 fn with_cause(err: &(dyn std::error::Error + 'static)) -> String {
     let cause = last_cause(err);
@@ -393,7 +395,7 @@ fn with_cause(err: &(dyn std::error::Error + 'static)) -> String {
     }
 }
 
-/// The end of `err`'s chain of sources: for a failed system call, its `io::Error`.
+/// Returns the end of `err`'s chain of sources: for a failed system call, its `io::Error`.
 fn last_cause<'e>(
     err: &'e (dyn std::error::Error + 'static),
 ) -> &'e (dyn std::error::Error + 'static) {
@@ -404,9 +406,10 @@ fn last_cause<'e>(
     cause
 }
 
-/// `memlock_in_the_way`: the RLIMIT_MEMLOCK the kernel charges and the observer could not lift
-/// (`host::raise_memlock_limit`). A map it refuses then fails with "Operation not permitted",
-/// the ring buffer first, which would otherwise read as a kernel without one.
+/// Classifies a load error with `memlock_in_the_way`: the RLIMIT_MEMLOCK the kernel charges and the
+/// observer could not lift (`host::raise_memlock_limit`). A map it refuses then fails with
+/// "Operation not permitted", the ring buffer first, which would otherwise read as a kernel without
+/// one.
 pub(super) fn classify_load_error(
     err: &aya::EbpfError,
     memlock_in_the_way: Option<u64>,

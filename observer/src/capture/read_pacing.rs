@@ -1,4 +1,4 @@
-//! How soon the reader reads the ring again after a read that found records.
+//! Decides how soon the reader reads the ring again after a read that found records.
 //!
 //! While records keep coming the reader polls instead of being woken (`KernelCapture::
 //! reader_polls`): each poll is a timer wakeup of the daemon, about a thousand a second at a
@@ -26,21 +26,22 @@
 
 use std::time::{Duration, Instant};
 
-/// The follow-up at low load: an alert waits about this long for the read that finds it.
+/// Sets the follow-up at low load: an alert waits about this long for the read that finds it.
 pub const READ_FOLLOW_UP: Duration = Duration::from_millis(1);
-/// The follow-up under sustained traffic.
+/// Sets the follow-up under sustained traffic.
 pub const BUSY_READ_FOLLOW_UP: Duration = Duration::from_millis(3);
-/// The traffic that counts as sustained: records a second, over at least `BUSY_WINDOW`. A
+/// Sets the traffic that counts as sustained: records a second, over at least `BUSY_WINDOW`. A
 /// single push's burst (about 15 records within a millisecond) is far below it over the
 /// window, the lab's push flood (20,000–30,000 a second) far above.
 pub const BUSY_RECORDS_PER_SECOND: f64 = 5_000.0;
+/// Sets the shortest window over which traffic counts as sustained.
 pub const BUSY_WINDOW: Duration = Duration::from_millis(50);
-/// The first drain after a drain found nothing.
+/// Sets the delay of the first drain after a drain found nothing.
 pub const FIRST_QUIET_DRAIN: Duration = Duration::from_millis(10);
-/// The longest wait between drains while nothing comes.
+/// Bounds the wait between drains while nothing comes.
 pub const LONGEST_QUIET_DRAIN: Duration = Duration::from_millis(250);
 
-/// The records read since `window_start`, whether the last full window was busy, and the
+/// Tracks the records read since `window_start`, whether the last full window was busy, and the
 /// next quiet drain's delay.
 #[derive(Debug)]
 pub struct ReadPacing {
@@ -51,6 +52,7 @@ pub struct ReadPacing {
 }
 
 impl ReadPacing {
+    /// Starts pacing at `now`, at low load.
     pub fn new(now: Instant) -> Self {
         Self {
             window_start: now,
@@ -60,8 +62,8 @@ impl ReadPacing {
         }
     }
 
-    /// A drain found nothing: when to drain again. Twice as long as the last time, up to
-    /// `LONGEST_QUIET_DRAIN`, unless records wait for a gap to fill (`holding`): their release
+    /// Returns when to drain again after a drain found nothing. Twice as long as the last time, up
+    /// to `LONGEST_QUIET_DRAIN`, unless records wait for a gap to fill (`holding`): their release
     /// waits on drains, so those stay at `FIRST_QUIET_DRAIN`.
     pub fn quiet(&mut self, holding: bool) -> Duration {
         if holding {
@@ -72,9 +74,9 @@ impl ReadPacing {
         next
     }
 
-    /// A read at `now` found `records` (at least one): when to read again. A window ends at
-    /// the first read past `BUSY_WINDOW`, so a quiet spell ends in a window with few records
-    /// over a long time, which is not busy.
+    /// Returns when to read again after a read at `now` found `records` (at least one). A window
+    /// ends at the first read past `BUSY_WINDOW`, so a quiet spell ends in a window with few
+    /// records over a long time, which is not busy.
     pub fn follow_up(&mut self, records: usize, now: Instant) -> Duration {
         self.quiet_drain = FIRST_QUIET_DRAIN;
         self.window_records += records;
@@ -93,7 +95,7 @@ impl ReadPacing {
     }
 }
 
-/// How late a read at `BUSY_READ_FOLLOW_UP` may be before a record wakes the reader. Tokio's
+/// Bounds how late a read at `BUSY_READ_FOLLOW_UP` may be before a record wakes the reader. Tokio's
 /// timer wheel rounds a sleep up to its next millisecond tick, and under the traffic that makes
 /// the reader busy its thread often waits for a CPU as well: with a millisecond of slack, as at
 /// low load, records woke the reader 0.1 times a push in the lab's push flood (1,816 times in
@@ -102,7 +104,7 @@ impl ReadPacing {
 /// most a millisecond or so earlier than the timer's.
 pub const BUSY_READ_SLACK: Duration = Duration::from_millis(2);
 
-/// What the reader writes to `READER_AWAKE` at `now_ns` when it reads again within
+/// Returns what the reader writes to `READER_AWAKE` at `now_ns` when it reads again within
 /// `follow_up`. The programs wake the reader once the stamp is `2 × READ_FOLLOW_UP` old: a read
 /// at the short follow-up a millisecond late (a timer's usual lateness); a longer follow-up is
 /// stamped ahead so that it may be `BUSY_READ_SLACK` late.

@@ -1,4 +1,4 @@
-//! `READER_AWAKE`'s one slot, mapped into the observer (the map is `BPF_F_MMAPABLE`): the reader
+//! Maps `READER_AWAKE`'s one slot into the observer (the map is `BPF_F_MMAPABLE`): the reader
 //! stamps it at every read of the ring while records keep coming, up to a thousand times a
 //! second, and a bpf() syscall for each stamp was 5% of the daemon's CPU under the lab's push
 //! flood. A stamp is now one store into memory the programs read.
@@ -12,6 +12,7 @@ use std::{
 
 use aya::maps::MapData;
 
+/// Holds `READER_AWAKE`'s slot, mapped into this process.
 pub(super) struct ReaderAwake {
     slot: NonNull<AtomicU64>,
     mapped_bytes: usize,
@@ -22,6 +23,10 @@ pub(super) struct ReaderAwake {
 
 impl ReaderAwake {
     /// Maps the first page of `map`, an array of `u64` created with `BPF_F_MMAPABLE`.
+    ///
+    /// # Errors
+    ///
+    /// Fails with the system call's error when `mmap` fails, or when it returns a null address.
     pub(super) fn map(map: MapData, page_size: usize) -> io::Result<Self> {
         // SAFETY: a new shared mapping chosen by the kernel, of the map's value area, which
         // starts at offset 0 and spans at least one page; nothing else in this process aliases

@@ -1,5 +1,5 @@
-//! The JSON-lines form of events: what `observer run --events` prints and what `--record`
-//! writes, so that `observer replay` can read a capture back without root.
+//! Reads and writes the JSON-lines form of events: what `observer run --events` prints and what
+//! `--record` writes, so that `observer replay` can read a capture back without root.
 //!
 //! One object per line, with `kind` (`tcp_connect`, `tcp_state`, `data`, `close`), `ts`
 //! (RFC 3339) and `ts_ns` (Unix nanoseconds, exact), the process and the 4-tuple, and for data
@@ -29,6 +29,7 @@ use crate::privacy::OutputWhitelist;
 
 mod plain;
 
+/// Says why a recording cannot be written or a line of one read.
 #[derive(Debug, Error)]
 pub enum RecordingError {
     #[error("line {line}: not an observer event ({reason})")]
@@ -42,12 +43,18 @@ pub enum RecordingError {
     Create { path: PathBuf, source: io::Error },
 }
 
-/// Captures of other programs' traffic: readable by their owner only.
+/// Sets a recording's mode: captures of other programs' traffic are readable by their owner only.
 pub const RECORDING_MODE: u32 = 0o600;
 
 /// Refuses a recording path early, before anything is attached: an existing entry unless
 /// `overwrite`, and whatever is not a regular file (a link could point the privileged
 /// observer at any file on the host). `create` checks again when it opens the file.
+///
+/// # Errors
+///
+/// Fails with [`RecordingError::Exists`] when `path` exists and `overwrite` is not set,
+/// [`RecordingError::NotARegularFile`] when it is a link or not a regular file, and
+/// [`RecordingError::Create`] when it cannot be looked at.
 pub fn check_target(path: &Path, overwrite: bool) -> Result<(), RecordingError> {
     match std::fs::symlink_metadata(path) {
         Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -67,6 +74,12 @@ pub fn check_target(path: &Path, overwrite: bool) -> Result<(), RecordingError> 
 
 /// Creates the recording mode 0600 without following a symbolic link at `path`: a new file,
 /// or with `overwrite` an existing regular file truncated (and made 0600).
+///
+/// # Errors
+///
+/// Fails as [`check_target`] does, and with [`RecordingError::Exists`],
+/// [`RecordingError::NotARegularFile`] or [`RecordingError::Create`] when opening, checking or
+/// setting the mode of what was opened fails.
 pub fn create(path: &Path, overwrite: bool) -> Result<File, RecordingError> {
     check_target(path, overwrite)?;
     let mut options = OpenOptions::new();
@@ -115,8 +128,8 @@ enum LineKind {
     Close,
 }
 
-/// Text fields borrow from the line when it has no escapes in them (what `to_json_line` writes),
-/// so reading a line allocates only its payload.
+/// Holds a line's fields; text fields borrow from the line when it has no escapes in them (what
+/// `to_json_line` writes), so reading a line allocates only its payload.
 #[derive(Serialize, Deserialize)]
 struct EventLine<'a> {
     kind: LineKind,
@@ -154,8 +167,8 @@ struct EventLine<'a> {
     payload_b64: Option<Base64Text<'a>>,
 }
 
-/// Base64 text as it lies in the line, read as bytes: serde_json then finds a string's end with
-/// `memchr` instead of eight bytes at a time, and skips the UTF-8 check (the decoder refuses
+/// Holds base64 text as it lies in the line, read as bytes: serde_json then finds a string's end
+/// with `memchr` instead of eight bytes at a time, and skips the UTF-8 check (the decoder refuses
 /// anything but base64 anyway). Borrowed unless the line escaped a character in it.
 struct Base64Text<'a>(Cow<'a, [u8]>);
 
@@ -191,7 +204,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Base64Text<'a> {
     }
 }
 
-/// The event as one line of JSON (without the newline).
+/// Writes the event as one line of JSON (without the newline).
 pub fn to_json_line(event: &Event) -> String {
     let mut line = EventLine {
         kind: LineKind::Close,
@@ -256,6 +269,7 @@ pub struct PrivateLines {
 }
 
 impl PrivateLines {
+    /// Builds the writer, following the whitelists of at most `max_connections` connections.
     pub fn new(max_connections: usize) -> Self {
         Self {
             whitelists: HashMap::new(),
@@ -263,6 +277,7 @@ impl PrivateLines {
         }
     }
 
+    /// Writes `event` as one line of JSON (without the newline), its payload masked as above.
     pub fn line(&mut self, event: &Event) -> String {
         match &event.kind {
             EventKind::Data {
@@ -338,6 +353,12 @@ impl PrivateLines {
 
 /// Parses a line written by `to_json_line` (or by another tool); `line_number` (1-based) goes
 /// into errors. A line as `to_json_line` writes it is read without serde_json (`plain`).
+///
+/// # Errors
+///
+/// Fails with [`RecordingError::BadLine`] when the line is not JSON of an observer event, or holds
+/// a field it cannot take (a connection not in hex, a payload not in base64, data without a
+/// direction).
 pub fn from_json_line(text: &str, line_number: usize) -> Result<Event, RecordingError> {
     match plain::read(text) {
         Some(line) => event_from_line(line, line_number),
@@ -345,8 +366,12 @@ pub fn from_json_line(text: &str, line_number: usize) -> Result<Event, Recording
     }
 }
 
-/// A line read by serde_json alone: what `from_json_line` answers for every line, the reference
+/// Reads a line with serde_json alone: what `from_json_line` answers for every line, the reference
 /// its plain reader is held to (by the tests and the `recording_line` fuzz target).
+///
+/// # Errors
+///
+/// Fails as [`from_json_line`] does.
 pub fn from_json_line_by_serde(text: &str, line_number: usize) -> Result<Event, RecordingError> {
     let line = serde_json::from_str(text).map_err(|err| RecordingError::BadLine {
         line: line_number,

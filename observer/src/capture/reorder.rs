@@ -1,4 +1,4 @@
-//! The packet hook's records back in stream order. A segment lost or reordered in the network
+//! Puts the packet hook's records back in stream order. A segment lost or reordered in the network
 //! reaches the packet programs after the segments behind it (`observer-ebpf/src/packet.rs`
 //! copies each at its own offset); the decoders need each direction in order, and an HTTP/2
 //! direction that meets a gap stops decoding for good. Records ahead of a gap wait here, per
@@ -20,15 +20,15 @@ use observer_records::JOINED_STREAM_OFFSET;
 
 use crate::model::{ConnectionId, Direction, Event, EventKind, TcpState};
 
-/// How long records wait for a gap before them to fill: longer than a retransmission timeout's
-/// minimum (200 ms), short enough that alerts are not held back much.
+/// Bounds how long records wait for a gap before them to fill: longer than a retransmission
+/// timeout's minimum (200 ms), short enough that alerts are not held back much.
 pub const HOLD_NS: u64 = 300_000_000;
 
-/// Payload bytes held across every connection at most; past it the connection that needs room
+/// Bounds the payload bytes held across every connection; past it the connection that needs room
 /// is released, gap and all. Outside the engine's memory budget, as the ring's batch bound.
 pub const MAX_HELD_BYTES: usize = 2 << 20;
 
-/// What reordering did, for the observer's final counters.
+/// Counts what reordering did, for the observer's final counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReorderCounters {
     /// Records that came ahead of a gap and waited.
@@ -39,6 +39,7 @@ pub struct ReorderCounters {
     pub gaps_released: u64,
 }
 
+/// Holds each watched stream's position and the records that wait for a gap before them.
 #[derive(Default)]
 pub struct Reorder {
     /// Every direction of every watched connection that sent data: a node's proxy holds one
@@ -51,7 +52,7 @@ pub struct Reorder {
     counters: ReorderCounters,
 }
 
-/// One direction of a connection.
+/// Tracks one direction of a connection.
 struct Stream {
     /// Offset of the next byte expected.
     next: u64,
@@ -64,11 +65,12 @@ struct Stream {
 }
 
 impl Reorder {
+    /// Returns what reordering did so far.
     pub fn counters(&self) -> ReorderCounters {
         self.counters
     }
 
-    /// Whether records wait for a gap before them to fill.
+    /// Says whether records wait for a gap before them to fill.
     pub fn holds(&self) -> bool {
         !self.holding.is_empty()
     }
@@ -178,7 +180,8 @@ impl Reorder {
         }
     }
 
-    /// The connection ends (or its socket is reused): what it held goes first, in order.
+    /// Releases, first and in order, what the connection held when it ends (or its socket is
+    /// reused).
     fn end(&mut self, connection: ConnectionId, out: &mut Vec<Event>) {
         for direction in [Direction::Send, Direction::Recv] {
             let key = (connection, direction);
@@ -219,7 +222,7 @@ impl Reorder {
     }
 }
 
-/// `event` with a payload of its own: a record held past the read it came in would otherwise
+/// Gives `event` a payload of its own: a record held past the read it came in would otherwise
 /// keep that read's whole block of payloads alive (`ring_records::PayloadArena`).
 fn with_own_payload(mut event: Event) -> Event {
     if let EventKind::Data { payload, .. } = &mut event.kind {
@@ -239,7 +242,7 @@ fn pass_on(stream: &mut Stream, event: Event, out: &mut Vec<Event>) -> usize {
     size
 }
 
-/// A data event's payload size, the offset past it, and whether it was cut.
+/// Returns a data event's payload size, the offset past it, and whether it was cut.
 fn extent(event: &Event) -> (usize, u64, bool) {
     match &event.kind {
         EventKind::Data {
@@ -252,7 +255,7 @@ fn extent(event: &Event) -> (usize, u64, bool) {
     }
 }
 
-/// `event` without its bytes before `next` (passed on already in an earlier record: a hole's
+/// Cuts `event`'s bytes before `next` (passed on already in an earlier record: a hole's
 /// fill may overlap what came after the hole); `None` if nothing is left.
 fn past(next: u64, mut event: Event) -> Option<Event> {
     if let EventKind::Data {

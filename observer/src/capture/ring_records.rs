@@ -1,4 +1,4 @@
-//! Ring-buffer records to `Event`s: the header layout shared with the kernel side
+//! Turns ring-buffer records into `Event`s: the header layout shared with the kernel side
 //! (`observer_records`), kernel time to wall time, and batches bounded in memory.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -43,18 +43,18 @@ fn clock_ns(clock: libc::clockid_t) -> i128 {
     i128::from(time.tv_sec) * 1_000_000_000 + i128::from(time.tv_nsec)
 }
 
-/// At most this many records, and records carrying at most `MAX_BATCH_PAYLOAD_BYTES`, are
-/// converted before the engine consumes them: under a flood the programs refill the ring as
-/// fast as it is read, and an unbounded drain held every record made meanwhile in memory
-/// outside the memory budget (issue 10's flood took the daemon 40 MiB past it).
+/// Bounds a batch: at most this many records, and records carrying at most
+/// `MAX_BATCH_PAYLOAD_BYTES`, are converted before the engine consumes them: under a flood the
+/// programs refill the ring as fast as it is read, and an unbounded drain held every record made
+/// meanwhile in memory outside the memory budget (issue 10's flood took the daemon 40 MiB past it).
 const MAX_BATCH_RECORDS: usize = 4096;
 const MAX_BATCH_PAYLOAD_BYTES: usize = 2 << 20;
 
-/// The size of the blocks record payloads are copied into (a larger record gets a block of its
+/// Sizes the blocks record payloads are copied into (a larger record gets a block of its
 /// own size).
 const PAYLOAD_BLOCK_BYTES: usize = 64 << 10;
 
-/// Where record payloads are copied out of the ring: each is a slice of a block shared by the
+/// Receives the record payloads copied out of the ring: each is a slice of a block shared by the
 /// records around it, so a record costs no allocation of its own, and a decoder that slices it
 /// further (HTTP/2 frames, gRPC messages) shares the block instead of allocating a reference
 /// count for it (each was an allocation: the daemon made 65 a push under the lab's push flood,
@@ -70,7 +70,7 @@ struct PayloadArena {
 }
 
 impl PayloadArena {
-    /// `bytes`, copied into the current block (a new one when they do not fit), writable until
+    /// Copies `bytes` into the current block (a new one when they do not fit), writable until
     /// frozen.
     fn copy(&mut self, bytes: &[u8]) -> BytesMut {
         if self.block.capacity() < bytes.len() {
@@ -81,7 +81,7 @@ impl PayloadArena {
     }
 }
 
-/// What one drain of the ring did.
+/// Counts what one drain of the ring did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Drained {
     /// Records that could not be converted (never expected: the layout is shared with the
@@ -193,7 +193,7 @@ fn event_from_record(
     })
 }
 
-/// A process name as text. Checked as UTF-8 first: `CompactString::from_utf8_lossy` goes
+/// Reads a process name as text. Checked as UTF-8 first: `CompactString::from_utf8_lossy` goes
 /// character by character even when nothing needs repairing, and every record names its
 /// process (it was 3% of the daemon's CPU under the push flood).
 fn comm_text(comm: &[u8; 16]) -> CompactString {
@@ -207,8 +207,8 @@ fn comm_text(comm: &[u8; 16]) -> CompactString {
     }
 }
 
-/// IPv4-mapped IPv6 addresses come out as IPv4 (the programs already record them so): one
-/// identity per endpoint, whichever socket family reached it.
+/// Reads an address the kernel recorded; IPv4-mapped IPv6 addresses come out as IPv4 (the programs
+/// already record them so): one identity per endpoint, whichever socket family reached it.
 fn ip_from_kernel(family: u16, address: &[u8; 16]) -> IpAddr {
     if family == AF_INET6 {
         IpAddr::V6(Ipv6Addr::from(*address)).to_canonical()

@@ -1,5 +1,5 @@
-//! Which tracepoint tells the programs about TCP state changes, and, for the raw one, where the
-//! running kernel keeps the fields of `struct sock` it reads (`SockLayout`), found in the
+//! Chooses which tracepoint tells the programs about TCP state changes, and, for the raw one, where
+//! the running kernel keeps the fields of `struct sock` it reads (`SockLayout`), found in the
 //! kernel's BTF.
 //!
 //! The formatted tracepoint (`sock/inet_sock_set_state`) hands the programs a record the kernel
@@ -15,10 +15,10 @@ use observer_records::SockLayout;
 
 use super::btf::{Btf, TypeId};
 
-/// The running kernel's own types.
+/// Names where the running kernel's own types are (its BTF).
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
-/// Which tracepoint to attach for TCP state changes (`--state-tracepoint`, for tests of either
+/// Says which tracepoint to attach for TCP state changes (`--state-tracepoint`, for tests of either
 /// on any kernel).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StateTracepointChoice {
@@ -30,7 +30,7 @@ pub enum StateTracepointChoice {
     Formatted,
 }
 
-/// The tracepoint chosen. Serialised as `raw` or `formatted` (`observer_started`).
+/// Names the tracepoint chosen. Serialised as `raw` or `formatted` (`observer_started`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StateTracepoint {
     Raw(SockLayout),
@@ -46,7 +46,7 @@ impl serde::Serialize for StateTracepoint {
     }
 }
 
-/// Why the kernel's BTF gives no `SockLayout`.
+/// Says why the kernel's BTF gives no `SockLayout`.
 #[derive(Debug, thiserror::Error)]
 pub enum SockLayoutError {
     #[error("reading the kernel's BTF ({path}): {reason}")]
@@ -63,6 +63,10 @@ pub enum SockLayoutError {
 
 /// Decides the tracepoint: `Auto` takes the raw one when `btf_path` describes `struct sock`,
 /// and says on stderr why not otherwise.
+///
+/// # Errors
+///
+/// Fails, with `Raw` only, as [`read`] does; `Auto` takes the formatted tracepoint instead.
 pub fn choose(
     choice: StateTracepointChoice,
     btf_path: &Path,
@@ -82,7 +86,14 @@ pub fn choose(
     }
 }
 
-/// The offsets of the fields the raw tracepoint's program reads, from the BTF at `path`.
+/// Reads the offsets of the fields the raw tracepoint's program reads from the BTF at `path`.
+///
+/// # Errors
+///
+/// Fails with [`SockLayoutError::Unreadable`] when the file cannot be read or is not BTF,
+/// [`SockLayoutError::MissingField`] when `struct inet_sock` or a field is missing, and
+/// [`SockLayoutError::UnexpectedField`] when a field is a bitfield or not of the size the programs
+/// read.
 pub fn read(path: &Path) -> Result<SockLayout, SockLayoutError> {
     let unreadable = |reason: String| SockLayoutError::Unreadable {
         path: path.display().to_string(),
@@ -108,8 +119,8 @@ pub fn read(path: &Path) -> Result<SockLayout, SockLayoutError> {
     })
 }
 
-/// The byte offset of the field at `path` (members found through anonymous unions and structs
-/// as C finds them), which must be a whole `size` bytes: not a bitfield.
+/// Returns the byte offset of the field at `path` (members found through anonymous unions and
+/// structs as C finds them), which must be a whole `size` bytes: not a bitfield.
 fn field_offset(
     types: &Btf,
     container: TypeId,

@@ -1,4 +1,4 @@
-//! The kernel's TCP socket tables of every network namespace on this node.
+//! Reads the kernel's TCP socket tables of every network namespace on this node.
 //!
 //! Pods live in their own network namespaces, and `/proc/<pid>/net/tcp` shows the namespace of
 //! `<pid>`: one process per namespace is read (deduplicated by the inode of
@@ -16,10 +16,10 @@ use std::{
 
 use crate::model::ConnectionKey;
 
-/// `st` of an established socket in `/proc/net/tcp`.
+/// Names the `st` of an established socket in `/proc/net/tcp`.
 const ESTABLISHED: &str = "01";
 
-/// One row of a `/proc/net/tcp` or `tcp6` table whose socket a descriptor holds.
+/// Holds one row of a `/proc/net/tcp` or `tcp6` table whose socket a descriptor holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TableSocket {
     /// As the table spells it: an IPv4 connection of a dual-stack socket is IPv4-mapped.
@@ -29,7 +29,7 @@ pub struct TableSocket {
     pub inode: u64,
 }
 
-/// Every TCP socket a descriptor holds in every network namespace of this node, each once.
+/// Lists every TCP socket a descriptor holds in every network namespace of this node, each once.
 pub fn table_sockets() -> Vec<TableSocket> {
     table_sockets_under(Path::new("/proc"))
 }
@@ -67,7 +67,7 @@ fn table_sockets_under(proc_root: &Path) -> Vec<TableSocket> {
     sockets.into_iter().collect()
 }
 
-/// The sockets of one `/proc/net/tcp` or `tcp6` table.
+/// Parses the sockets of one `/proc/net/tcp` or `tcp6` table.
 fn parse_table(text: &str) -> impl Iterator<Item = TableSocket> + '_ {
     text.lines().skip(1).filter_map(|line| {
         let mut fields = line.split_whitespace();
@@ -93,8 +93,8 @@ fn parse_table(text: &str) -> impl Iterator<Item = TableSocket> + '_ {
     })
 }
 
-/// `0100007F:0050` (IPv4) or 32 hex digits (IPv6): the address as the kernel's 32-bit words in
-/// host byte order, the port in plain hex.
+/// Parses `0100007F:0050` (IPv4) or 32 hex digits (IPv6): the address as the kernel's 32-bit words
+/// in host byte order, the port in plain hex.
 fn parse_address(text: &str) -> Option<SocketAddr> {
     let (address, port) = text.split_once(':')?;
     let port = u16::from_str_radix(port, 16).ok()?;

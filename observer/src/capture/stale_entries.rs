@@ -1,4 +1,4 @@
-//! The programs' connection entries whose socket is gone: the backstop for ends the programs
+//! Finds the programs' connection entries whose socket is gone: the backstop for ends the programs
 //! never handled.
 //!
 //! The programs remove a connection's `CONNECTIONS` or `PACKET_STREAMS` entry at its socket's
@@ -27,11 +27,11 @@ use observer_records::{AF_INET, Connection};
 
 use super::socket_tables::TableSocket;
 
-/// Reconciliations (every 5 s) from one sweep to the next: an entry left behind is removed
-/// 10 to 20 s after its socket is gone.
+/// Counts the reconciliations (every 5 s) from one sweep to the next: an entry left behind is
+/// removed 10 to 20 s after its socket is gone.
 pub const SWEEP_EVERY: u32 = 2;
 
-/// A connection entry's endpoints as the programs recorded them: the connecting side first,
+/// Holds a connection entry's endpoints as the programs recorded them: the connecting side first,
 /// IPv4 as IPv4; the source port is 0 until the connection's first packet (packet hook) or
 /// ESTABLISHED (syscall hook).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,7 +42,7 @@ pub struct EntryTuple {
 }
 
 impl EntryTuple {
-    /// The endpoints of a `CONNECTIONS` value (or a `PACKET_STREAMS` value's `conn`).
+    /// Reads the endpoints of a `CONNECTIONS` value (or a `PACKET_STREAMS` value's `conn`).
     pub fn of(conn: &Connection) -> Self {
         let ip = |bytes: [u8; 16]| -> IpAddr {
             if conn.family == AF_INET {
@@ -59,10 +59,10 @@ impl EntryTuple {
     }
 }
 
-/// The inode of the initial PID namespace (`PROC_PID_INIT_INO`), the same on every kernel.
+/// Names the inode of the initial PID namespace (`PROC_PID_INIT_INO`), the same on every kernel.
 const INITIAL_PID_NAMESPACE: &str = "pid:[4026531836]";
 
-/// Whether this process sees every process of the node (it runs in the initial PID namespace,
+/// Says whether this process sees every process of the node (it runs in the initial PID namespace,
 /// as the DaemonSet's `hostPID` puts it): only then do the socket tables it reads hold every
 /// socket, and an entry without one is really gone.
 pub fn sees_every_process() -> bool {
@@ -70,7 +70,7 @@ pub fn sees_every_process() -> bool {
         .is_ok_and(|link| link.as_os_str() == INITIAL_PID_NAMESPACE)
 }
 
-/// The sweeps' state: when the next is due, and what the last found without a socket.
+/// Holds the sweeps' state: when the next is due, and what the last found without a socket.
 #[derive(Debug, Default)]
 pub struct StaleEntries {
     /// False where the node's sockets cannot all be read (`sees_every_process`): no sweep.
@@ -83,6 +83,7 @@ pub struct StaleEntries {
 }
 
 impl StaleEntries {
+    /// Builds the sweeps' state; `enabled` is false where the node's sockets cannot all be read.
     pub fn new(enabled: bool) -> Self {
         Self {
             enabled,
@@ -96,7 +97,7 @@ impl StaleEntries {
         self.enabled && self.rounds.is_multiple_of(SWEEP_EVERY)
     }
 
-    /// Of `entries`, those no socket of `sockets` matches, now and at the last sweep: to be
+    /// Returns those of `entries` no socket of `sockets` matches, now and at the last sweep: to be
     /// removed (each counted in `removed` by the caller once it is). Tables without a single
     /// held socket are taken for unreadable rather than empty: nothing is removed then.
     pub fn sweep(
@@ -118,7 +119,7 @@ impl StaleEntries {
     }
 }
 
-/// The sockets a process holds (TIME_WAIT rows and orphans, inode 0, are left out: their
+/// Indexes the sockets a process holds (TIME_WAIT rows and orphans, inode 0, are left out: their
 /// socket has reached TCP_CLOSE or will without anyone reading it), by endpoints.
 struct HeldSockets {
     exact: HashSet<(IpAddr, u16, SocketAddr)>,

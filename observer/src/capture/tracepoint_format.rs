@@ -1,4 +1,4 @@
-//! The tracepoint record layouts the kernel programs read, checked against this kernel's tracefs
+//! Checks the tracepoint record layouts the kernel programs read against this kernel's tracefs
 //! before they are loaded: a kernel that moved a field gets a one-line refusal naming it, not
 //! silently wrong ports and addresses.
 //!
@@ -11,7 +11,7 @@ use observer_records::tracepoint::{
 };
 use thiserror::Error;
 
-/// A field the programs read: where they read it, and how many bytes.
+/// Describes a field the programs read: where they read it, and how many bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Expected {
     field: Field,
@@ -36,7 +36,8 @@ impl std::fmt::Display for Field {
     }
 }
 
-/// The nth argument of a `sys_enter_*` tracepoint: the arguments follow each other, 8 bytes each.
+/// Describes the nth argument of a `sys_enter_*` tracepoint: the arguments follow each other, 8
+/// bytes each.
 const fn syscall_argument(index: u32) -> Expected {
     Expected {
         field: Field::SyscallArgument(index),
@@ -51,7 +52,7 @@ const SYSCALL_RETURN: Expected = Expected {
     size: SYSCALL_ARG_SIZE as u32,
 };
 
-/// `sock/inet_sock_set_state`, unchanged since 4.16.
+/// Lists what the programs read of `sock/inet_sock_set_state`, unchanged since 4.16.
 const INET_SOCK_SET_STATE: &[Expected] = &{
     let mut fields = [Expected {
         field: Field::Named(""),
@@ -71,7 +72,8 @@ const INET_SOCK_SET_STATE: &[Expected] = &{
     fields
 };
 
-/// What each program (by name, see `programs::ATTACHMENTS`) reads from its tracepoint record.
+/// Returns what each program (by name, see `programs::ATTACHMENTS`) reads from its tracepoint
+/// record.
 fn reads_of(program: &str) -> &'static [Expected] {
     const ARGUMENTS_0: &[Expected] = &[syscall_argument(0)];
     const ARGUMENTS_0_1: &[Expected] = &[syscall_argument(0), syscall_argument(1)];
@@ -96,6 +98,7 @@ fn reads_of(program: &str) -> &'static [Expected] {
     }
 }
 
+/// Says why a tracepoint's layout is not the one the programs read.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum LayoutError {
     #[error("tracepoint {tracepoint} is missing from this kernel")]
@@ -120,6 +123,12 @@ pub enum LayoutError {
 
 /// Checks every (program, category, tracepoint) attachment against
 /// `<tracefs>/events/<category>/<tracepoint>/format`.
+///
+/// # Errors
+///
+/// Fails with [`LayoutError::MissingTracepoint`] or [`LayoutError::Unreadable`] when a format file
+/// is missing or unreadable, and with [`LayoutError::MissingField`] or [`LayoutError::Moved`] when
+/// a field a program reads is missing or at another offset or size.
 pub fn check(tracefs: &Path, attachments: &[(&str, &str, &str)]) -> Result<(), LayoutError> {
     for (program, category, name) in attachments {
         let tracepoint = format!("{category}/{name}");
@@ -142,7 +151,7 @@ pub fn check(tracefs: &Path, attachments: &[(&str, &str, &str)]) -> Result<(), L
     Ok(())
 }
 
-/// One `field:` line of a format file.
+/// Holds one `field:` line of a format file.
 #[derive(Debug, PartialEq, Eq)]
 struct FormatField {
     name: String,
@@ -183,7 +192,8 @@ fn check_format(tracepoint: &str, format: &str, reads: &[Expected]) -> Result<()
     Ok(())
 }
 
-/// `field:__u8 saddr[4]; offset:32; size:4; signed:0;` (tab-separated) → saddr, 32, 4.
+/// Parses the `field:` lines, e.g. `field:__u8 saddr[4]; offset:32; size:4; signed:0;`
+/// (tab-separated) → saddr, 32, 4.
 fn parse_fields(format: &str) -> Vec<FormatField> {
     format
         .lines()

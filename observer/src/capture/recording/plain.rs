@@ -1,4 +1,4 @@
-//! A recording's line read without serde_json when it is plain, as `to_json_line` writes it: one
+//! Reads a recording's line without serde_json when it is plain, as `to_json_line` writes it: one
 //! object, no whitespace, each known key once, strings without escapes or control characters,
 //! numbers as unsigned integers. Anything else (or anything this reader is unsure of) is left
 //! to serde_json, which then reads the line or says why not: so this reader only ever answers
@@ -18,7 +18,7 @@ use serde::{
 use super::{Base64Text, EventLine, LineKind};
 use crate::model::{Direction, PortClass, TcpState, json_text};
 
-/// The line's fields as serde_json would fill `EventLine`, or `None` to leave the line to it.
+/// Reads the line's fields as serde_json would fill `EventLine`, or `None` to leave the line to it.
 pub(super) fn read(text: &str) -> Option<EventLine<'_>> {
     let mut cursor = Cursor { text, position: 0 };
     cursor.byte(b'{')?;
@@ -89,7 +89,7 @@ fn first<T>(field: &mut Option<T>, value: T) -> Option<()> {
     field.is_none().then(|| *field = Some(value))
 }
 
-/// Every field of a line, until found.
+/// Holds every field of a line, until found.
 #[derive(Default)]
 struct Fields<'a> {
     kind: Option<LineKind>,
@@ -136,15 +136,15 @@ impl<'a> Cursor<'a> {
         (self.next()? == expected).then_some(())
     }
 
-    /// A string as serde_json borrows it: no escape, and no control character, which serde_json
-    /// refuses in text.
+    /// Reads a string as serde_json borrows it: no escape, and no control character, which
+    /// serde_json refuses in text.
     fn string(&mut self) -> Option<&'a str> {
         self.byte(b'"')?;
         let length = json_text::first_special(self.rest())?;
         self.quoted(length)
     }
 
-    /// Base64 text, read as bytes as `Base64Text` asks serde_json to: only an escape is left to
+    /// Reads base64 text as bytes, as `Base64Text` asks serde_json to: only an escape is left to
     /// serde_json (a control character in it is then refused by the base64 decoder either way).
     fn base64(&mut self) -> Option<&'a [u8]> {
         self.byte(b'"')?;
@@ -152,7 +152,7 @@ impl<'a> Cursor<'a> {
         self.quoted(length).map(str::as_bytes)
     }
 
-    /// The `length` bytes before the closing quote, which must follow them.
+    /// Reads the `length` bytes before the closing quote, which must follow them.
     fn quoted(&mut self, length: usize) -> Option<&'a str> {
         let start = self.position;
         self.position += length;
@@ -160,13 +160,13 @@ impl<'a> Cursor<'a> {
         self.text.get(start..start + length)
     }
 
-    /// A unit variant by its name, through the enum's own `Deserialize`.
+    /// Reads a unit variant by its name, through the enum's own `Deserialize`.
     fn variant<T: Deserialize<'a>>(&mut self) -> Option<T> {
         T::deserialize(BorrowedStrDeserializer::<ValueError>::new(self.string()?)).ok()
     }
 
-    /// Digits as JSON writes an unsigned integer: no sign, no fraction or exponent, no leading
-    /// zero, nothing past `u64`.
+    /// Reads digits as JSON writes an unsigned integer: no sign, no fraction or exponent, no
+    /// leading zero, nothing past `u64`.
     fn unsigned(&mut self) -> Option<u64> {
         let digits = self
             .rest()
