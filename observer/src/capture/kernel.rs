@@ -235,7 +235,8 @@ impl KernelCapture {
         self.state_tracepoint
     }
 
-    /// Says why `capture_hook`: the flag that asked for it, or what `HookChoice::Auto` found.
+    /// Says why `capture_hook` was chosen: the flag that asked for it, or what `HookChoice::Auto`
+    /// found.
     pub fn capture_hook_reason(&self) -> &str {
         &self.capture_hook_reason
     }
@@ -276,7 +277,7 @@ impl KernelCapture {
         self.reorder_scratch = fresh;
     }
 
-    /// Releases the records still waiting for a gap to fill, in order: the capture ends.
+    /// Releases, in order, the records still waiting for a gap to fill, as the capture ends.
     pub fn release_held(&mut self, events: &mut Vec<Event>) {
         events.append(&mut self.released);
         if let Some(reorder) = &mut self.reorder {

@@ -118,7 +118,8 @@ impl CaptureHook {
 /// (`CopyWalk`).
 const EXIT_PROGRAM: &str = "sys_exit_io";
 
-/// Names `EXIT_PROGRAM` for kernels without `bpf_loop`, and the program its copy continues in.
+/// Names the variant of `EXIT_PROGRAM` for kernels without `bpf_loop`, and the program its copy
+/// continues in.
 const EXIT_PROGRAM_BOUNDED: &str = "sys_exit_io_bounded";
 
 const COPY_CONTINUE_PROGRAM: &str = "copy_continue";
