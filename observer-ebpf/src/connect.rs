@@ -28,12 +28,16 @@ use crate::{
 
 // Program entry points: thin wrappers, the work is in the `try_*` functions.
 
+/// Enters `connect(fd, addr, addrlen)`: remembers a connect to a watched port in
+/// `PENDING_CONNECTS`.
 #[tracepoint]
 pub fn sys_enter_connect(ctx: TracePointContext) -> u32 {
     let _ = try_sys_enter_connect(&ctx);
     0
 }
 
+/// Handles the exit of `connect`: moves a connect that reached SYN_SENT and succeeded (or is in
+/// progress) to `SOCKETS`.
 #[tracepoint]
 pub fn sys_exit_connect(ctx: TracePointContext) -> u32 {
     let _ = try_sys_exit_connect(&ctx);
@@ -60,6 +64,8 @@ pub fn raw_sock_state(ctx: RawTracePointContext) -> u32 {
     0
 }
 
+/// Enters `close(fd)`: forgets the process's watched descriptor `fd` (`SOCKETS`) and sends its
+/// close record.
 #[tracepoint]
 pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     let _ = try_sys_enter_close(&ctx);
