@@ -60,6 +60,7 @@ const START_NS: u64 = 1_764_500_000_000_000_000;
 /// Numbers the first socket in the direct map, where kernel socket addresses live.
 const FIRST_SOCKET: u64 = 0xffff_8880_0400_0000;
 
+/// Describes the synthetic cluster and traffic [`generate`] makes.
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub gateways: usize,
