@@ -91,6 +91,7 @@ impl ProxyMode {
     }
 }
 
+/// Describes a lab: its OpenIM release and proxy mode, its pods, users and scenario.
 #[derive(Clone, Debug)]
 pub struct LabConfig {
     pub mode: ProxyMode,

@@ -220,6 +220,7 @@ struct SameCpu {
     pairs: Vec<Pair>,
 }
 
+/// Holds what watching cost within one flood: its pairs of phases and the observer's CPU.
 #[derive(Debug)]
 pub struct WatchingCost {
     pairs: Vec<Pair>,

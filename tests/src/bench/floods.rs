@@ -20,6 +20,7 @@ const WARM_UP: Duration = Duration::from_secs(2);
 /// Bounds the p99 push latency the observer may add (issue 13).
 const TARGET_P99_PERCENT: f64 = 5.0;
 
+/// Records one watcher's segment of a push flood round.
 pub(super) struct FloodRound {
     report: FloodReport,
     counts: WatcherCounts,

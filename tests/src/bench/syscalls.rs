@@ -124,6 +124,7 @@ fn time_syscall(
         .with_context(|| format!("syscall_cost {} printed no figure", syscall.label()))
 }
 
+/// Holds the nanoseconds per call of every timed loop, and the rounds that started noisy.
 pub(super) struct SyscallCosts {
     /// (watcher, syscall) → ns per call of every timed loop, in round order.
     samples: BTreeMap<(Watcher, Syscall), Vec<f64>>,
@@ -216,6 +217,7 @@ fn nanos_summary(values: &[f64]) -> String {
     format!("{:.0} ({min:.0}–{max:.0})", median(values))
 }
 
+/// Writes the syscall section of the report.
 pub(super) fn render_syscalls(out: &mut String, config: &BenchConfig, costs: &SyscallCosts) {
     let clean: Vec<usize> = (0..config.rounds)
         .filter(|round| !costs.noisy_rounds.contains(round))

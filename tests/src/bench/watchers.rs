@@ -414,6 +414,7 @@ tracepoint:sock:inet_sock_set_state /@watched[args->dport]/ {{
     script
 }
 
+/// Finds `program` in a directory of `$PATH`.
 pub(super) fn find_in_path(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+/// Says why a node cgroup could not be mounted or made.
 #[derive(Debug, Error)]
 pub enum CgroupError {
     #[error("mounting cgroup2 at {path} failed: {source}")]

@@ -80,6 +80,7 @@ pub struct PushOutcome {
     pub calls: Vec<PushCall>,
 }
 
+/// Records one gRPC call of a push: its member, gateway, recipients and answer.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PushCall {
     /// The push ring's member string (with `:88`), also the call's `:authority`.
@@ -92,6 +93,7 @@ pub struct PushCall {
     pub error: Option<String>,
 }
 
+/// Records the gateway's answer for one recipient.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct UserPushResult {
     pub user_id: String,

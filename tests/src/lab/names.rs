@@ -24,6 +24,7 @@ pub struct GatewayDeployment {
     pub names: String,
 }
 
+/// Says why a name table entry or a name could not be read or resolved.
 #[derive(Debug, Error)]
 pub enum NameError {
     #[error("name table entry {0:?} is not host=ipv4")]
@@ -34,6 +35,7 @@ pub enum NameError {
     BadPort(String),
 }
 
+/// Maps the lab's host names to pod addresses.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NameTable {
     hosts: HashMap<String, Ipv4Addr>,

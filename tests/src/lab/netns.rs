@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use thiserror::Error;
 
+/// Says why the lab's networking could not be set up.
 #[derive(Debug, Error)]
 pub enum NetError {
     #[error("`ip {args}` failed: {stderr}")]

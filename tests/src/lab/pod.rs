@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::lab::control::{PodEvent, PushCommand};
 
+/// Says why a pod could not be started, answered or reached.
 #[derive(Debug, Error)]
 pub enum PodError {
     #[error("could not start pod {label}: {source}")]
@@ -51,6 +52,7 @@ pub struct Observations {
     pub relay_failures: HashMap<String, String>,
 }
 
+/// Shares [`Observations`] behind a lock between the lab's tasks.
 pub type SharedObservations = Arc<Mutex<Observations>>;
 
 /// Moves the calling process into the cgroup whose `cgroup.procs` is `procs` ("0" names the

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::lab::release::{Discovery, OpenImRelease, PushRouting};
 
+/// Records what really happened in a lab run: the configuration, every gateway and user, and a
+/// summary.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GroundTruth {
     pub mode: String,
@@ -28,6 +30,7 @@ pub struct GroundTruth {
     pub scaled_out_at_unix_ms: Option<u64>,
 }
 
+/// Records one gateway pod: its address, namespace, process and member strings.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GatewayTruth {
     pub index: usize,
@@ -39,6 +42,7 @@ pub struct GatewayTruth {
     pub push_member: String,
 }
 
+/// Records one user: where its WebSocket lives, each push to it, and why it missed a message.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct UserTruth {
     pub user_id: String,
@@ -80,6 +84,7 @@ impl MissCause {
     }
 }
 
+/// Records where a user's WebSocket lives, as the gateway that registered it reports.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Placement {
     pub gateway_index: usize,
@@ -88,6 +93,7 @@ pub struct Placement {
     pub host_header: String,
 }
 
+/// Records one message's push to one user and whether it arrived in real time.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PushTruth {
     pub client_msg_id: String,
@@ -103,6 +109,7 @@ pub struct PushTruth {
     pub error: Option<String>,
 }
 
+/// Counts a run's users, connections, messages and misses.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Summary {
     pub users: usize,
