@@ -1,4 +1,4 @@
-//! `cargo xtask docs`: checks that the Markdown matches the repository and the observer's
+//! Checks, for `cargo xtask docs`, that the Markdown matches the repository and the observer's
 //! command line. Three checks, over README.md, docs/, deploy/ and tests/README.md:
 //!
 //! - every relative link `[text](path#anchor)` names a file that exists, and a heading of that
