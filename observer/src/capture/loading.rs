@@ -29,6 +29,11 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(env!("OBSERVER_EBPF_OBJE
 static EBPF_OBJECT: &[u8] = &[];
 
 /// Loads the programs with their tables sized for `options` and the hook in use.
+///
+/// # Errors
+///
+/// Fails with what `programs::classify_load_error` makes of the loader's failure:
+/// [`CaptureError::MemlockTooLow`], [`CaptureError::NoRingBuffer`] or [`CaptureError::Setup`].
 pub(super) fn load(
     options: &CaptureOptions,
     capture_hook: CaptureHook,
@@ -70,6 +75,11 @@ pub(super) struct Configured {
 
 /// Writes what the programs read before they run: the watched ports, the capture's
 /// configuration and the `--cgroup-scope` directories.
+///
+/// # Errors
+///
+/// Fails with [`CaptureError::Setup`] when a map is missing from the object, of another type, or
+/// refuses a value.
 pub(super) fn configure(
     ebpf: &mut Ebpf,
     options: &CaptureOptions,

@@ -158,6 +158,12 @@ pub enum CopyWalk {
 
 /// Loads and attaches the packet programs at `cgroup_root`, then the tracepoint that makes
 /// connections watched.
+///
+/// # Errors
+///
+/// Fails with [`CaptureError::ProgramRejected`] when the verifier refuses a program,
+/// [`CaptureError::TracepointAttach`] when a tracepoint does not attach, and
+/// [`CaptureError::Setup`] when a program is missing or does not attach at `cgroup_root`.
 pub(super) fn attach_packet_hook(
     ebpf: &mut Ebpf,
     cgroup_root: &File,
@@ -195,6 +201,12 @@ pub(super) fn attach_packet_hook(
 
 /// Loads the exit program `wanted` asks for, then every program, and attaches each to its
 /// tracepoints. Returns the walk loaded.
+///
+/// # Errors
+///
+/// Fails with [`CaptureError::ProgramRejected`] when the verifier refuses a program,
+/// [`CaptureError::TracepointAttach`] when a tracepoint does not attach, and
+/// [`CaptureError::Setup`] when a program or the tail-call map cannot be set up.
 pub(super) fn attach_syscall_hook(
     ebpf: &mut Ebpf,
     wanted: CopyWalk,
@@ -439,6 +451,11 @@ pub(super) fn classify_load_error(
 /// Forwards the programs' aya-log records (debug-level, off unless RUST_LOG asks) to `log`,
 /// which the tracing subscriber bridges to stderr. The logger owns the map the programs write
 /// to: it must stay alive as long as they run, so the task keeps it.
+///
+/// # Errors
+///
+/// Fails with [`CaptureError::Setup`] when aya-log cannot take the programs' log map, and with
+/// [`CaptureError::Read`] when its ring cannot be watched.
 pub(super) fn spawn_kernel_log_reader(
     ebpf: &mut Ebpf,
 ) -> Result<tokio::task::JoinHandle<()>, CaptureError> {

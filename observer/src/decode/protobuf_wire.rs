@@ -28,6 +28,12 @@ pub(super) enum Value<'a> {
 }
 
 impl<'a> Value<'a> {
+    /// Returns the value of a varint.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`ProtobufError::WrongWireType`], naming `field`, for a value of another wire
+    /// type.
     pub(super) fn varint(self, field: u32) -> Result<u64, ProtobufError> {
         match self {
             Self::Varint(value) => Ok(value),
@@ -35,6 +41,12 @@ impl<'a> Value<'a> {
         }
     }
 
+    /// Returns the bytes of a length-delimited value.
+    ///
+    /// # Errors
+    ///
+    /// Fails with [`ProtobufError::WrongWireType`], naming `field`, for a value of another wire
+    /// type.
     pub(super) fn delimited(self, field: u32) -> Result<&'a [u8], ProtobufError> {
         match self {
             Self::Delimited(bytes) => Ok(bytes),
@@ -162,6 +174,11 @@ pub(super) struct SplitFields<'a> {
 }
 
 /// Walks `bytes` up to the first field that does not end in it.
+///
+/// # Errors
+///
+/// Fails with [`ProtobufError::InvalidWire`] on an overlong varint, a field number 0 or past 32
+/// bits of key, or a wire type 6 or 7, and with [`ProtobufError::Group`] on a group.
 pub(super) fn split_complete_fields(bytes: &[u8]) -> Result<SplitFields<'_>, ProtobufError> {
     let mut position = 0;
     while let Some(rest) = bytes.get(position..).filter(|rest| !rest.is_empty()) {

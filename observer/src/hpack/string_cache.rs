@@ -85,6 +85,11 @@ thread_local! {
 /// Huffman-decodes `encoded`: from the table when the same bytes are among the strings kept in
 /// their set, else decoded and kept there in place of the one used least recently. A string
 /// that fails to decode is not kept.
+///
+/// # Errors
+///
+/// Fails with [`HpackError::InvalidHuffman`] when `encoded` is not a valid Huffman code (it is not
+/// kept then).
 pub(super) fn decode(encoded: &[u8]) -> Result<Bytes, HpackError> {
     if encoded.len() > MAX_ENCODED_LEN {
         return decode_fresh(encoded);
@@ -114,6 +119,10 @@ pub(super) fn decode(encoded: &[u8]) -> Result<Bytes, HpackError> {
 }
 
 /// Huffman-decodes `encoded` into a buffer of its own.
+///
+/// # Errors
+///
+/// Fails with [`HpackError::InvalidHuffman`] when `encoded` is not a valid Huffman code.
 pub(super) fn decode_fresh(encoded: &[u8]) -> Result<Bytes, HpackError> {
     let mut decoded = Vec::with_capacity(encoded.len() * 8 / 5);
     huffman::decode(encoded, &mut decoded)?;
