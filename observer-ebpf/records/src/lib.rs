@@ -56,8 +56,8 @@ pub const IOV_MAX: u32 = 1024;
 pub const MAX_COPY_STEPS: u32 = IOV_MAX + MAX_CHUNKS_PER_CALL + 1;
 
 /// Holds the default of `CaptureConfig::grpc_budget_refill`: bytes per second each direction's
-/// budget regains. A long-lived HTTP/2 connection carrying a few hundred pushes a second (about 1.5
-/// KiB each) stays inside it; a bulk transfer is copied at this rate at most.
+/// budget regains. A long-lived HTTP/2 connection carrying a few hundred pushes a second (about
+/// 1.5 KiB each) stays inside it; a bulk transfer is copied at this rate at most.
 pub const DEFAULT_GRPC_BUDGET_REFILL: u32 = 1 << 20;
 
 /// Caps `--grpc-budget-refill`, which keeps the kernel's refill arithmetic within 64 bits.
@@ -172,7 +172,7 @@ numbered_enum! {
     }
 }
 
-/// Numbers the IPv4 address family; address families as the kernel numbers them.
+/// Numbers the IPv4 address family, as the kernel numbers address families.
 pub const AF_INET: u16 = 2;
 /// Numbers the IPv6 address family.
 pub const AF_INET6: u16 = 10;
