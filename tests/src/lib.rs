@@ -1,5 +1,5 @@
-//! Builds openim-lab: a stand-in for an OpenIM msggateway cluster (3.5.1 by default; 3.6, 3.7, 3.8
-//! and main on request, see [`lab::release`]), built from real parts.
+//! Provides openim-lab: a stand-in for an OpenIM msggateway cluster (3.5.1 by default; 3.6, 3.7,
+//! 3.8 and main on request, see [`lab::release`]), built from real parts.
 //!
 //! Every pod is a network namespace with its own address on a bridge the lab creates, and runs
 //! one role as a separate process of the `openim-lab` binary (`ip netns exec <ns> openim-lab

@@ -133,7 +133,7 @@ pub struct GatewayArgs {
     pub openim: OpenImRelease,
 }
 
-/// Serves a gateway pod: its WebSocket port and its gRPC service, until it is told to stop.
+/// Serves a gateway pod: its WebSocket port and its gRPC service, until the gRPC server ends.
 ///
 /// # Errors
 ///

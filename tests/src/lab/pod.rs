@@ -86,8 +86,8 @@ impl PodProcess {
     ///
     /// # Errors
     ///
-    /// Fails when the arguments hold a NUL byte, or the process cannot be started or has no stdout
-    /// pipe.
+    /// Fails when the cgroup path holds a NUL byte, or the process cannot be started or has no
+    /// stdout pipe.
     pub fn spawn(
         binary: &Path,
         netns: &str,

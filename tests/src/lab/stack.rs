@@ -134,7 +134,7 @@ fn workspace_root() -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
-/// Builds the Go stack's binary, built once per process (go's own cache makes rebuilds quick).
+/// Builds the Go stack's binary, once per process (go's own cache makes rebuilds quick).
 fn go_binary() -> Result<PathBuf, String> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
