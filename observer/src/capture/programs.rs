@@ -106,6 +106,7 @@ impl CaptureHook {
             .collect()
     }
 
+    /// Returns the hook as the programs number it (`observer_records::CaptureHook`).
     pub(super) fn kernel(self) -> observer_records::CaptureHook {
         match self {
             CaptureHook::Syscalls => observer_records::CaptureHook::Syscalls,

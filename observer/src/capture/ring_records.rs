@@ -16,6 +16,7 @@ pub(super) struct MonotonicToWall {
 }
 
 impl MonotonicToWall {
+    /// Measures the offset between the wall clock and the monotonic one now.
     pub(super) fn now() -> Self {
         let wall = clock_ns(libc::CLOCK_REALTIME);
         let monotonic = clock_ns(libc::CLOCK_MONOTONIC);
@@ -24,11 +25,13 @@ impl MonotonicToWall {
         }
     }
 
+    /// Converts `monotonic_ns` to wall-clock nanoseconds (0 before the epoch).
     pub(super) fn wall_ns(&self, monotonic_ns: u64) -> u64 {
         u64::try_from(i128::from(monotonic_ns) + self.offset_ns).unwrap_or(0)
     }
 }
 
+/// Returns the monotonic clock's time now, in nanoseconds.
 pub(super) fn monotonic_now_ns() -> u64 {
     u64::try_from(clock_ns(libc::CLOCK_MONOTONIC)).unwrap_or(0)
 }
@@ -101,6 +104,7 @@ pub(super) struct RecordConverter {
 }
 
 impl RecordConverter {
+    /// Builds a converter whose clock offset is measured now.
     pub(super) fn new() -> Self {
         Self {
             clock: MonotonicToWall::now(),

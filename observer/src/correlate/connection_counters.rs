@@ -4,6 +4,7 @@
 
 use crate::decode::DecodeCounters;
 
+/// Counts what the connection table and its decoders tracked, dropped, adopted and could not read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConnectionCounters {
     pub tracked: usize,

@@ -41,6 +41,8 @@ pub(super) fn note_http2_loss(
     }
 }
 
+/// Notes a WebSocket decoder that could not read a head as a blind spot; joining mid-stream is
+/// not counted.
 pub(super) fn note_http1_loss(
     spots: &mut BlindSpots,
     fact: &WebSocketFact,
@@ -75,6 +77,8 @@ fn named_gateway(gateway: &Gateway, name: Option<&str>, texts: &mut SharedTexts)
     }
 }
 
+/// Turns a WebSocket connection's fact into a placement request or answer; counts an upgrade
+/// without a user.
 pub(super) fn websocket_observation(
     event: &Event,
     view: &mut ConnectionView<'_>,
@@ -107,6 +111,7 @@ pub(super) fn websocket_observation(
     }
 }
 
+/// Turns the fact of a WebSocket upgrade sent to a gRPC port into its observation.
 pub(super) fn upgrade_on_grpc_observation(
     event: &Event,
     view: &mut ConnectionView<'_>,
@@ -128,6 +133,8 @@ pub(super) fn upgrade_on_grpc_observation(
     }
 }
 
+/// Turns a push connection's fact into a push call or answer; counts the calls and answers it
+/// cannot read.
 pub(super) fn grpc_observation(
     ts_ns: u64,
     connection: ConnectionId,

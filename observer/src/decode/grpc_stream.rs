@@ -38,6 +38,7 @@ pub(super) fn response_body_for_flag(flag: u8, counters: &mut DecodeCounters) ->
     }
 }
 
+/// Tracks one stream of a gRPC connection: its call, and the first message of each direction.
 #[derive(Clone)]
 pub(super) struct StreamState {
     pub(super) method: HeaderText,
@@ -55,6 +56,7 @@ pub(super) struct StreamState {
 }
 
 impl StreamState {
+    /// Starts a stream of a call to `method` (its `:path`): a push, another method, or unknown.
     pub(super) fn new(method: HeaderText, authority: Option<HeaderText>) -> Self {
         let kind = PushMethod::classify(&method);
         let (push_method, awaits_shape) = match kind {
@@ -97,6 +99,7 @@ impl StreamState {
         }
     }
 
+    /// Builds the stream's request fact with `body`.
     pub(super) fn request_fact(&self, stream_id: u32, body: RequestBody) -> GrpcFact {
         GrpcFact::Request {
             stream_id,
@@ -106,6 +109,7 @@ impl StreamState {
         }
     }
 
+    /// Reports the request's first message with `body`; later bytes of the request are ignored.
     pub(super) fn report_request(
         &mut self,
         stream_id: u32,
@@ -168,6 +172,7 @@ impl StreamState {
         self.report_request(stream_id, body, facts);
     }
 
+    /// Reports the first response message of the stream; later bytes of it are ignored.
     pub(super) fn report_response(
         &mut self,
         stream_id: u32,
@@ -183,6 +188,8 @@ impl StreamState {
         });
     }
 
+    /// Reports a push call's first response message cut where the capture ended: the users whose
+    /// entries are complete.
     pub(super) fn report_response_cut(
         &mut self,
         stream_id: u32,
@@ -212,6 +219,7 @@ impl StreamState {
     }
 }
 
+/// Says what reading a DATA frame gave: the first message whole, or cut.
 pub(super) enum ReadMessage {
     /// A whole message: a slice of the DATA frame that held it all, or reassembled.
     Complete { flag: u8, body: Bytes },
@@ -229,6 +237,8 @@ pub(super) struct MessageReader {
 }
 
 impl MessageReader {
+    /// Adds a DATA frame's payload to the first message, within `cap` bytes; returns the message
+    /// once whole, or cut past the cap.
     pub(super) fn push(&mut self, frame: &Bytes, cap: usize) -> Option<ReadMessage> {
         if self.done {
             return None;
@@ -295,6 +305,7 @@ impl MessageReader {
         pending.slice(MESSAGE_HEADER_LEN.min(pending.len())..)
     }
 
+    /// Says whether part of a first message is held, not yet reported.
     pub(super) fn has_partial_message(&self) -> bool {
         !self.done && !self.pending.is_empty()
     }
