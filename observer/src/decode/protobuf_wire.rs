@@ -68,6 +68,8 @@ enum FieldRead<'a> {
     Cut(Option<CutField<'a>>),
 }
 
+/// Holds a length-delimited field the cut fell into: its number and the bytes captured of its
+/// value.
 pub(super) struct CutField<'a> {
     pub(super) field_number: u32,
     pub(super) partial_value: &'a [u8],
@@ -134,6 +136,7 @@ pub(super) struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    /// Walks the fields of `message`.
     pub(super) fn of(message: &'a [u8]) -> Self {
         Self { rest: message }
     }
@@ -166,6 +169,7 @@ impl<'a> Iterator for Fields<'a> {
     }
 }
 
+/// Splits a captured prefix: the fields that end before the cut, and the field it fell into.
 pub(super) struct SplitFields<'a> {
     /// The fields that end before the cut.
     pub(super) complete: &'a [u8],

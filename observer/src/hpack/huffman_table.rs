@@ -1,6 +1,7 @@
 //! Holds the HPACK Huffman code (RFC 7541 Appendix B): `(code, bit length)` for symbols 0..=255 and
 //! EOS (256), codes right-aligned in the `u32`.
 
+/// Holds each symbol's `(code, bit length)`, EOS last.
 pub(super) static CODES: [(u32, u8); 257] = [
     (0x1ff8, 13),
     (0x7fffd8, 23),
