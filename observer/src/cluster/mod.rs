@@ -23,6 +23,7 @@ mod fact;
 pub mod health;
 pub mod keys;
 pub mod link;
+mod lookups;
 pub mod recovery;
 pub mod store;
 mod writer;
