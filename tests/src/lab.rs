@@ -248,6 +248,9 @@ impl Lab {
     ///
     /// Fails without root, on a configuration out of bounds, when the `openim-lab` binary is not
     /// found, or when the network, a cgroup, a pod or a client cannot be set up.
+    ///
+    /// Longer than 100 lines on purpose: the cluster comes up in the order a real one does
+    /// (network, gateways, proxy, push, clients), each step using what the ones before made.
     pub async fn start(config: LabConfig) -> anyhow::Result<Self> {
         ensure!(config.replicas_initial >= 1, "at least one gateway replica");
         ensure!(

@@ -80,6 +80,10 @@ async fn written(state: &SharedState, facts: u64) {
     .await;
 }
 
+/// Writes every kind of fact on one node and reads each back on another.
+///
+/// Longer than 100 lines on purpose: one scenario told in order, start to end; its steps
+/// depend on the ones before.
 #[tokio::test]
 async fn what_one_node_writes_another_reads() {
     if !can_run(Needs::RedisServer) {

@@ -549,7 +549,11 @@ struct Cluster<'a> {
     extra_args: &'a [&'a str],
 }
 
-/// The OCI runtime configuration for `container` of `pod`, as containerd's CRI plugin makes it.
+/// Builds the OCI runtime configuration for `container` of `pod`, as containerd's CRI plugin
+/// makes it.
+///
+/// Longer than 100 lines on purpose: one field of the configuration after another, in the
+/// order of the runtime spec, so each can be checked against containerd's translation.
 fn runtime_config(
     pod: &PodSpec,
     container: &Container,

@@ -425,7 +425,10 @@ fn assert_least_privilege(daemonset: &DaemonSet, place: &str) {
     assert_least_privilege_with(daemonset, place, &["BPF", "NET_ADMIN", "PERFMON"]);
 }
 
-/// The base's security with exactly the capabilities `expected_added` (sorted) added.
+/// Asserts the base's security with exactly the capabilities `expected_added` (sorted) added.
+///
+/// Longer than 100 lines on purpose: one assertion per field of the pod's and container's
+/// security, in the order the manifest writes them.
 fn assert_least_privilege_with(daemonset: &DaemonSet, place: &str, expected_added: &[&str]) {
     let pod = pod(daemonset, place);
     assert_eq!(pod.host_pid, Some(true), "{place}: hostPID");

@@ -187,6 +187,9 @@ impl Detectors {
     }
 
     /// Hands one observation to the detectors it concerns.
+    ///
+    /// Longer than 100 lines on purpose: one `match` with an arm per kind of observation, so
+    /// which detector sees what reads in one place.
     pub fn observe(&mut self, observation: Observation, alerts: &mut Vec<Alert>) {
         match observation {
             Observation::GrpcConnectionOpened {
