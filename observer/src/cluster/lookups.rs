@@ -1,13 +1,16 @@
 //! Looks up other nodes' placements for the link's worker, through a connection of its own and
 //! a cache that stays exact: what a read in the same round would have returned.
 
-use std::{collections::HashMap, sync::atomic::Ordering};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::atomic::Ordering,
+};
 
 use super::{
     ClusterConfig, RedisTopology,
     clock::unix_now_ms,
     connection::{REQUEST_TIMEOUT, RedisConnection},
-    keys::{self, SharedPlacement},
+    keys::SharedPlacement,
     store::{SharedState, StoreError},
 };
 
