@@ -24,6 +24,7 @@ pub mod alert_latency;
 pub mod bench;
 pub mod cluster_node;
 pub mod demo;
+pub mod kernel_tables;
 pub mod lab;
 pub mod memory_load;
 pub mod observed;

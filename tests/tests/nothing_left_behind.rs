@@ -6,12 +6,12 @@
 //! Needs root and an observer built with its eBPF programs; without them the tests skip (see
 //! `tests::privileges`). Tests take `SERIAL`: both watch the same ports.
 
-use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use aya::maps::{MapData, MapInfo};
 use openim_test_kit::cgroup2::Cgroup2Mount;
+use tests::kernel_tables::{BPF_MAP_UPDATE_ELEM, bpf, keys, observer_tables};
 use tests::observed::{ObserverProcess, find_observer_binary, metric_value, scrape_metrics};
 use tests::privileges::{Needs, can_run};
 
@@ -187,27 +187,11 @@ impl ObserverMaps {
             })
             .expect("the observer's process")
             .path();
-        let mut maps = Vec::new();
-        for fdinfo in std::fs::read_dir(pid.join("fdinfo"))
-            .expect("fdinfo")
-            .flatten()
-        {
-            let Ok(text) = std::fs::read_to_string(fdinfo.path()) else {
-                continue;
-            };
-            let Some(id) = text
-                .lines()
-                .find_map(|line| line.strip_prefix("map_id:"))
-                .and_then(|id| id.trim().parse().ok())
-            else {
-                continue;
-            };
-            let info = MapInfo::from_id(id).expect("map info");
-            let name = info.name_as_str().unwrap_or_default().to_owned();
-            if TABLES.contains(&name.as_str()) {
-                maps.push((name, MapData::from_id(id).expect("map"), info));
-            }
-        }
+        let pid: u32 = pid
+            .file_name()
+            .and_then(|name| name.to_str()?.parse().ok())
+            .expect("a process id");
+        let maps = observer_tables(pid, &TABLES).expect("the observer's maps");
         assert!(
             maps.iter().any(|(name, ..)| name == "CONNECTIONS"),
             "no CONNECTIONS map among the observer's"
@@ -258,57 +242,5 @@ impl ObserverMaps {
     }
 }
 
+/// `bpf` command: read one element.
 const BPF_MAP_LOOKUP_ELEM: u32 = 1;
-const BPF_MAP_UPDATE_ELEM: u32 = 2;
-const BPF_MAP_GET_NEXT_KEY: u32 = 4;
-
-/// Every key of `map`.
-fn keys(map: &MapData, info: &MapInfo) -> Vec<Vec<u8>> {
-    let mut keys: Vec<Vec<u8>> = Vec::new();
-    loop {
-        let mut next = vec![0u8; info.key_size() as usize];
-        let current = keys.last().map_or(std::ptr::null(), |key| key.as_ptr());
-        if bpf(map, BPF_MAP_GET_NEXT_KEY, current, next.as_mut_ptr(), 0).is_err() {
-            return keys;
-        }
-        keys.push(next);
-    }
-}
-
-/// One map element command of the bpf syscall.
-fn bpf(
-    map: &MapData,
-    command: u32,
-    key: *const u8,
-    value: *mut u8,
-    flags: u64,
-) -> std::io::Result<()> {
-    #[repr(C)]
-    struct ElemAttr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
-    let attr = ElemAttr {
-        map_fd: map.fd().as_fd().as_raw_fd() as u32,
-        _pad: 0,
-        key: key as u64,
-        value: value as u64,
-        flags,
-    };
-    // SAFETY: the attribute names buffers of the map's key and value sizes, alive for the call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            &attr as *const ElemAttr,
-            std::mem::size_of::<ElemAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}

@@ -2,8 +2,7 @@
 //! interval: resident memory and CPU from `/proc/PID`, the kernel tables' entries from the
 //! process's own maps, the engine's tables and the ring drops from its `/metrics`.
 
-use std::os::fd::{AsFd, AsRawFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -11,9 +10,9 @@ use anyhow::{Context, bail};
 use aya::maps::{MapData, MapInfo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::Lab;
 use crate::observed::{ObserverOutput, ObserverProcess};
 use crate::redis_server::free_port;
+use crate::{Lab, kernel_tables};
 
 /// Names the kernel's hash tables with one entry per connection, socket or call in flight: all of
 /// them must be empty once the lab's sockets are gone.
@@ -232,31 +231,7 @@ struct KernelTables {
 
 impl KernelTables {
     fn of(pid: u32) -> anyhow::Result<Self> {
-        let mut maps: Vec<(String, MapData, MapInfo)> = Vec::new();
-        let fdinfo = PathBuf::from(format!("/proc/{pid}/fdinfo"));
-        for entry in std::fs::read_dir(&fdinfo)
-            .with_context(|| format!("reading {}", fdinfo.display()))?
-            .flatten()
-        {
-            let Ok(text) = std::fs::read_to_string(entry.path()) else {
-                continue;
-            };
-            let Some(id) = text
-                .lines()
-                .find_map(|line| line.strip_prefix("map_id:"))
-                .and_then(|id| id.trim().parse().ok())
-            else {
-                continue;
-            };
-            let Ok(info) = MapInfo::from_id(id) else {
-                continue;
-            };
-            let name = info.name_as_str().unwrap_or_default().to_owned();
-            if KERNEL_TABLES.contains(&name.as_str()) && !maps.iter().any(|(n, ..)| *n == name) {
-                let map = MapData::from_id(id).with_context(|| format!("map {name}"))?;
-                maps.push((name, map, info));
-            }
-        }
+        let maps = kernel_tables::observer_tables(pid, &KERNEL_TABLES)?;
         if !maps.iter().any(|(name, ..)| name == "CONNECTIONS") {
             bail!("observer {pid} holds no CONNECTIONS map");
         }
@@ -267,51 +242,7 @@ impl KernelTables {
     fn entries(&self) -> Vec<(String, usize)> {
         self.maps
             .iter()
-            .map(|(name, map, info)| (name.clone(), count_keys(map, info)))
+            .map(|(name, map, info)| (name.clone(), kernel_tables::keys(map, info).len()))
             .collect()
-    }
-}
-
-/// Counts the keys in `map`, walked with `BPF_MAP_GET_NEXT_KEY`.
-fn count_keys(map: &MapData, info: &MapInfo) -> usize {
-    const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-    #[repr(C)]
-    struct ElemAttr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        next_key: u64,
-        flags: u64,
-    }
-    let size = info.key_size() as usize;
-    let (mut current, mut next) = (vec![0u8; size], vec![0u8; size]);
-    let mut count = 0;
-    loop {
-        let attr = ElemAttr {
-            map_fd: map.fd().as_fd().as_raw_fd() as u32,
-            _pad: 0,
-            key: if count == 0 {
-                0
-            } else {
-                current.as_ptr() as u64
-            },
-            next_key: next.as_mut_ptr() as u64,
-            flags: 0,
-        };
-        // SAFETY: the attribute names buffers of the map's key size, alive for the call.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_GET_NEXT_KEY,
-                &attr as *const ElemAttr,
-                std::mem::size_of::<ElemAttr>(),
-            )
-        };
-        // A table changing under the walk may restart it; its size bounds the count.
-        if ret < 0 || count > info.max_entries() as usize {
-            return count;
-        }
-        count += 1;
-        std::mem::swap(&mut current, &mut next);
     }
 }
