@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// Returns the part of a key Redis Cluster hashes: the first `{…}` with something inside.
