@@ -13,7 +13,7 @@
 //!   when due: a steady push rate, to measure the detection latency without queueing.
 //!
 //! Counted: round trips are the push node's `redis_round_trips` counter (every pipeline or
-//! command its link sent: placement lookups, push-outcome writes, dedup claims, ring-evidence
+//! command its link sent: placement lookups, ring-member writes, dedup claims, ring-evidence
 //! reads, and the once-a-second PING probe, shown apart); commands are what Redis executed
 //! (`INFO commandstats`, zeroed before the push phase, the proxy node stopped by then), by name.
 //! A push call is one gRPC `SuperGroupOnlineBatchPushOneMsg` request, what the engine judges. The
@@ -410,7 +410,7 @@ fn report(pace: Pace, single: &Run, cluster: &Run, workload: &Workload) {
     let per_call = |count: u64| count as f64 / workload.push_calls as f64;
     let round_trips = redis.round_trips - redis.probes();
     // On this path a claim is a lone `SET NX` and each ring-evidence read one pipeline with
-    // one `LRANGE`: the other round trips are placement lookups and push-outcome writes.
+    // one `LRANGE`: the other round trips are placement lookups and ring-member writes.
     let calls_of = |command: &str| redis.commands.get(command).copied().unwrap_or(0);
     println!(
         "  push node → Redis: {round_trips} round trips = {:.3} per push call ({} dedup claims, {} ring-evidence reads, the rest lookups and writes), besides {} PING probes (one a second)",

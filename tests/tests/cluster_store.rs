@@ -9,11 +9,10 @@ use std::{
 
 use observer::{
     cluster::{
-        ClusterArgs, ClusterConfig, ConnectionKey, PushOutcome, RingSide, SharedPlacement,
-        SharedState, StoreMetrics, keys::DEFAULT_PREFIX, store::Fact,
+        ClusterArgs, ClusterConfig, ConnectionKey, RingSide, SharedPlacement, SharedState,
+        StoreMetrics, keys::DEFAULT_PREFIX, store::Fact,
     },
     metrics::Metrics,
-    model::{GatewayAnswer, MessageIds},
 };
 use tests::privileges::{Needs, can_run};
 use tests::redis_server::{AclUser, RedisServer, free_port};
@@ -112,23 +111,7 @@ async fn what_one_node_writes_another_reads() {
     ] {
         proxy_node.record(fact);
     }
-    let outcome = PushOutcome {
-        user: "1001".to_owned(),
-        node: "node-b".to_owned(),
-        gateway_ip: "10.244.0.13".parse().unwrap(),
-        gateway_port: 88,
-        gateway_name: Some("gw-2.gw-headless:88".to_owned()),
-        answer: GatewayAnswer::EmptyEntry,
-        message: MessageIds {
-            client_msg_id: Some("c-1".into()),
-            seq: Some(7),
-            ..MessageIds::default()
-        },
-        ts_ns: 5,
-    };
-    push_node.record(Fact::PushOutcome(outcome.clone()));
     written(&proxy_node, 5).await;
-    written(&push_node, 1).await;
 
     let users = ["1001".to_owned(), "1002".to_owned(), "1003".to_owned()];
     let found = push_node.placements_of(&users).await.unwrap();
@@ -137,9 +120,6 @@ async fn what_one_node_writes_another_reads() {
     of_first.sort_by_key(|placement| placement.connection);
     assert_eq!(of_first, vec![first.clone(), second.clone()]);
     assert_eq!(found["1002"], vec![other.clone()]);
-
-    let outcomes = proxy_node.push_outcomes(&users[..1]).await.unwrap();
-    assert_eq!(outcomes["1001"], vec![outcome]);
 
     let evidence = push_node.ring_evidence().await.unwrap();
     assert_eq!(evidence.proxy["gw-0.gw-headless"].ip, first.gateway_ip);
@@ -227,17 +207,7 @@ async fn every_key_expires() {
         member: "gw-1".to_owned(),
         ip: placed.gateway_ip,
     });
-    state.record(Fact::PushOutcome(PushOutcome {
-        user: "2001".to_owned(),
-        node: "node-a".to_owned(),
-        gateway_ip: placed.gateway_ip,
-        gateway_port: 88,
-        gateway_name: None,
-        answer: GatewayAnswer::Delivered,
-        message: MessageIds::default(),
-        ts_ns: 1,
-    }));
-    written(&state, 5).await;
+    written(&state, 4).await;
     let keys = state.keys().clone();
     // Two claims in one pipeline, each answered in its place.
     let mismatch = keys.mismatch_claim("2001", &[placed.gateway_ip], outcome_gateway());
@@ -255,9 +225,9 @@ async fn every_key_expires() {
     );
     let dump = redis.dump().unwrap();
     let names: Vec<&str> = dump.iter().map(|key| key.key.as_str()).collect();
-    // Two placements, the node index, the ring's members (two sides) and placements, the push
-    // outcomes, two claims, and the placement change log and its count.
-    assert_eq!(dump.len(), 11, "{names:?}");
+    // Two placements, the node index, the ring's members (two sides) and placements, two
+    // claims, and the placement change log and its count.
+    assert_eq!(dump.len(), 10, "{names:?}");
     for key in &dump {
         assert!(key.key.starts_with(DEFAULT_PREFIX), "{key:?}");
         assert!(key.ttl_ms > 0, "no TTL on {key:?}");
@@ -528,28 +498,36 @@ async fn keys_spread_over_a_redis_cluster_by_hash_tag() {
         let placement = placement(user, "node-a", port, "10.244.0.11");
         proxy_node.record(Fact::Placed(placement.clone()));
         placed.push(placement);
-        push_node.record(Fact::PushOutcome(PushOutcome {
-            user: user.clone(),
-            node: "node-b".to_owned(),
-            gateway_ip: "10.244.0.12".parse().unwrap(),
-            gateway_port: 88,
-            gateway_name: None,
-            answer: GatewayAnswer::EmptyEntry,
-            message: MessageIds::default(),
-            ts_ns: 9,
-        }));
     }
     written(&proxy_node, users.len() as u64).await;
-    written(&push_node, users.len() as u64).await;
     assert_eq!(proxy_node.health().counters().facts_lost, 0);
-    assert_eq!(push_node.health().counters().facts_lost, 0);
 
     let found = push_node.placements_of(&users).await.unwrap();
     for placement in &placed {
         assert_eq!(found[&placement.user], vec![placement.clone()]);
     }
-    let outcomes = proxy_node.push_outcomes(&users).await.unwrap();
-    assert_eq!(outcomes.len(), users.len());
+    // One claim a user, in one pipeline spanning every primary: each answered in its place.
+    let gateway: IpAddr = "10.244.0.12".parse().unwrap();
+    let claims: Vec<String> = placed
+        .iter()
+        .map(|placement| {
+            push_node
+                .keys()
+                .mismatch_claim(&placement.user, &[placement.gateway_ip], gateway)
+        })
+        .collect();
+    let claims: Vec<(&str, Duration)> = claims
+        .iter()
+        .map(|key| (key.as_str(), Duration::from_secs(60)))
+        .collect();
+    assert!(
+        push_node
+            .claims(&claims)
+            .await
+            .unwrap()
+            .iter()
+            .all(|won| *won)
+    );
 
     let keys = tokio::task::block_in_place(|| cluster.keys()).unwrap();
     let mut primaries_used = std::collections::BTreeSet::new();
@@ -559,7 +537,7 @@ async fn keys_spread_over_a_redis_cluster_by_hash_tag() {
             .iter()
             .filter(|(_, _, key)| key.contains(&tag))
             .collect();
-        assert!(own.len() >= 2, "{user}'s placement and pushes: {own:?}");
+        assert!(own.len() >= 2, "{user}'s placement and claim: {own:?}");
         assert!(
             own.iter()
                 .all(|(slot, port, _)| (*slot, *port) == (own[0].0, own[0].1)),

@@ -3,7 +3,7 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use super::keys::{ConnectionKey, PushOutcome, RingSide, SharedPlacement};
+use super::keys::{ConnectionKey, RingSide, SharedPlacement};
 
 /// Counts the facts per pipeline: large enough to amortise a round trip, small enough that one slow
 /// batch does not hold the queue long.
@@ -34,5 +34,4 @@ pub enum Fact {
         member: String,
         ip: IpAddr,
     },
-    PushOutcome(PushOutcome),
 }

@@ -8,7 +8,6 @@
 //! |---|---|---|---|
 //! | `P{u:USER}:placements` | hash | `NODE\|CONNECTION` → placement | deleted field on close; key TTL [`PLACEMENT_TTL`], refreshed by the owning node every [`PLACEMENT_REFRESH`] |
 //! | `P{n:NODE}:connections` | hash | `CONNECTION` → user | same, so a restarted observer finds its node's users |
-//! | `P{u:USER}:pushes` | list | the latest push outcomes, newest first: each writing node trims it to [`MAX_PUSH_OUTCOMES`] after every [`MAX_PUSH_OUTCOMES`] of its own | at least [`PUSH_OUTCOME_TTL`] after the latest, at most [`PUSH_OUTCOME_REFRESH`] more |
 //! | `P{u:USER}:claim:mismatch:PLACED>PUSHED` | string | the node that printed | one fold window |
 //! | `P{ring}:members:proxy`, `…:push` | hash | member string → gateway IP, node, last seen | [`RING_TTL`], refreshed while seen |
 //! | `P{ring}:placements` | list | the last [`MAX_RING_PLACEMENTS`] `USER IP` placements | [`RING_TTL`] |
@@ -17,14 +16,13 @@
 //! | `P{changes}:placements` | list | the placement change log, newest first: one entry per write batch that placed or unplaced users, naming them, so readers that cache placements know whom to read again | the last [`PLACEMENT_CHANGES_LEN`] entries; [`RING_TTL`] |
 //! | `P{changes}:count` | string | entries ever added to the change log (readers compare it, then read the log only when it moved) | [`RING_TTL`] |
 //!
-//! Values hold only what the engine joins on (user ids, gateways, processes, message ids,
-//! answers): never a token, a header beyond those, or message content.
+//! Values hold only what the engine joins on (user ids, gateways, processes, member strings):
+//! never a token, a header beyond those, a gateway's answer or message content.
 
 use std::{net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{GatewayAnswer, MessageIds};
 pub use crate::{correlate::RingSide, model::ConnectionKey};
 
 /// Names the prefix every key starts with unless `--redis-prefix` gives another.
@@ -39,20 +37,11 @@ pub const PLACEMENT_TTL: Duration = Duration::from_secs(15 * 60);
 pub const PLACEMENT_REFRESH: Duration = Duration::from_secs(5 * 60);
 /// Bounds how long ring members not seen again stay in the shared rings.
 pub const RING_TTL: Duration = Duration::from_secs(15 * 60);
-/// Bounds how long a push outcome is kept: it matters while a placement for the same user may still
-/// arrive late.
-pub const PUSH_OUTCOME_TTL: Duration = Duration::from_secs(120);
-/// Sets the refresh period of push outcome lists: a node writing push outcomes sets their list's
-/// TTL to [`PUSH_OUTCOME_TTL`] plus this, and again only once this much has passed: one `PEXPIRE`
-/// per user and period, not per outcome.
-pub const PUSH_OUTCOME_REFRESH: Duration = Duration::from_secs(60);
 /// Bounds the entries the placement change log keeps; a reader that finds more new entries than it
 /// reads at once forgets what it cached.
 pub const PLACEMENT_CHANGES_LEN: usize = 10_000;
 /// Sets the period in which a divergence (one pair of member lists) is printed once cluster-wide.
 pub const DIVERGENCE_CLAIM_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// Counts the push outcomes kept per user.
-pub const MAX_PUSH_OUTCOMES: usize = 16;
 /// Counts the recent placements kept as ring evidence (the proxy-ring inference needs a few dozen
 /// that tell the candidates apart; this many covers hundreds of gateways).
 pub const MAX_RING_PLACEMENTS: usize = 1_000;
@@ -151,25 +140,6 @@ pub(crate) fn placement_field(node: &str, connection: &ConnectionKey) -> String 
     format!("{node}|{connection}")
 }
 
-/// Records what a gateway answered for one user of a push call, as seen by one node.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PushOutcome {
-    #[serde(skip)]
-    pub user: String,
-    pub node: String,
-    #[serde(rename = "gw")]
-    pub gateway_ip: IpAddr,
-    #[serde(rename = "port")]
-    pub gateway_port: u16,
-    #[serde(rename = "name", default, skip_serializing_if = "Option::is_none")]
-    pub gateway_name: Option<String>,
-    pub answer: GatewayAnswer,
-    #[serde(rename = "msg")]
-    pub message: MessageIds,
-    #[serde(rename = "ts")]
-    pub ts_ns: u64,
-}
-
 /// Records a ring member string tied to the gateway IP dialled, as one node last saw it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RingMember {
@@ -202,11 +172,6 @@ impl Keys {
     /// Returns the key of `user`'s placements hash.
     pub fn user_placements(&self, user: &str) -> String {
         format!("{}{{u:{}}}:placements", self.prefix, escape(user))
-    }
-
-    /// Returns the key of `user`'s push outcome list.
-    pub fn user_pushes(&self, user: &str) -> String {
-        format!("{}{{u:{}}}:pushes", self.prefix, escape(user))
     }
 
     /// Returns the claim key of a mismatch: one per (user, gateways placed on, gateway pushed to)

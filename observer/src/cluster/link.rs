@@ -14,7 +14,7 @@ use tokio::{sync::mpsc, task::JoinHandle};
 
 use super::{
     ClusterConfig,
-    keys::{self, ConnectionKey, PushOutcome, SharedPlacement},
+    keys::{self, ConnectionKey, SharedPlacement},
     lookups::{Lookups, lookup_connection},
     recovery,
     store::{Fact, LinkEvent, SharedState, StoreError},
@@ -440,22 +440,6 @@ fn store_fact(fact: SharedFact, node: &str) -> Fact {
         }),
         SharedFact::Unplaced { user, connection } => Fact::Unplaced { user, connection },
         SharedFact::RingMember { side, member, ip } => Fact::RingMember { side, member, ip },
-        SharedFact::PushOutcome {
-            user,
-            gateway,
-            answer,
-            message,
-            ts_ns,
-        } => Fact::PushOutcome(PushOutcome {
-            user,
-            node: node.to_owned(),
-            gateway_ip: gateway.ip,
-            gateway_port: gateway.port,
-            gateway_name: gateway.name.as_deref().map(str::to_owned),
-            answer,
-            message,
-            ts_ns,
-        }),
     }
 }
 

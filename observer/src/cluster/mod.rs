@@ -9,7 +9,7 @@
 //! - [`connection`]: one connection type over the three Redis topologies (one server, a Redis
 //!   Cluster, a Sentinel-managed primary) that reconnects on its own.
 //! - [`keys`]: the key schema (prefix, hash tags, TTLs) and the values stored: placements, ring
-//!   evidence, push outcomes and dedup claims; never a token, never message content.
+//!   evidence and dedup claims; never a token, never message content.
 //! - [`link`]: between the engine and the store: facts out, placement lookups and dedup
 //!   claims through a worker task, `capture_degraded` when Redis is lost and back.
 //! - [`recovery`]: after a restart, which stored placements' connections the kernel still holds.
@@ -33,7 +33,7 @@ use std::{fmt, path::PathBuf};
 use clap::Args;
 use thiserror::Error;
 
-pub use keys::{ConnectionKey, Keys, PushOutcome, RingSide, SharedPlacement};
+pub use keys::{ConnectionKey, Keys, RingSide, SharedPlacement};
 pub use link::ClusterLink;
 pub use store::{SharedState, StoreHealth, StoreMetrics};
 

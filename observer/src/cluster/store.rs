@@ -28,7 +28,7 @@ use super::{
     ClusterConfig, RedisTopology,
     clock::{millis, unix_now_ms},
     connection::{REQUEST_TIMEOUT, RedisConnection},
-    keys::{self, Keys, PushOutcome, RingMember, RingSide, SharedPlacement},
+    keys::{self, Keys, RingMember, RingSide, SharedPlacement},
     writer::Writer,
 };
 pub use super::{
@@ -214,42 +214,6 @@ impl SharedState {
             .collect();
         placements.sort_by_key(|placement| placement.connection);
         Ok(placements)
-    }
-
-    /// Returns the last push outcomes for each of `users`, newest first, in one round trip.
-    ///
-    /// # Errors
-    ///
-    /// Fails with [`StoreError::Timeout`] when Redis does not answer in time, and
-    /// [`StoreError::Redis`] when the request fails or its answer does not decode.
-    pub async fn push_outcomes(
-        &self,
-        users: &[String],
-    ) -> Result<HashMap<String, Vec<PushOutcome>>, StoreError> {
-        if users.is_empty() {
-            return Ok(HashMap::new());
-        }
-        let mut pipe = redis::pipe();
-        for user in users {
-            pipe.lrange(self.keys.user_pushes(user), 0, -1);
-        }
-        let lists: Vec<Vec<String>> = self.query(&pipe).await?;
-        Ok(users
-            .iter()
-            .zip(lists)
-            .filter(|(_, list)| !list.is_empty())
-            .map(|(user, list)| {
-                let outcomes = list
-                    .iter()
-                    .filter_map(|value| serde_json::from_str::<PushOutcome>(value).ok())
-                    .map(|mut outcome| {
-                        outcome.user.clone_from(user);
-                        outcome
-                    })
-                    .collect();
-                (user.clone(), outcomes)
-            })
-            .collect())
     }
 
     /// Returns every node's ring members (seen within the ring TTL) and recent placements.

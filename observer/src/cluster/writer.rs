@@ -28,8 +28,6 @@ pub(super) struct Writer {
     own_placements: HashMap<ConnectionKey, SharedPlacement>,
     /// Last seen and last written, per member.
     own_ring_members: BTreeMap<(RingSide, String), (IpAddr, u64, Option<Instant>)>,
-    /// The push outcome lists this node wrote to, by user.
-    outcome_lists: HashMap<String, OutcomeList>,
     /// Users whose placement changes the change log has not been told yet.
     unannounced: BTreeSet<String>,
     /// This writer's start (Unix nanoseconds) and the change log entries it added.
@@ -47,14 +45,6 @@ struct ChangeEntry<'a> {
     users: &'a BTreeSet<String>,
 }
 
-/// Records what this node did to one user's push outcome list.
-struct OutcomeList {
-    /// Outcomes pushed since this node last trimmed it.
-    since_trim: usize,
-    /// When this node last set its TTL.
-    expiry_set: Option<Instant>,
-}
-
 /// Holds what the facts of one batch share, written once each at the end of its pipeline.
 #[derive(Default)]
 struct Staged {
@@ -63,9 +53,6 @@ struct Staged {
     /// Placement hashes written to.
     placement_keys: HashSet<String>,
     ring_touched: [bool; 2],
-    /// Push outcome values per user, in the order first seen.
-    outcomes: Vec<(String, Vec<String>)>,
-    outcome_index: HashMap<String, usize>,
     /// Users placed or unplaced.
     changed_users: BTreeSet<String>,
 }
@@ -84,7 +71,6 @@ impl Writer {
             health,
             own_placements: HashMap::new(),
             own_ring_members: BTreeMap::new(),
-            outcome_lists: HashMap::new(),
             unannounced: BTreeSet::new(),
             writer_id: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -147,8 +133,6 @@ impl Writer {
                 .facts_written
                 .fetch_add(written, Ordering::Relaxed);
         } else {
-            // What Redis holds of the push lists is unknown now: set their TTLs again.
-            self.outcome_lists.clear();
             self.health.facts_lost.fetch_add(written, Ordering::Relaxed);
         }
         // Told even when the batch failed: part of it may have been applied.
@@ -197,52 +181,12 @@ impl Writer {
                     self.write_ring_member(pipe, side, &member, ip, now_ms);
                 }
             }
-            Fact::PushOutcome(outcome) => {
-                let value = serde_json::to_string(&outcome).unwrap_or_default();
-                match staged.outcome_index.get(&outcome.user) {
-                    Some(&index) => staged.outcomes[index].1.push(value),
-                    None => {
-                        staged
-                            .outcome_index
-                            .insert(outcome.user.clone(), staged.outcomes.len());
-                        staged.outcomes.push((outcome.user, vec![value]));
-                    }
-                }
-            }
         }
     }
 
-    /// Adds what the batch's facts share, once per key: each user's push outcomes in one
-    /// `LPUSH` (trimmed and given a TTL only when due), the ring placements in one `LPUSH`, and
+    /// Adds what the batch's facts share, once per key: the ring placements in one `LPUSH`, and
     /// one `PEXPIRE` per placement hash, node index and ring.
     fn finish(&mut self, pipe: &mut redis::Pipeline, staged: &mut Staged) {
-        for (user, values) in staged.outcomes.drain(..) {
-            let key = self.keys.user_pushes(&user);
-            pipe.lpush(&key, &values).ignore();
-            if self.outcome_lists.len() >= MAX_OWN_PLACEMENTS
-                && !self.outcome_lists.contains_key(&user)
-            {
-                self.outcome_lists.clear();
-            }
-            let list = self.outcome_lists.entry(user).or_insert(OutcomeList {
-                since_trim: 0,
-                expiry_set: None,
-            });
-            list.since_trim += values.len();
-            if list.since_trim >= keys::MAX_PUSH_OUTCOMES {
-                pipe.ltrim(&key, 0, keys::MAX_PUSH_OUTCOMES as isize - 1)
-                    .ignore();
-                list.since_trim = 0;
-            }
-            if list
-                .expiry_set
-                .is_none_or(|at| at.elapsed() >= keys::PUSH_OUTCOME_REFRESH)
-            {
-                let ttl = keys::PUSH_OUTCOME_TTL + keys::PUSH_OUTCOME_REFRESH;
-                pipe.pexpire(&key, millis(ttl) as i64).ignore();
-                list.expiry_set = Some(Instant::now());
-            }
-        }
         if !staged.ring_placements.is_empty() {
             let key = self.keys.ring_placements();
             pipe.lpush(&key, &staged.ring_placements)
@@ -384,8 +328,6 @@ impl Writer {
     /// lost it), in pipelines of [`MAX_BATCH`] placements.
     async fn rewrite_own(&mut self) {
         let now_ms = unix_now_ms();
-        // Redis may have come back without them: their TTLs are set again.
-        self.outcome_lists.clear();
         self.announce().await;
         let placements: Vec<SharedPlacement> = self.own_placements.values().cloned().collect();
         for chunk in placements.chunks(MAX_BATCH) {

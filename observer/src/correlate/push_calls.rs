@@ -18,7 +18,7 @@ use super::{
     mid_stream::MidStream,
     placements::{self, Placement, Placements},
     ring_verdicts::RingVerdicts,
-    shared::{AwaitingJoin, ClusterSide, SharedFact},
+    shared::{AwaitingJoin, ClusterSide},
 };
 
 /// Counts the calls seen, answered, evicted, and left without an answer.
@@ -206,17 +206,6 @@ fn judge_call(
             prefetch(judge, ahead);
         }
         let answer = answers.for_recipient(position, user);
-        if let Some(cluster) = judge.cluster.as_deref_mut()
-            && let Some(answer) = answer
-        {
-            cluster.facts.push(SharedFact::PushOutcome {
-                user: user.to_string(),
-                gateway: call.gateway.clone(),
-                answer: gateway_answer(Some(answer)).0,
-                message: call.message.clone(),
-                ts_ns,
-            });
-        }
         match local_placements.of(user) {
             Some(placements) => {
                 judge_user(user, placements, answer, &call, ts_ns, judge, alerts);

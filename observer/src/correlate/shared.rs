@@ -1,18 +1,15 @@
 //! Holds cluster mode's side of the engine: what this node's observer tells the others, and the
 //! joins it completes with what they saw.
 //!
-//! The engine stays synchronous: it appends facts (placements, ring members, push outcomes) to
-//! a buffer the daemon forwards to Redis, and when a push call names recipients this node holds
-//! no placement for, it parks the judgment and asks for their placements (`PlacementLookup`).
+//! The engine stays synchronous: it appends facts (placements, ring members) to a buffer the
+//! daemon forwards to Redis, and when a push call names recipients this node holds no placement
+//! for, it parks the judgment and asks for their placements (`PlacementLookup`).
 //! The daemon answers with `Engine::joined`, which completes the judgment with the placements
 //! other nodes saw. Nothing here runs without `--redis-url`.
 
 use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
-use crate::model::{
-    ConnectionId, ConnectionKey, Gateway, GatewayAnswer, MessageIds, NANOS_PER_SEC, Process,
-    UserResult,
-};
+use crate::model::{ConnectionId, ConnectionKey, Gateway, NANOS_PER_SEC, Process, UserResult};
 
 use super::pending_call::PendingCall;
 
@@ -65,14 +62,6 @@ pub enum SharedFact {
         side: RingSide,
         member: String,
         ip: IpAddr,
-    },
-    /// What the gateway answered for one recipient of a push call.
-    PushOutcome {
-        user: String,
-        gateway: Gateway,
-        answer: GatewayAnswer,
-        message: MessageIds,
-        ts_ns: u64,
     },
 }
 

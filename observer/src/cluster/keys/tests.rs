@@ -13,7 +13,6 @@ fn one_users_keys_share_a_slot() {
     let ip: IpAddr = "10.0.0.7".parse().unwrap();
     let user_keys = [
         keys.user_placements("3355700821"),
-        keys.user_pushes("3355700821"),
         keys.mismatch_claim("3355700821", &[ip], ip),
     ];
     for key in &user_keys {
