@@ -25,8 +25,9 @@
 //! no root and no eBPF.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     hint::black_box,
+    net::IpAddr,
     time::{Duration, Instant},
 };
 
@@ -136,23 +137,31 @@ impl Observer for Node {
     }
 }
 
-/// When each batch reached the engine, and how long each first `route_mismatch` took from
-/// the batch that completed its call to being printed.
+/// Names one first `route_mismatch`: its user and the gateway pushed to.
+type MismatchKey = (String, IpAddr);
+
+/// When each batch reached the engine, how long each first `route_mismatch` took from the batch
+/// that completed its call to being printed, and when it was printed.
 struct Detections {
+    /// When the replay started.
+    started: Instant,
     /// First event time of each batch fed, with its arrival.
     arrivals: Vec<(u64, Instant)>,
     /// Alerts of the observer already looked at.
     seen: usize,
     latency_us: Histogram<u64>,
+    /// When each first mismatch was printed, since the replay started.
+    printed_at: HashMap<MismatchKey, Duration>,
 }
 
 impl Detections {
-    fn new(observer: &impl Observer) -> Self {
+    fn new(observer: &impl Observer, started: Instant) -> Self {
         Self {
+            started,
             arrivals: Vec::new(),
             seen: observer.printed().len(),
-            latency_us: Histogram::new_with_bounds(1, 600_000_000, 3)
-                .unwrap_or_else(|error| panic!("histogram bounds are valid: {error}")),
+            latency_us: histogram(),
+            printed_at: HashMap::new(),
         }
     }
 
@@ -167,9 +176,18 @@ impl Detections {
         let printed = observer.printed();
         for alert in &printed[self.seen..] {
             black_box(alert.to_json_line());
-            let AlertBody::RouteMismatch(RouteMismatch { count: 1, .. }) = &*alert.body else {
+            let AlertBody::RouteMismatch(RouteMismatch {
+                count: 1,
+                user,
+                pushed_to,
+                ..
+            }) = &*alert.body
+            else {
                 continue;
             };
+            self.printed_at
+                .entry((user.to_string(), pushed_to.gateway.gateway.ip))
+                .or_insert_with(|| self.started.elapsed());
             let batch = self
                 .arrivals
                 .partition_point(|(first_ns, _)| *first_ns <= alert.ts_ns);
@@ -185,15 +203,22 @@ impl Detections {
 struct Replayed {
     elapsed: Duration,
     latency_us: Histogram<u64>,
+    printed_at: HashMap<MismatchKey, Duration>,
+}
+
+/// Returns an empty histogram of microseconds, up to ten minutes.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3)
+        .unwrap_or_else(|error| panic!("histogram bounds are valid: {error}"))
 }
 
 /// Feeds `events` to `observer` at `pace`, as the daemon's loop does: a batch, then what it
 /// raised printed; the shared state's answers applied as they come; a tick for every second of
 /// event time. Ends when every answer has come.
 async fn replay(observer: &mut impl Observer, events: &[Event], pace: Pace) -> Replayed {
-    let mut detections = Detections::new(observer);
     let first_ns = events.first().map_or(0, |event| event.ts_ns);
     let started = Instant::now();
+    let mut detections = Detections::new(observer, started);
     let due = |event: &Event, speed: f64| {
         started + Duration::from_secs_f64((event.ts_ns - first_ns) as f64 / 1e9 / speed)
     };
@@ -243,6 +268,7 @@ async fn replay(observer: &mut impl Observer, events: &[Event], pace: Pace) -> R
     Replayed {
         elapsed: started.elapsed(),
         latency_us: detections.latency_us,
+        printed_at: detections.printed_at,
     }
 }
 
@@ -359,6 +385,32 @@ fn latency(replayed: &Replayed) -> String {
     )
 }
 
+/// Compares, mismatch by mismatch, when each mode printed it since its replay started: both were
+/// fed the same events at the same offsets, so the difference is the time cluster mode added
+/// (the lookup and the claim), whatever held the judgment in both (a message window).
+fn added_latency(single: &Replayed, cluster: &Replayed) -> String {
+    let mut added_us: Vec<i64> = single
+        .printed_at
+        .iter()
+        .filter_map(|(key, single_at)| {
+            let cluster_at = cluster.printed_at.get(key)?;
+            Some(cluster_at.as_micros() as i64 - single_at.as_micros() as i64)
+        })
+        .collect();
+    if added_us.is_empty() {
+        return "no mismatch printed by both".to_owned();
+    }
+    added_us.sort_unstable();
+    let at = |quantile: f64| added_us[((added_us.len() - 1) as f64 * quantile).round() as usize];
+    format!(
+        "p50 {:+} µs, p99 {:+} µs, max {:+} µs ({} mismatches)",
+        at(0.50),
+        at(0.99),
+        at(1.0),
+        added_us.len()
+    )
+}
+
 /// What the figures are divided by.
 struct Workload {
     placement_events: usize,
@@ -397,6 +449,12 @@ fn report(pace: Pace, single: &Run, cluster: &Run, workload: &Workload) {
         latency(&single.pushes),
         latency(&cluster.pushes)
     );
+    if let Pace::Timeline { .. } = pace {
+        println!(
+            "  added by cluster mode, mismatch by mismatch: {}",
+            added_latency(&single.pushes, &cluster.pushes)
+        );
+    }
     println!(
         "  route_mismatch printed: single-node {}, cluster {}",
         single.mismatches, cluster.mismatches

@@ -23,6 +23,10 @@ use std::{net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
+use crate::{
+    correlate::RemotePlacement,
+    model::{Gateway, Process},
+};
 pub use crate::{correlate::RingSide, model::ConnectionKey};
 
 /// Names the prefix every key starts with unless `--redis-prefix` gives another.
@@ -87,6 +91,27 @@ struct PlacementValue {
 }
 
 impl SharedPlacement {
+    /// Returns the placement as the engine takes another node's.
+    pub(crate) fn to_remote(&self) -> RemotePlacement {
+        RemotePlacement {
+            node: self.node.as_str().into(),
+            connection: self.connection,
+            gateway: Gateway {
+                ip: self.gateway_ip,
+                port: self.gateway_port,
+                name: self.gateway_name.as_deref().map(Into::into),
+            },
+            platform: self.platform,
+            since_ns: self.since_ns,
+            // Another node's process: its cgroup means nothing here.
+            proxy: Process {
+                pid: self.proxy_pid,
+                comm: self.proxy_comm.as_str().into(),
+                cgroup_id: 0,
+            },
+        }
+    }
+
     /// Returns the placement's field in its user's hash.
     pub fn field(&self) -> String {
         placement_field(&self.node, &self.connection)

@@ -22,15 +22,15 @@ use super::{
 use crate::{
     alert::{Alert, AlertBody, DegradedReason, DegradedState, RouteMismatch},
     correlate::{Engine, PlacementLookup, RemotePlacement, SharedFact, SharedRingEvidence},
-    model::{Gateway, Process, rfc3339},
+    model::rfc3339,
     openim::{diagnosis, members::RingDivergenceState},
 };
 
-/// Bounds the jobs waiting for the worker; a lookup that finds the queue full is answered with
+/// Bounds the jobs waiting for each worker; a lookup that finds its queue full is answered with
 /// nothing at once, a claim is printed unclaimed (both counted).
 const MAX_JOBS: usize = 4_096;
-/// Bounds the jobs the worker takes at once: their lookups share one pipeline, their claims
-/// another, both sent at once. Half the queue: a cached lookup costs Redis nothing, so a round is
+/// Bounds the jobs a worker takes at once: the lookups of a round share one pipeline, and so do
+/// the claims of a round. Half the queue: a cached lookup costs Redis nothing, so a round is
 /// bounded by the lookups it must read.
 const MAX_JOBS_PER_ROUND: usize = 2_048;
 /// Sets how often the shared ring evidence is merged (a fraction of the ring settle time, so every
@@ -42,21 +42,25 @@ const START_GRACE: Duration = Duration::from_secs(3);
 /// Bounds the won claims remembered (their windows' summaries are printed by the winner only).
 const MAX_WON_CLAIMS: usize = 262_144;
 
+/// Asks the lookup worker for placements or the ring evidence.
 enum Job {
     Lookup(PlacementLookup),
-    Claim {
-        key: String,
-        ttl: Duration,
-        alert: Box<Alert>,
-    },
     RingEvidence,
+}
+
+/// Asks the claim worker to claim an alert's print cluster-wide for `ttl`.
+struct Claim {
+    key: String,
+    ttl: Duration,
+    alert: Box<Alert>,
 }
 
 /// Holds what the worker brings back.
 pub enum Done {
     Joined {
         id: u64,
-        found: HashMap<String, Vec<RemotePlacement>>,
+        /// The users with other nodes' live placements, each with them.
+        found: Vec<(String, Arc<[RemotePlacement]>)>,
     },
     Claimed {
         key: String,
@@ -73,8 +77,10 @@ pub enum Done {
 pub struct ClusterLink {
     state: Arc<SharedState>,
     jobs: mpsc::Sender<Job>,
+    claims: mpsc::Sender<Claim>,
     done: mpsc::Receiver<Done>,
-    worker: JoinHandle<()>,
+    /// The lookup worker and the claim worker.
+    workers: [JoinHandle<()>; 2],
     fold_window: Duration,
     /// Jobs sent whose answer has not been applied yet.
     outstanding: usize,
@@ -97,12 +103,14 @@ pub struct ClusterLink {
 
 impl Drop for ClusterLink {
     fn drop(&mut self) {
-        self.worker.abort();
+        for worker in &self.workers {
+            worker.abort();
+        }
     }
 }
 
 impl ClusterLink {
-    /// Starts the store and the worker; needs a tokio runtime. `fold_window` is how long one
+    /// Starts the store and the workers; needs a tokio runtime. `fold_window` is how long one
     /// `route_mismatch` claim holds.
     ///
     /// # Errors
@@ -112,13 +120,23 @@ impl ClusterLink {
         let state = Arc::new(SharedState::start(config)?);
         let lookups = Lookups::new(lookup_connection(config)?, config.redis.clone());
         let (jobs, queue) = mpsc::channel(MAX_JOBS);
-        let (done_sender, done) = mpsc::channel(MAX_JOBS);
-        let worker = tokio::spawn(work(Arc::clone(&state), lookups, queue, done_sender));
+        let (claims, claim_queue) = mpsc::channel(MAX_JOBS);
+        let (done_sender, done) = mpsc::channel(2 * MAX_JOBS);
+        let workers = [
+            tokio::spawn(work(
+                Arc::clone(&state),
+                lookups,
+                queue,
+                done_sender.clone(),
+            )),
+            tokio::spawn(claim_work(Arc::clone(&state), claim_queue, done_sender)),
+        ];
         Ok(Self {
             state,
             jobs,
+            claims,
             done,
-            worker,
+            workers,
             fold_window,
             outstanding: 0,
             pending_now: Vec::new(),
@@ -181,7 +199,7 @@ impl ClusterLink {
         let mut adopted = Vec::new();
         for placement in stored {
             if established.contains(&placement.connection.canonical()) {
-                adopted.push((placement.user.clone(), remote_placement(&placement)));
+                adopted.push((placement.user.clone(), placement.to_remote()));
                 self.state.record(Fact::Adopted(placement));
             } else {
                 self.state.record(Fact::Unplaced {
@@ -210,7 +228,7 @@ impl ClusterLink {
                 self.send(Job::Lookup(lookup));
             } else {
                 // Local detection only while Redis is down: nothing to wait for.
-                engine.joined(lookup.id, HashMap::new(), alerts);
+                engine.joined(lookup.id, Vec::new(), alerts);
             }
         }
         if !self.state.health().is_up() {
@@ -219,7 +237,7 @@ impl ClusterLink {
         let mut kept = Vec::with_capacity(alerts.len());
         for alert in alerts.drain(..) {
             match self.claim_key(&alert) {
-                Some((key, ttl, true)) => self.send(Job::Claim {
+                Some((key, ttl, true)) => self.send_claim(Claim {
                     key,
                     ttl,
                     alert: Box::new(alert),
@@ -295,15 +313,7 @@ impl ClusterLink {
                         self.state.health().count(LinkEvent::LookupFailed);
                         Done::Joined {
                             id: lookup.id,
-                            found: HashMap::new(),
-                        }
-                    }
-                    Job::Claim { key, alert, .. } => {
-                        self.state.health().count(LinkEvent::ClaimFailed);
-                        Done::Claimed {
-                            key,
-                            won: None,
-                            alert,
+                            found: Vec::new(),
                         }
                     }
                     Job::RingEvidence => return,
@@ -311,6 +321,22 @@ impl ClusterLink {
                 self.outstanding += 1;
                 self.pending_now.push(done);
             }
+        }
+    }
+
+    fn send_claim(&mut self, claim: Claim) {
+        self.outstanding += 1;
+        if let Err(
+            mpsc::error::TrySendError::Full(claim) | mpsc::error::TrySendError::Closed(claim),
+        ) = self.claims.try_send(claim)
+        {
+            // The worker is behind: print unclaimed, as if Redis were down.
+            self.state.health().count(LinkEvent::ClaimFailed);
+            self.pending_now.push(Done::Claimed {
+                key: claim.key,
+                won: None,
+                alert: claim.alert,
+            });
         }
     }
 
@@ -443,28 +469,7 @@ fn store_fact(fact: SharedFact, node: &str) -> Fact {
     }
 }
 
-fn remote_placement(placement: &SharedPlacement) -> RemotePlacement {
-    RemotePlacement {
-        node: placement.node.clone(),
-        connection: placement.connection,
-        gateway: Gateway {
-            ip: placement.gateway_ip,
-            port: placement.gateway_port,
-            name: placement.gateway_name.as_deref().map(Into::into),
-        },
-        platform: placement.platform,
-        since_ns: placement.since_ns,
-        // Another node's process: its cgroup means nothing here.
-        proxy: Process {
-            pid: placement.proxy_pid,
-            comm: placement.proxy_comm.as_str().into(),
-            cgroup_id: 0,
-        },
-    }
-}
-
-/// Answers jobs in rounds: the lookups of one round share one pipelined round trip, and so do
-/// its claims.
+/// Answers lookups in rounds: the lookups of one round share one pipelined round trip.
 async fn work(
     state: Arc<SharedState>,
     mut placements: Lookups,
@@ -474,12 +479,10 @@ async fn work(
     let mut round = Vec::with_capacity(MAX_JOBS_PER_ROUND);
     while jobs.recv_many(&mut round, MAX_JOBS_PER_ROUND).await > 0 {
         let mut lookups = Vec::new();
-        let mut claims = Vec::new();
         let mut answers = Vec::new();
         for job in round.drain(..) {
             match job {
                 Job::Lookup(lookup) => lookups.push(lookup),
-                Job::Claim { key, ttl, alert } => claims.push((key, ttl, alert)),
                 Job::RingEvidence => match state.ring_evidence().await {
                     Ok(evidence) => answers.push(Done::RingEvidence(Some(SharedRingEvidence {
                         proxy: evidence
@@ -505,25 +508,27 @@ async fn work(
             // Redis may come back without what was cached (restarted, failed over).
             placements.forget();
         }
-        // The claims and the lookups go out at once: one round trip's wait for both.
-        let claimed = async {
-            if claims.is_empty() {
-                Vec::new()
-            } else {
-                claim(&state, claims).await
-            }
-        };
-        let looked_up = async {
-            if lookups.is_empty() {
-                Vec::new()
-            } else {
-                look_up(&mut placements, &state, lookups).await
-            }
-        };
-        let (claimed, looked_up) = tokio::join!(claimed, looked_up);
-        answers.extend(claimed);
-        answers.extend(looked_up);
+        if !lookups.is_empty() {
+            answers.extend(look_up(&mut placements, &state, lookups).await);
+        }
         for answer in answers {
+            if done.send(answer).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Answers claims in rounds of their own, beside the lookups': a mismatch's claim, sent once its
+/// lookup came back, never waits for the next lookup round.
+async fn claim_work(
+    state: Arc<SharedState>,
+    mut claims: mpsc::Receiver<Claim>,
+    done: mpsc::Sender<Done>,
+) {
+    let mut round = Vec::with_capacity(MAX_JOBS_PER_ROUND);
+    while claims.recv_many(&mut round, MAX_JOBS_PER_ROUND).await > 0 {
+        for answer in claim(&state, std::mem::take(&mut round)).await {
             if done.send(answer).await.is_err() {
                 return;
             }
@@ -533,10 +538,10 @@ async fn work(
 
 /// Sends a round's claims in one pipeline; unanswered, every one of them is printed unclaimed (and
 /// counted).
-async fn claim(state: &SharedState, claims: Vec<(String, Duration, Box<Alert>)>) -> Vec<Done> {
+async fn claim(state: &SharedState, claims: Vec<Claim>) -> Vec<Done> {
     let keys: Vec<(&str, Duration)> = claims
         .iter()
-        .map(|(key, ttl, _)| (key.as_str(), *ttl))
+        .map(|claim| (claim.key.as_str(), claim.ttl))
         .collect();
     let won: Vec<Option<bool>> = match state.claims(&keys).await {
         Ok(won) => won.into_iter().map(Some).collect(),
@@ -551,49 +556,53 @@ async fn claim(state: &SharedState, claims: Vec<(String, Duration, Box<Alert>)>)
     claims
         .into_iter()
         .zip(won)
-        .map(|((key, _, alert), won)| Done::Claimed { key, won, alert })
+        .map(|(claim, won)| Done::Claimed {
+            key: claim.key,
+            won,
+            alert: claim.alert,
+        })
         .collect()
 }
 
 /// Runs one round for every user of `lookups`; each lookup gets its users' placements on
-/// other nodes (this node's own are in the engine already).
+/// other nodes (this node's own are in the engine already), shared with the cache.
 async fn look_up(
     cache: &mut Lookups,
     state: &SharedState,
     lookups: Vec<PlacementLookup>,
 ) -> Vec<Done> {
-    let mut users: Vec<String> = lookups
-        .iter()
-        .flat_map(|lookup| lookup.users.iter().cloned())
-        .collect();
-    users.sort();
-    users.dedup();
-    let found = match cache.placements_of(state, &users).await {
-        Ok(found) => found,
-        Err(error) => {
-            tracing::debug!(%error, "shared state: placement lookup failed");
-            state.health().count(LinkEvent::LookupFailed);
-            cache.forget();
-            HashMap::new()
+    let found = {
+        let mut users: Vec<&str> = lookups
+            .iter()
+            .flat_map(|lookup| lookup.users.iter().map(String::as_str))
+            .collect();
+        users.sort_unstable();
+        users.dedup();
+        match cache.placements_of(state, &users).await {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::debug!(%error, "shared state: placement lookup failed");
+                state.health().count(LinkEvent::LookupFailed);
+                cache.forget();
+                HashMap::new()
+            }
         }
     };
-    let node = state.node();
+    let found: Vec<Option<Arc<[RemotePlacement]>>> = lookups
+        .iter()
+        .flat_map(|lookup| &lookup.users)
+        .map(|user| found.get(user.as_str()).cloned())
+        .collect();
+    let mut found = found.into_iter();
     lookups
         .into_iter()
         .map(|lookup| Done::Joined {
             id: lookup.id,
             found: lookup
                 .users
-                .iter()
-                .filter_map(|user| {
-                    let placements: Vec<RemotePlacement> = found
-                        .get(user)?
-                        .iter()
-                        .filter(|placement| placement.node != node)
-                        .map(remote_placement)
-                        .collect();
-                    (!placements.is_empty()).then(|| (user.clone(), placements))
-                })
+                .into_iter()
+                .zip(found.by_ref())
+                .filter_map(|(user, placements)| Some((user, placements?)))
                 .collect(),
         })
         .collect()

@@ -3,7 +3,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::atomic::Ordering,
+    sync::{Arc, atomic::Ordering},
 };
 
 use super::{
@@ -13,6 +13,7 @@ use super::{
     keys::SharedPlacement,
     store::{SharedState, StoreError},
 };
+use crate::correlate::RemotePlacement;
 
 /// Bounds the users whose placements are cached; past that the cache starts over.
 const MAX_CACHED_USERS: usize = 262_144;
@@ -50,10 +51,50 @@ fn lookup_error(redis: &RedisTopology, error: Option<&redis::RedisError>) -> Sto
 pub(super) struct Lookups {
     connection: RedisConnection,
     redis: RedisTopology,
-    /// Every node's placements of each user read, with the Unix millisecond each expires at.
-    cached: HashMap<String, Vec<(SharedPlacement, u64)>>,
+    /// Other nodes' placements of each user read.
+    cached: HashMap<String, Cached>,
     /// Where the change log was last read; `None` until a round anchors it (the cache is empty).
     cursor: Option<Cursor>,
+}
+
+/// Holds other nodes' placements of one user, as read.
+struct Cached {
+    /// Oldest first; every lookup answered while all are live shares this copy.
+    placements: Arc<[RemotePlacement]>,
+    /// The Unix millisecond each of `placements` expires at.
+    expires_ms: Vec<u64>,
+}
+
+impl Cached {
+    /// Keeps the placements of `read` made on other nodes than `node`.
+    fn new(read: Vec<(SharedPlacement, u64)>, node: &str) -> Self {
+        let (placements, expires_ms): (Vec<RemotePlacement>, Vec<u64>) = read
+            .into_iter()
+            .filter(|(placement, _)| placement.node != node)
+            .map(|(placement, expires_ms)| (placement.to_remote(), expires_ms))
+            .unzip();
+        Self {
+            placements: placements.into(),
+            expires_ms,
+        }
+    }
+
+    /// Returns the placements not expired at `now_ms`: the shared copy while all are live.
+    fn live(&self, now_ms: u64) -> Arc<[RemotePlacement]> {
+        if self
+            .expires_ms
+            .iter()
+            .all(|expires_ms| *expires_ms > now_ms)
+        {
+            return Arc::clone(&self.placements);
+        }
+        self.placements
+            .iter()
+            .zip(&self.expires_ms)
+            .filter(|(_, expires_ms)| **expires_ms > now_ms)
+            .map(|(placement, _)| placement.clone())
+            .collect()
+    }
 }
 
 /// Records where a reader left the change log.
@@ -81,18 +122,19 @@ impl Lookups {
         self.cursor = None;
     }
 
-    /// Returns every node's live placements of `users`: the cached ones that no write batch changed
-    /// since, and the others read, in one pipelined round trip with the change log's count (a
-    /// second one when it moved, for the new entries, and a third for cached users they name).
-    pub(super) async fn placements_of(
+    /// Returns other nodes' live placements of `users`, for those that have any: the cached ones
+    /// that no write batch changed since, and the others read, in one pipelined round trip with
+    /// the change log's count (a second one when it moved, for the new entries, and a third for
+    /// cached users they name).
+    pub(super) async fn placements_of<'u>(
         &mut self,
         state: &SharedState,
-        users: &[String],
-    ) -> Result<HashMap<String, Vec<SharedPlacement>>, StoreError> {
+        users: &[&'u str],
+    ) -> Result<HashMap<&'u str, Arc<[RemotePlacement]>>, StoreError> {
         let anchored = self.cursor.is_some();
-        let (hits, misses): (Vec<&String>, Vec<&String>) = users
+        let (hits, misses): (Vec<&'u str>, Vec<&'u str>) = users
             .iter()
-            .partition(|user| anchored && self.cached.contains_key(*user));
+            .partition(|user| anchored && self.cached.contains_key(**user));
         let keys = state.keys();
         let mut pipe = redis::pipe();
         pipe.get(keys.placement_changes_count());
@@ -119,7 +161,7 @@ impl Lookups {
             }
             None => self.changes_since(state, count.unwrap_or(0)).await?,
         };
-        let stale: Vec<&String> = hits
+        let stale: Vec<&'u str> = hits
             .into_iter()
             .filter(|user| {
                 changed
@@ -128,17 +170,18 @@ impl Lookups {
             })
             .collect();
         let now_ms = unix_now_ms();
+        let node = state.node();
         let mut found = HashMap::with_capacity(users.len());
         for (user, hash) in misses.into_iter().zip(read) {
-            let placements = stored_placements(user, hash);
+            let placements = Cached::new(stored_placements(user, hash), node);
+            found.insert(user, placements.live(now_ms));
             // Read before or after the change (a Redis Cluster answers per shard): not kept.
             if changed
                 .as_ref()
                 .is_some_and(|changed| !changed.contains(user))
             {
-                self.keep(user, &placements);
+                self.keep(user, placements);
             }
-            found.insert(user.clone(), live(&placements, now_ms));
         }
         if !stale.is_empty() {
             let mut pipe = redis::pipe();
@@ -147,17 +190,17 @@ impl Lookups {
             }
             let read: Vec<redis::Value> = self.query(state, &pipe).await?;
             for (user, hash) in stale.into_iter().zip(read) {
-                let placements = stored_placements(user, hash);
+                let placements = Cached::new(stored_placements(user, hash), node);
+                found.insert(user, placements.live(now_ms));
                 // The log was read before this: a later change is in its next entries.
-                self.keep(user, &placements);
-                found.insert(user.clone(), live(&placements, now_ms));
+                self.keep(user, placements);
             }
         }
         for user in users {
             if !found.contains_key(user)
-                && let Some(placements) = self.cached.get(user)
+                && let Some(placements) = self.cached.get(*user)
             {
-                found.insert(user.clone(), live(placements, now_ms));
+                found.insert(user, placements.live(now_ms));
             }
         }
         found.retain(|_, placements| !placements.is_empty());
@@ -212,11 +255,11 @@ impl Lookups {
         Ok(Some(changed))
     }
 
-    fn keep(&mut self, user: &str, placements: &[(SharedPlacement, u64)]) {
+    fn keep(&mut self, user: &str, placements: Cached) {
         if self.cached.len() >= MAX_CACHED_USERS {
             self.cached.clear();
         }
-        self.cached.insert(user.to_owned(), placements.to_vec());
+        self.cached.insert(user.to_owned(), placements);
     }
 
     async fn query<T: redis::FromRedisValue>(
@@ -244,15 +287,6 @@ fn stored_placements(user: &str, hash: redis::Value) -> Vec<(SharedPlacement, u6
         .collect();
     placements.sort_by_key(|(placement, _)| (placement.since_ns, placement.field()));
     placements
-}
-
-/// Returns the placements not expired at `now_ms`.
-fn live(placements: &[(SharedPlacement, u64)], now_ms: u64) -> Vec<SharedPlacement> {
-    placements
-        .iter()
-        .filter(|(_, expires_ms)| *expires_ms > now_ms)
-        .map(|(placement, _)| placement.clone())
-        .collect()
 }
 
 /// Holds the users of one change log entry (the writer's `ChangeEntry`).

@@ -9,7 +9,7 @@
 //!
 //! Every table has a cap; what a cap turns away is counted, never silently lost.
 
-use std::collections::{HashMap, HashSet};
+use std::{collections::HashSet, sync::Arc};
 
 use crate::{
     alert::{Alert, FoldWindows, PushRoutingMode},
@@ -400,32 +400,32 @@ impl Detectors {
     pub fn joined(
         &mut self,
         id: u64,
-        found: HashMap<String, Vec<RemotePlacement>>,
+        found: Vec<(String, Arc<[RemotePlacement]>)>,
         alerts: &mut Vec<Alert>,
     ) {
         let Some(join) = self.cluster.as_mut().and_then(|cluster| cluster.unpark(id)) else {
             return;
         };
-        let found: HashMap<String, Vec<Placement>> = found
+        let mut found: Vec<(String, Vec<Placement>)> = found
             .into_iter()
             .map(|(user, placements)| {
                 let placements = placements
-                    .into_iter()
+                    .iter()
                     .map(|placement| Placement {
                         // Not held here: no connection of this node ends it.
                         connection: 0,
-                        gateway: placement.gateway,
+                        gateway: placement.gateway.clone(),
                         platform: placement.platform,
                         since_ns: placement.since_ns,
-                        proxy: placement.proxy,
-                        node: Some(placement.node.into()),
+                        proxy: placement.proxy.clone(),
+                        node: Some(Arc::clone(&placement.node)),
                     })
                     .collect();
                 (user, placements)
             })
             .collect();
         let (_, mut judge) = self.judge();
-        push_calls::judge_joined(join, &found, &mut judge, alerts);
+        push_calls::judge_joined(join, &mut found, &mut judge, alerts);
     }
 
     /// Judges the misses held for their message's other calls once due (all with `all`); the

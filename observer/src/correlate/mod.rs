@@ -24,7 +24,10 @@ mod shared;
 mod shared_texts;
 mod upgrade_on_grpc;
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use crate::{
     alert::Alert,
@@ -209,7 +212,7 @@ impl Engine {
     pub fn joined(
         &mut self,
         id: u64,
-        found: HashMap<String, Vec<RemotePlacement>>,
+        found: Vec<(String, Arc<[RemotePlacement]>)>,
         alerts: &mut Vec<Alert>,
     ) {
         let first_new = alerts.len();

@@ -1,7 +1,7 @@
 //! Keeps push calls waiting for the gateway's answer, and makes the judgment once it comes (or
 //! cannot): every recipient whose WebSocket is placed on another gateway is a `route_mismatch`.
 
-use std::{collections::HashMap as StdHashMap, net::IpAddr};
+use std::net::IpAddr;
 
 use hashbrown::HashMap;
 
@@ -281,14 +281,12 @@ impl<'a> Answers<'a> {
 /// Completes a parked judgment with the placements other nodes saw for its recipients.
 pub fn judge_joined(
     join: AwaitingJoin,
-    found: &StdHashMap<String, Vec<Placement>>,
+    found: &mut [(String, Vec<Placement>)],
     judge: &mut Judge<'_>,
     alerts: &mut Vec<Alert>,
 ) {
-    let mut users: Vec<&String> = found.keys().collect();
-    users.sort();
-    for user in users {
-        let placements = &found[user];
+    found.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
+    for (user, placements) in found.iter() {
         if placements.is_empty() {
             continue;
         }

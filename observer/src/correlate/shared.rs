@@ -68,7 +68,8 @@ pub enum SharedFact {
 /// Describes a placement another node saw (or this node, before its observer restarted).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemotePlacement {
-    pub node: String,
+    /// Shared: every lookup answered from the same cached read holds the same copy.
+    pub node: Arc<str>,
     pub connection: ConnectionKey,
     pub gateway: Gateway,
     pub platform: Option<i32>,
