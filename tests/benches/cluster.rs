@@ -19,7 +19,11 @@
 //! A push call is one gRPC `SuperGroupOnlineBatchPushOneMsg` request, what the engine judges. The
 //! detection latency runs from the arrival at the push node's engine of the batch holding the
 //! call's answer (which the judgment waits for) to its first `route_mismatch` being printed
-//! (rendered as its JSON line), after the placement lookup and the dedup claim.
+//! (rendered as its JSON line), after the placement lookup and the dedup claim; in both modes it
+//! includes the message window that holds a miss for the message's other calls. What cluster
+//! mode adds is therefore also measured mismatch by mismatch on the timeline: both modes are fed
+//! the same events at the same offsets from their start, so the difference between their print
+//! times is the lookup and the claim ([`added_latency`]).
 //!
 //! Run with `cargo bench -p tests --bench cluster`. Needs `redis-server` (skipped without);
 //! no root and no eBPF.

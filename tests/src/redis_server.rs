@@ -17,8 +17,13 @@ use anyhow::{Context, Result, bail};
 /// Bounds how long a started server may take to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Lists the commands docs/install.md grants the observer's ACL user on one server or a
+/// Sentinel-managed primary (besides `+role` there): what an [`AclUser`] may run.
+pub const OBSERVER_ACL_COMMANDS: &str = "-@all +ping +hset +hdel +hgetall +hget +pexpire +lpush +ltrim +lrange +lindex +set +get +incrby";
+
 /// Names an ACL user the server is started with (the default user is then disabled), limited to
-/// keys under `prefix`: how an observer shares OpenIM's own Redis.
+/// keys under `prefix` and to [`OBSERVER_ACL_COMMANDS`]: how an observer shares OpenIM's own
+/// Redis.
 #[derive(Clone, Debug)]
 pub struct AclUser {
     pub name: String,
@@ -178,8 +183,8 @@ impl RedisServer {
                 "on",
                 &format!(">{}", user.password),
                 &format!("~{}*", user.prefix),
-                "+@all",
             ]);
+            command.args(OBSERVER_ACL_COMMANDS.split(' '));
         }
         let child = command
             .stdin(Stdio::null())

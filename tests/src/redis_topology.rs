@@ -175,14 +175,13 @@ impl RedisCluster {
         Ok(count)
     }
 
-    /// Kills the primary serving `slot` (SIGKILL) and waits until its replica serves the slot
-    /// and the cluster is whole again. Returns the killed node's port.
+    /// Kills the primary serving `slot` (SIGKILL) and returns its port, without waiting for its
+    /// replica.
     ///
     /// # Errors
     ///
-    /// Fails when no primary serves `slot`, it is not one of the nodes, or the cluster is not whole
-    /// again within 30 s.
-    pub fn fail_over(&mut self, slot: u16) -> Result<u16> {
+    /// Fails when no primary serves `slot` or it is not one of the nodes.
+    pub fn kill_primary(&mut self, slot: u16) -> Result<u16> {
         let port = self.primary_of(slot)?;
         let node = self
             .nodes
@@ -190,10 +189,63 @@ impl RedisCluster {
             .find(|node| node.port() == port)
             .context("the primary is not one of the nodes")?;
         node.kill();
-        self.wait_until(|cluster| {
-            Ok(cluster.primary_of(slot).is_ok_and(|now| now != port) && cluster.state_ok()?)
-        })?;
         Ok(port)
+    }
+
+    /// Waits until another node than `killed` serves `slot` and the cluster is whole again.
+    ///
+    /// # Errors
+    ///
+    /// Fails when that takes more than 30 s.
+    pub fn wait_failed_over(&self, slot: u16, killed: u16) -> Result<()> {
+        self.wait_until(|cluster| {
+            Ok(cluster.primary_of(slot).is_ok_and(|now| now != killed) && cluster.state_ok()?)
+        })
+    }
+
+    /// Hands the slot's primary role to its replica (`CLUSTER FAILOVER`, which loses no write)
+    /// and waits until the replica serves it and the cluster is whole. Returns the new primary's
+    /// port. No client request fails meanwhile: clients see only a `MOVED`.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the slot has no replica, the replica refuses, or the cluster is not whole again
+    /// within 30 s.
+    pub fn hand_over(&self, slot: u16) -> Result<u16> {
+        let primary = self.primary_of(slot)?;
+        let replica = self
+            .nodes
+            .iter()
+            .find(|node| {
+                node.port() != primary
+                    && node.info("replication").is_ok_and(|info| {
+                        info.get("master_port")
+                            .is_some_and(|port| port == &primary.to_string())
+                    })
+            })
+            .context("the slot's primary has no replica")?;
+        let _: String = redis::cmd("CLUSTER")
+            .arg("FAILOVER")
+            .query(&mut replica.client()?)?;
+        let port = replica.port();
+        self.wait_until(|cluster| Ok(cluster.primary_of(slot)? == port && cluster.state_ok()?))?;
+        Ok(port)
+    }
+
+    /// Deletes `key` on the primary serving it, behind its clients' backs.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the key's primary cannot be found or reached.
+    pub fn delete(&self, key: &str) -> Result<()> {
+        let port = self.primary_of(self.slot_of(key)?)?;
+        let node = self
+            .nodes
+            .iter()
+            .find(|node| node.port() == port)
+            .context("the primary is not one of the nodes")?;
+        let _: i64 = redis::cmd("DEL").arg(key).query(&mut node.client()?)?;
+        Ok(())
     }
 
     /// Returns every key on every primary, and its slot, as `(slot, primary's port, key)`.
@@ -347,22 +399,30 @@ impl RedisSentinels {
             .context("the primary is not one of the servers")
     }
 
-    /// Kills the primary (SIGKILL) and waits until the sentinels promoted its replica and it
-    /// says it is a primary. Returns the killed server's port.
+    /// Kills the primary and returns its port, without waiting for the sentinels.
     ///
     /// # Errors
     ///
-    /// Fails when no sentinel answers, or the replica is not promoted within 30 s.
-    pub fn fail_over(&mut self) -> Result<u16> {
+    /// Fails when no sentinel answers.
+    pub fn kill_primary(&mut self) -> Result<u16> {
         let port = self.primary()?;
         if let Some(server) = self.servers.iter_mut().find(|server| server.port() == port) {
             server.kill();
         }
+        Ok(port)
+    }
+
+    /// Waits until the sentinels name another primary than `killed` and it says it is one.
+    ///
+    /// # Errors
+    ///
+    /// Fails when no sentinel answers, or the replica is not promoted within 30 s.
+    pub fn wait_failed_over(&self, killed: u16) -> Result<()> {
         wait(
             || {
                 let now = self.primary()?;
                 let promoted = self.servers.iter().find(|server| server.port() == now);
-                Ok(now != port
+                Ok(now != killed
                     && promoted.is_some_and(|server| {
                         server.info("replication").is_ok_and(|info| {
                             info.get("role").map(String::as_str) == Some("master")
@@ -370,8 +430,7 @@ impl RedisSentinels {
                     }))
             },
             "the sentinels' failover",
-        )?;
-        Ok(port)
+        )
     }
 }
 

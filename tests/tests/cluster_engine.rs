@@ -18,7 +18,7 @@ use observer::{
 use openim_test_kit::synthetic::{Scenario, Traffic, generate};
 use tests::cluster_node::Node;
 use tests::privileges::{Needs, can_run};
-use tests::redis_server::RedisServer;
+use tests::redis_server::{AclUser, RedisServer};
 
 const TOKEN_CANARY: &str = "TOKENCANARY";
 const CONTENT_CANARY: &str = "CONTENTCANARY";
@@ -160,6 +160,45 @@ async fn a_placement_on_one_node_and_a_push_on_another_make_one_mismatch() {
                 stored.key
             );
         }
+    }
+}
+
+/// With the ACL user docs/install.md gives (limited to the prefix and to the commands the
+/// observer sends), the lookups, claims and change log work: the same mismatches as one engine
+/// seeing everything, and no request refused.
+#[tokio::test]
+async fn the_documented_acl_user_is_enough_for_every_join() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
+    let redis = RedisServer::start_with(Some(AclUser {
+        name: "observer".to_owned(),
+        password: "canary-redis-password".to_owned(),
+        prefix: observer::cluster::keys::DEFAULT_PREFIX.to_owned(),
+    }))
+    .unwrap();
+    let traffic = traffic();
+    let mut proxy_node = Node::start(&redis.url(), "node-a").await;
+    let mut push_node = Node::start(&redis.url(), "node-b").await;
+    proxy_node.feed(websocket(&traffic));
+    proxy_node.written().await;
+    push_node.feed(grpc(&traffic));
+    push_node.settle().await;
+    // The misses held for their messages' other calls are judged once due.
+    for _ in 0..6 {
+        proxy_node.pass(1).await;
+        push_node.pass(1).await;
+    }
+    assert_eq!(
+        mismatches(&push_node.printed)
+            .into_keys()
+            .collect::<Vec<_>>(),
+        oracle(&traffic)
+    );
+    for node in [&proxy_node, &push_node] {
+        let counters = node.link.state().health().counters();
+        assert_eq!(counters.lookups_failed + counters.claims_failed, 0);
+        assert_eq!(counters.facts_lost + counters.probe_failures, 0);
     }
 }
 

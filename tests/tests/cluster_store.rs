@@ -15,7 +15,7 @@ use observer::{
     metrics::Metrics,
 };
 use tests::privileges::{Needs, can_run};
-use tests::redis_server::{AclUser, RedisServer, free_port};
+use tests::redis_server::{AclUser, OBSERVER_ACL_COMMANDS, RedisServer, free_port};
 use tests::redis_topology::RedisCluster;
 
 /// Probe and writer act within seconds; this bounds every wait.
@@ -350,6 +350,22 @@ async fn an_unreachable_redis_bounds_the_queue() {
     assert!(error.starts_with("Redis at redis://127.0.0.1:"), "{error}");
 }
 
+/// The ACL docs/install.md gives is the one the tests' servers grant ([`OBSERVER_ACL_COMMANDS`]).
+#[test]
+fn the_documented_acl_is_the_tested_one() {
+    let install = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/install.md"),
+    )
+    .unwrap();
+    let documented = format!(
+        "ACL SETUSER openim-observer on >PASSWORD ~{DEFAULT_PREFIX}* {OBSERVER_ACL_COMMANDS}\n"
+    );
+    assert!(
+        install.contains(&documented),
+        "docs/install.md: {documented}"
+    );
+}
+
 #[tokio::test]
 async fn an_acl_user_limited_to_the_prefix_is_enough() {
     let acl = AclUser {
@@ -372,6 +388,19 @@ async fn an_acl_user_limited_to_the_prefix_is_enough() {
         state.placements_of(&["5001".to_owned()]).await.unwrap()["5001"],
         vec![placed]
     );
+    // The writer told the change log (`INCRBY` on its count), which readers' caches follow.
+    let count_key = state.keys().placement_changes_count();
+    until("the placement announced in the change log", || {
+        let announced = redis.client().is_ok_and(|mut client| {
+            redis::cmd("GET")
+                .arg(&count_key)
+                .query::<Option<u64>>(&mut client)
+                .is_ok_and(|count| count == Some(1))
+        });
+        async move { announced }
+    })
+    .await;
+    assert_eq!(state.health().counters().facts_lost, 0);
     assert_eq!(
         state
             .claims(&[(
@@ -467,6 +496,20 @@ async fn measure_memory_per_placed_user() {
     }
 }
 
+/// Returns the settings of node `node` on `cluster`.
+fn cluster_config(cluster: &RedisCluster, node: &str) -> ClusterConfig {
+    ClusterArgs {
+        redis_cluster: Some(cluster.seeds()),
+        redis_prefix: DEFAULT_PREFIX.to_owned(),
+        node_name: Some(node.to_owned()),
+        redis_queue: 4096,
+        ..ClusterArgs::default()
+    }
+    .resolve()
+    .expect("valid cluster flags")
+    .expect("cluster mode")
+}
+
 /// On a Redis Cluster (three primaries, three replicas): a user's keys share one slot, the
 /// users spread over every primary, and what one node writes in pipelines spanning many slots
 /// another reads back in one, whole.
@@ -476,20 +519,8 @@ async fn keys_spread_over_a_redis_cluster_by_hash_tag() {
         return;
     }
     let cluster = tokio::task::block_in_place(RedisCluster::start).expect("a Redis Cluster forms");
-    let config = |node: &str| {
-        ClusterArgs {
-            redis_cluster: Some(cluster.seeds()),
-            redis_prefix: DEFAULT_PREFIX.to_owned(),
-            node_name: Some(node.to_owned()),
-            redis_queue: 4096,
-            ..ClusterArgs::default()
-        }
-        .resolve()
-        .expect("valid cluster flags")
-        .expect("cluster mode")
-    };
-    let proxy_node = SharedState::start(&config("node-a")).unwrap();
-    let push_node = SharedState::start(&config("node-b")).unwrap();
+    let proxy_node = SharedState::start(&cluster_config(&cluster, "node-a")).unwrap();
+    let push_node = SharedState::start(&cluster_config(&cluster, "node-b")).unwrap();
     seen_up(&proxy_node, "the cluster up").await;
     let users: Vec<String> = (0..40).map(|user| format!("{}", 2000 + user)).collect();
     let mut placed = Vec::new();
@@ -546,4 +577,41 @@ async fn keys_spread_over_a_redis_cluster_by_hash_tag() {
         primaries_used.insert(own[0].1);
     }
     assert_eq!(primaries_used.len(), 3, "40 users over the three primaries");
+}
+
+/// A Redis Cluster failover that no request noticed (the client follows the `MOVED`) still makes
+/// the node write its state again: a primary killed may have left its replica without its last
+/// writes, which nothing else would restore before the next refresh, minutes later. What such a
+/// failover loses is played here by deleting the key behind the node's back first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_cluster_failover_nobody_noticed_gets_this_nodes_state_back() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
+    let cluster = tokio::task::block_in_place(RedisCluster::start).expect("a Redis Cluster forms");
+    let state = SharedState::start(&cluster_config(&cluster, "node-a")).unwrap();
+    seen_up(&state, "the cluster up").await;
+    let placed = placement("6001", "node-a", 43000, "10.244.0.11");
+    state.record(Fact::Placed(placed.clone()));
+    written(&state, 1).await;
+    let key = state.keys().user_placements("6001");
+    tokio::task::block_in_place(|| cluster.delete(&key)).unwrap();
+    let users = ["6001".to_owned()];
+    assert!(state.placements_of(&users).await.unwrap().is_empty());
+
+    let slot = cluster.slot_of(&key).unwrap();
+    tokio::task::block_in_place(|| cluster.hand_over(slot)).expect("the replica takes over");
+    until("the placement written again", || {
+        let state = &state;
+        let users = &users;
+        let placed = &placed;
+        async move {
+            state
+                .placements_of(users)
+                .await
+                .is_ok_and(|found| found.get("6001") == Some(&vec![placed.clone()]))
+        }
+    })
+    .await;
+    assert!(state.health().is_up());
 }

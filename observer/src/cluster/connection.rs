@@ -86,6 +86,27 @@ impl RedisConnection {
         };
         Ok(Self(connection))
     }
+
+    /// Returns a Redis Cluster's current epoch (`CLUSTER INFO`), which grows with every failover
+    /// and configuration change; `None` on the other topologies, whose failovers break the
+    /// connection.
+    ///
+    /// # Errors
+    ///
+    /// Fails when the node asked does not answer.
+    pub async fn cluster_epoch(&mut self) -> RedisResult<Option<u64>> {
+        let Topology::Cluster(cluster) = &mut self.0 else {
+            return Ok(None);
+        };
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query_async(cluster)
+            .await?;
+        Ok(info
+            .lines()
+            .find_map(|line| line.strip_prefix("cluster_current_epoch:"))
+            .and_then(|epoch| epoch.trim().parse().ok()))
+    }
 }
 
 impl ConnectionLike for RedisConnection {

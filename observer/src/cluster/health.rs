@@ -16,6 +16,9 @@ use prometheus_client::{
 #[derive(Debug, Default)]
 pub struct StoreHealth {
     pub(super) up: AtomicBool,
+    /// Times the probe found Redis answering after it did not (the first answer included): what
+    /// Redis holds may have changed meanwhile (restarted empty, failed over).
+    pub(super) comebacks: AtomicU64,
     /// Round trip of the last successful probe, in microseconds.
     pub(super) round_trip_us: AtomicU64,
     pub(super) probe_failures: AtomicU64,
@@ -69,6 +72,12 @@ impl StoreHealth {
     /// Says whether the last probe found Redis answering.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    /// Counts the times Redis came back (or first answered): whoever caches what Redis holds, or
+    /// relies on it holding what this node wrote, compares this count between uses.
+    pub(super) fn comebacks(&self) -> u64 {
+        self.comebacks.load(Ordering::Relaxed)
     }
 
     /// Counts the requests Redis did not answer so far: lost batches, failed lookups and claims.

@@ -1,7 +1,7 @@
 //! Links the engine (synchronous, fast) and the store (async, may be slow or gone): the
 //! engine's facts go to the store's queue, its placement lookups and the dedup claims of its
-//! alerts go to a worker task, and what the worker brings back (`Done`) is fed to the engine or
-//! printed. Redis being down never blocks the engine: lookups are answered with nothing,
+//! alerts go to two worker tasks (one each), and what they bring back (`Done`) is fed to the
+//! engine or printed. Redis being down never blocks the engine: lookups are answered with nothing,
 //! claims are skipped (the alert is printed by whoever saw it), and `capture_degraded` says so.
 
 use std::{
@@ -55,7 +55,7 @@ struct Claim {
     alert: Box<Alert>,
 }
 
-/// Holds what the worker brings back.
+/// Holds what the workers bring back.
 pub enum Done {
     Joined {
         id: u64,
@@ -72,8 +72,8 @@ pub enum Done {
     RingEvidence(Option<SharedRingEvidence>),
 }
 
-/// Links the engine to the shared state: queues its facts and runs its lookups and claims on a
-/// worker task.
+/// Links the engine to the shared state: queues its facts and runs its lookups and claims on
+/// worker tasks.
 pub struct ClusterLink {
     state: Arc<SharedState>,
     jobs: mpsc::Sender<Job>,
@@ -84,7 +84,7 @@ pub struct ClusterLink {
     fold_window: Duration,
     /// Jobs sent whose answer has not been applied yet.
     outstanding: usize,
-    /// Answers made without the worker (its queue was full).
+    /// Answers made without a worker (its queue was full).
     pending_now: Vec<Done>,
     facts: Vec<SharedFact>,
     lookups: Vec<PlacementLookup>,
@@ -214,9 +214,9 @@ impl ClusterLink {
         count
     }
 
-    /// Forwards what the engine produced: its facts go to the store, its lookups to the worker, and
-    /// its alerts that must be printed once cluster-wide to a claim (removed from `alerts` until
-    /// won). Every other alert stays in `alerts`, to print now.
+    /// Forwards what the engine produced: its facts go to the store, its lookups to the lookup
+    /// worker, and its alerts that must be printed once cluster-wide to a claim (removed from
+    /// `alerts` until won). Every other alert stays in `alerts`, to print now.
     pub fn forward(&mut self, engine: &mut Engine, alerts: &mut Vec<Alert>) {
         engine.take_shared(&mut self.facts, &mut self.lookups);
         let node = self.state.node().to_owned();
@@ -340,7 +340,7 @@ impl ClusterLink {
         }
     }
 
-    /// Returns the worker's next answer (cancel-safe, for `select!`).
+    /// Returns the workers' next answer (cancel-safe, for `select!`).
     pub async fn next(&mut self) -> Done {
         if let Some(done) = self.pending_now.pop() {
             return done;
@@ -477,6 +477,7 @@ async fn work(
     done: mpsc::Sender<Done>,
 ) {
     let mut round = Vec::with_capacity(MAX_JOBS_PER_ROUND);
+    let mut comebacks_seen = state.health().comebacks();
     while jobs.recv_many(&mut round, MAX_JOBS_PER_ROUND).await > 0 {
         let mut lookups = Vec::new();
         let mut answers = Vec::new();
@@ -504,8 +505,10 @@ async fn work(
                 },
             }
         }
-        if !state.health().is_up() {
+        let comebacks = state.health().comebacks();
+        if !state.health().is_up() || comebacks != comebacks_seen {
             // Redis may come back without what was cached (restarted, failed over).
+            comebacks_seen = comebacks;
             placements.forget();
         }
         if !lookups.is_empty() {

@@ -327,10 +327,13 @@ impl Requestable for redis::Pipeline {
 
 /// Pings Redis: every second while up, backing off to [`MAX_PROBE_BACKOFF`] while down; a
 /// request that failed in between also makes the probe fail. Each ping over a broken
-/// connection is also the client's reconnect attempt.
+/// connection is also the client's reconnect attempt. Redis coming back, or a Redis Cluster
+/// failing over behind the client's back (its epoch grew), counts as a comeback: the writer
+/// writes this node's state again and the lookups forget what they cached.
 async fn probe(mut connection: RedisConnection, health: Arc<StoreHealth>, up: watch::Sender<bool>) {
     let mut wait = Duration::ZERO;
     let mut failed_before = health.failed_requests();
+    let mut epoch = None;
     loop {
         tokio::time::sleep(wait).await;
         let started = Instant::now();
@@ -350,6 +353,13 @@ async fn probe(mut connection: RedisConnection, health: Arc<StoreHealth>, up: wa
             let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             health.round_trip_us.store(micros, Ordering::Relaxed);
             wait = PROBE_INTERVAL;
+            if failed_over(&mut connection, &mut epoch).await && health.is_up() {
+                tracing::info!(
+                    "shared state: the Redis Cluster failed over; writing this node's state again"
+                );
+                health.comebacks.fetch_add(1, Ordering::Relaxed);
+                up.send_replace(true);
+            }
         } else {
             health.probe_failures.fetch_add(1, Ordering::Relaxed);
             wait = if health.is_up() || wait.is_zero() {
@@ -360,6 +370,7 @@ async fn probe(mut connection: RedisConnection, health: Arc<StoreHealth>, up: wa
         }
         if health.up.swap(reachable, Ordering::Relaxed) != reachable {
             if reachable {
+                health.comebacks.fetch_add(1, Ordering::Relaxed);
                 tracing::info!("shared state: Redis reachable");
             } else {
                 tracing::warn!("shared state: Redis unreachable; detecting with local state only");
@@ -367,4 +378,18 @@ async fn probe(mut connection: RedisConnection, health: Arc<StoreHealth>, up: wa
             up.send_replace(reachable);
         }
     }
+}
+
+/// Says whether a Redis Cluster's epoch grew since the last call (`epoch` keeps the highest
+/// seen): a failover, which the client follows without a request failing, while the promoted
+/// replica may lack the old primary's last writes. Always false on other topologies, and when
+/// the epoch cannot be read (the next probe tries again).
+async fn failed_over(connection: &mut RedisConnection, epoch: &mut Option<u64>) -> bool {
+    let Ok(Ok(Some(now))) = tokio::time::timeout(REQUEST_TIMEOUT, connection.cluster_epoch()).await
+    else {
+        return false;
+    };
+    let grew = epoch.is_some_and(|seen| now > seen);
+    *epoch = Some(epoch.map_or(now, |seen| seen.max(now)));
+    grew
 }

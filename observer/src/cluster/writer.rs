@@ -87,9 +87,12 @@ impl Writer {
         let mut refresh = tokio::time::interval(keys::PLACEMENT_REFRESH);
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut batch = Vec::with_capacity(MAX_BATCH);
+        let mut comebacks_seen = 0;
         loop {
             // Facts wait in the queue (bounded) while Redis is down; when it comes back it may
-            // have restarted empty, so everything this node owns is written again first.
+            // have restarted empty or failed over without the last writes, so everything this
+            // node owns is written again first. Counted, not only watched: Redis may have gone
+            // and come back while a batch was in flight.
             if !*up.borrow_and_update() {
                 loop {
                     if up.changed().await.is_err() {
@@ -99,6 +102,10 @@ impl Writer {
                         break;
                     }
                 }
+            }
+            let comebacks = self.health.comebacks();
+            if comebacks != comebacks_seen {
+                comebacks_seen = comebacks;
                 self.rewrite_own().await;
             }
             tokio::select! {
