@@ -89,6 +89,23 @@ fn grpc(traffic: &Traffic) -> impl Iterator<Item = &Event> {
         .filter(|event| event.port_class == PortClass::Grpc)
 }
 
+/// Starts a proxy node fed the WebSockets and a push node fed the gRPC calls of `traffic`, and lets
+/// a few seconds pass on both: ring evidence merged, verdicts settled, and the misses held for
+/// their messages' other calls judged.
+async fn placed_here_pushed_there(redis: &RedisServer, traffic: &Traffic) -> (Node, Node) {
+    let mut proxy_node = Node::start(&redis.url(), "node-a").await;
+    let mut push_node = Node::start(&redis.url(), "node-b").await;
+    proxy_node.feed(websocket(traffic));
+    proxy_node.written().await;
+    push_node.feed(grpc(traffic));
+    push_node.settle().await;
+    for _ in 0..6 {
+        proxy_node.pass(1).await;
+        push_node.pass(1).await;
+    }
+    (proxy_node, push_node)
+}
+
 fn kinds(alerts: &[Alert]) -> Vec<&'static str> {
     alerts.iter().map(Alert::kind).collect()
 }
@@ -107,17 +124,7 @@ async fn a_placement_on_one_node_and_a_push_on_another_make_one_mismatch() {
         expected.len()
     );
 
-    let mut proxy_node = Node::start(&redis.url(), "node-a").await;
-    let mut push_node = Node::start(&redis.url(), "node-b").await;
-    proxy_node.feed(websocket(&traffic));
-    proxy_node.written().await;
-    push_node.feed(grpc(&traffic));
-    push_node.settle().await;
-    // Ring evidence merges and the verdicts settle on both nodes.
-    for _ in 0..6 {
-        proxy_node.pass(1).await;
-        push_node.pass(1).await;
-    }
+    let (proxy_node, push_node) = placed_here_pushed_there(&redis, &traffic).await;
 
     assert!(
         !kinds(&proxy_node.printed).contains(&"route_mismatch"),
@@ -178,17 +185,7 @@ async fn the_documented_acl_user_is_enough_for_every_join() {
     }))
     .unwrap();
     let traffic = traffic();
-    let mut proxy_node = Node::start(&redis.url(), "node-a").await;
-    let mut push_node = Node::start(&redis.url(), "node-b").await;
-    proxy_node.feed(websocket(&traffic));
-    proxy_node.written().await;
-    push_node.feed(grpc(&traffic));
-    push_node.settle().await;
-    // The misses held for their messages' other calls are judged once due.
-    for _ in 0..6 {
-        proxy_node.pass(1).await;
-        push_node.pass(1).await;
-    }
+    let (proxy_node, push_node) = placed_here_pushed_there(&redis, &traffic).await;
     assert_eq!(
         mismatches(&push_node.printed)
             .into_keys()
