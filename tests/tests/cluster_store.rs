@@ -615,3 +615,25 @@ async fn a_redis_cluster_failover_nobody_noticed_gets_this_nodes_state_back() {
     .await;
     assert!(state.health().is_up());
 }
+
+/// A batch that has nothing to write (a ring member seen again before its rewrite is due) is
+/// written, not lost: no empty pipeline is sent.
+#[tokio::test]
+async fn a_batch_with_nothing_due_is_not_lost() {
+    if !can_run(Needs::RedisServer) {
+        return;
+    }
+    let redis = RedisServer::start().unwrap();
+    let state = SharedState::start(&config(&redis.url(), "node-b", 64)).unwrap();
+    seen_up(&state, "Redis up").await;
+    let member = || Fact::RingMember {
+        side: RingSide::Push,
+        member: "gw-0.gw-headless:88".to_owned(),
+        ip: "10.244.0.11".parse().unwrap(),
+    };
+    state.record(member());
+    written(&state, 1).await;
+    state.record(member());
+    written(&state, 2).await;
+    assert_eq!(state.health().counters().facts_lost, 0);
+}

@@ -133,6 +133,11 @@ impl ConnectionLike for RedisConnection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        if pipeline.is_empty() {
+            // Nothing to send, nothing to wait for: the client would wait for an answer that
+            // never comes, until the request's deadline (a batch with nothing due).
+            return std::future::ready(Ok(Vec::new())).boxed();
+        }
         match &mut self.0 {
             Topology::Single(manager) => manager.req_packed_commands(pipeline, offset, count),
             Topology::Cluster(cluster) => {

@@ -106,7 +106,12 @@ impl SharedState {
             Arc::clone(&health),
         );
         let writer = tokio::spawn(writer.run(queue, up));
-        tracing::info!(redis = %redis, node = %config.node, prefix = %config.prefix, "cluster mode: sharing state through Redis");
+        tracing::info!(
+            redis = %redis,
+            node = %config.node,
+            prefix = %config.prefix,
+            "cluster mode: sharing state through Redis"
+        );
         Ok(Self {
             keys,
             node: config.node.clone(),
