@@ -42,12 +42,6 @@ const START_GRACE: Duration = Duration::from_secs(3);
 /// Bounds the won claims remembered (their windows' summaries are printed by the winner only).
 const MAX_WON_CLAIMS: usize = 262_144;
 
-/// Asks the lookup worker for placements or the ring evidence.
-enum Job {
-    Lookup(PlacementLookup),
-    RingEvidence,
-}
-
 /// Asks the claim worker to claim an alert's print cluster-wide for `ttl`.
 struct Claim {
     key: String,
@@ -76,9 +70,12 @@ pub enum Done {
 /// worker tasks.
 pub struct ClusterLink {
     state: Arc<SharedState>,
-    jobs: mpsc::Sender<Job>,
+    lookups_queue: mpsc::Sender<PlacementLookup>,
     claims: mpsc::Sender<Claim>,
     done: mpsc::Receiver<Done>,
+    /// For the ring evidence reads, each a task of its own.
+    done_sender: mpsc::Sender<Done>,
+    ring_read_in_flight: bool,
     /// The lookup worker and the claim worker.
     workers: [JoinHandle<()>; 2],
     fold_window: Duration,
@@ -119,7 +116,7 @@ impl ClusterLink {
     pub fn start(config: &ClusterConfig, fold_window: Duration) -> Result<Self, StoreError> {
         let state = Arc::new(SharedState::start(config)?);
         let lookups = Lookups::new(lookup_connection(config)?, config.redis.clone());
-        let (jobs, queue) = mpsc::channel(MAX_JOBS);
+        let (lookups_queue, queue) = mpsc::channel(MAX_JOBS);
         let (claims, claim_queue) = mpsc::channel(MAX_JOBS);
         let (done_sender, done) = mpsc::channel(2 * MAX_JOBS);
         let workers = [
@@ -129,11 +126,17 @@ impl ClusterLink {
                 queue,
                 done_sender.clone(),
             )),
-            tokio::spawn(claim_work(Arc::clone(&state), claim_queue, done_sender)),
+            tokio::spawn(claim_work(
+                Arc::clone(&state),
+                claim_queue,
+                done_sender.clone(),
+            )),
         ];
         Ok(Self {
             state,
-            jobs,
+            lookups_queue,
+            done_sender,
+            ring_read_in_flight: false,
             claims,
             done,
             workers,
@@ -225,7 +228,7 @@ impl ClusterLink {
         }
         for lookup in std::mem::take(&mut self.lookups) {
             if self.state.health().is_up() {
-                self.send(Job::Lookup(lookup));
+                self.send_lookup(lookup);
             } else {
                 // Local detection only while Redis is down: nothing to wait for.
                 engine.joined(lookup.id, Vec::new(), alerts);
@@ -303,25 +306,36 @@ impl ClusterLink {
         }
     }
 
-    fn send(&mut self, job: Job) {
-        match self.jobs.try_send(job) {
-            Ok(()) => self.outstanding += 1,
-            Err(mpsc::error::TrySendError::Full(job) | mpsc::error::TrySendError::Closed(job)) => {
-                // The worker is behind: answer as if Redis were down.
-                let done = match job {
-                    Job::Lookup(lookup) => {
-                        self.state.health().count(LinkEvent::LookupFailed);
-                        Done::Joined {
-                            id: lookup.id,
-                            found: Vec::new(),
-                        }
-                    }
-                    Job::RingEvidence => return,
-                };
-                self.outstanding += 1;
-                self.pending_now.push(done);
-            }
+    fn send_lookup(&mut self, lookup: PlacementLookup) {
+        self.outstanding += 1;
+        if let Err(
+            mpsc::error::TrySendError::Full(lookup) | mpsc::error::TrySendError::Closed(lookup),
+        ) = self.lookups_queue.try_send(lookup)
+        {
+            // The worker is behind: answer as if Redis were down.
+            self.state.health().count(LinkEvent::LookupFailed);
+            self.pending_now.push(Done::Joined {
+                id: lookup.id,
+                found: Vec::new(),
+            });
         }
+    }
+
+    /// Reads the shared ring evidence in a task of its own, so that no lookup round waits for
+    /// it (a thousand recent placements and every member, once a second); one read at a time.
+    fn read_ring_evidence(&mut self) {
+        if self.ring_read_in_flight {
+            return;
+        }
+        self.ring_read_in_flight = true;
+        self.outstanding += 1;
+        let state = Arc::clone(&self.state);
+        let done = self.done_sender.clone();
+        tokio::spawn(async move {
+            let evidence = ring_evidence(&state).await;
+            // The link is gone when this fails: nobody waits for the answer.
+            let _ = done.send(Done::RingEvidence(evidence)).await;
+        });
     }
 
     fn send_claim(&mut self, claim: Claim) {
@@ -374,8 +388,12 @@ impl ClusterLink {
                     }
                 }
             }
-            Done::RingEvidence(Some(evidence)) => engine.merge_ring_evidence(&evidence),
-            Done::RingEvidence(None) => {}
+            Done::RingEvidence(evidence) => {
+                self.ring_read_in_flight = false;
+                if let Some(evidence) = evidence {
+                    engine.merge_ring_evidence(&evidence);
+                }
+            }
         }
         self.forward(engine, &mut raised);
         alerts.append(&mut raised);
@@ -409,7 +427,7 @@ impl ClusterLink {
                 .is_none_or(|last| last.elapsed() >= RING_MERGE_INTERVAL);
             if due {
                 self.last_ring_merge = Some(Instant::now());
-                self.send(Job::RingEvidence);
+                self.read_ring_evidence();
             }
         } else {
             self.down_since_ns.get_or_insert(now_ns);
@@ -473,51 +491,45 @@ fn store_fact(fact: SharedFact, node: &str) -> Fact {
 async fn work(
     state: Arc<SharedState>,
     mut placements: Lookups,
-    mut jobs: mpsc::Receiver<Job>,
+    mut lookups: mpsc::Receiver<PlacementLookup>,
     done: mpsc::Sender<Done>,
 ) {
     let mut round = Vec::with_capacity(MAX_JOBS_PER_ROUND);
     let mut comebacks_seen = state.health().comebacks();
-    while jobs.recv_many(&mut round, MAX_JOBS_PER_ROUND).await > 0 {
-        let mut lookups = Vec::new();
-        let mut answers = Vec::new();
-        for job in round.drain(..) {
-            match job {
-                Job::Lookup(lookup) => lookups.push(lookup),
-                Job::RingEvidence => match state.ring_evidence().await {
-                    Ok(evidence) => answers.push(Done::RingEvidence(Some(SharedRingEvidence {
-                        proxy: evidence
-                            .proxy
-                            .into_iter()
-                            .map(|(member, seen)| (member, seen.ip))
-                            .collect(),
-                        push: evidence
-                            .push
-                            .into_iter()
-                            .map(|(member, seen)| (member, seen.ip))
-                            .collect(),
-                        placements: evidence.placements,
-                    }))),
-                    Err(error) => {
-                        tracing::debug!(%error, "shared state: ring evidence");
-                        answers.push(Done::RingEvidence(None));
-                    }
-                },
-            }
-        }
+    while lookups.recv_many(&mut round, MAX_JOBS_PER_ROUND).await > 0 {
         let comebacks = state.health().comebacks();
         if !state.health().is_up() || comebacks != comebacks_seen {
             // Redis may come back without what was cached (restarted, failed over).
             comebacks_seen = comebacks;
             placements.forget();
         }
-        if !lookups.is_empty() {
-            answers.extend(look_up(&mut placements, &state, lookups).await);
-        }
-        for answer in answers {
+        for answer in look_up(&mut placements, &state, std::mem::take(&mut round)).await {
             if done.send(answer).await.is_err() {
                 return;
             }
+        }
+    }
+}
+
+/// Reads every node's ring evidence; `None` when Redis did not answer.
+async fn ring_evidence(state: &SharedState) -> Option<SharedRingEvidence> {
+    match state.ring_evidence().await {
+        Ok(evidence) => Some(SharedRingEvidence {
+            proxy: evidence
+                .proxy
+                .into_iter()
+                .map(|(member, seen)| (member, seen.ip))
+                .collect(),
+            push: evidence
+                .push
+                .into_iter()
+                .map(|(member, seen)| (member, seen.ip))
+                .collect(),
+            placements: evidence.placements,
+        }),
+        Err(error) => {
+            tracing::debug!(%error, "shared state: ring evidence");
+            None
         }
     }
 }
