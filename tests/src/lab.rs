@@ -240,6 +240,15 @@ pub struct Lab {
     generation: usize,
 }
 
+/// Names a step of [`Lab::run_scenario_with`]'s scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScenarioStep {
+    /// The first users are connected; nothing is pushed yet.
+    Connected,
+    /// Round `round` (from 0) of the messages to every user was pushed.
+    Pushed { round: usize },
+}
+
 impl Lab {
     /// Creates the network and the pods with `replicas_initial` gateways, and waits until every
     /// pod listens.
@@ -761,24 +770,25 @@ impl Lab {
     ///
     /// Fails as [`Lab::run_scenario_with`] does.
     pub async fn run_scenario(&mut self) -> anyhow::Result<GroundTruth> {
-        self.run_scenario_with(|_| Ok(())).await
+        self.run_scenario_with(|_, _| Ok(())).await
     }
 
-    /// Runs [`Lab::run_scenario`], calling `after_connect` once the first users are connected and
-    /// before anything is pushed (e.g. to restart an observer or break Redis meanwhile). It runs on
-    /// the runtime's thread: wrap blocking work in `tokio::task::block_in_place`.
+    /// Runs [`Lab::run_scenario`], calling `at` at each [`ScenarioStep`]: once the first users are
+    /// connected and before anything is pushed (e.g. to restart an observer or break Redis
+    /// meanwhile), and after each round of the messages pushed to every user. It runs on the
+    /// runtime's thread: wrap blocking work in `tokio::task::block_in_place`.
     ///
     /// # Errors
     ///
-    /// Fails when `after_connect` fails, the kernel's random bytes cannot be read, a push or the
+    /// Fails when `at` fails, the kernel's random bytes cannot be read, a push or the
     /// scale-out fails, or the ground truth cannot be put together.
     pub async fn run_scenario_with(
         &mut self,
-        after_connect: impl FnOnce(&Self) -> anyhow::Result<()>,
+        mut at: impl FnMut(&Self, ScenarioStep) -> anyhow::Result<()>,
     ) -> anyhow::Result<GroundTruth> {
         let scenario_started = Instant::now();
         self.connect_users(0..self.config.users, false).await;
-        after_connect(self)?;
+        at(self, ScenarioStep::Connected)?;
         let run_tag: String = random_bytes::<4>()?
             .iter()
             .map(|byte| format!("{byte:02x}"))
@@ -798,8 +808,9 @@ impl Lab {
             self.connect_users(self.config.users..all_users, true).await;
         }
         let recipients: Vec<String> = (0..all_users).map(Self::user_id).collect();
-        for _ in 0..self.config.messages_per_user {
+        for round in 0..self.config.messages_per_user {
             self.push_round(&run_tag, &recipients, &mut sent).await?;
+            at(self, ScenarioStep::Pushed { round })?;
         }
         self.await_arrivals(&sent).await;
         let mut truth = self.ground_truth(&recipients, &sent)?;

@@ -38,7 +38,7 @@ pub mod watching_cost;
 
 pub use lab::release::{Discovery, OpenImRelease, PushRouting};
 pub use lab::truth::{FloodReport, GroundTruth, MissCause, Summary, UserTruth};
-pub use lab::{Lab, LabConfig, ProxyMode};
+pub use lab::{Lab, LabConfig, ProxyMode, ScenarioStep};
 
 /// Finds a workspace binary: `$env_var` if set, else `name` next to this executable or in its
 /// parent directory (cargo puts test binaries in `target/<profile>/deps/` and the others in

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::observed::{ObserverOutput, ObserverProcess, Score, find_observer_binary};
 use crate::redis_topology::SharedRedis;
-use crate::{GroundTruth, Lab, LabConfig, ProxyMode};
+use crate::{GroundTruth, Lab, LabConfig, ProxyMode, ScenarioStep};
 
 /// Counts the simulated nodes, one observer each.
 pub const NODES: usize = 3;
@@ -107,6 +107,23 @@ pub fn observe_cluster(
     config: LabConfig,
     between: impl FnOnce(&mut Cluster),
 ) -> ClusterRun {
+    let mut between = Some(between);
+    observe_cluster_steps(redis, config, |cluster, step| {
+        if step == ScenarioStep::Connected
+            && let Some(between) = between.take()
+        {
+            between(cluster);
+        }
+    })
+}
+
+/// Runs [`observe_cluster`] with `at` called at every step of the scenario: after the users
+/// connected, and after each round of pushes.
+pub fn observe_cluster_steps(
+    redis: SharedRedis,
+    config: LabConfig,
+    mut at: impl FnMut(&mut Cluster, ScenarioStep),
+) -> ClusterRun {
     let binary = find_observer_binary().expect("observer binary");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -129,8 +146,8 @@ pub fn observe_cluster(
             .map(|node| cluster.start_observer(node))
             .collect();
         let truth = lab
-            .run_scenario_with(|_| {
-                tokio::task::block_in_place(|| between(&mut cluster));
+            .run_scenario_with(|_, step| {
+                tokio::task::block_in_place(|| at(&mut cluster, step));
                 Ok(())
             })
             .await
